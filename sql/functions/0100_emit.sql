@@ -1,0 +1,102 @@
+-- emit(): record a change and fan it out to every matching live watch, in the
+-- caller's transaction. A rolled-back transaction leaves no change and no
+-- delivery behind, so nothing is ever sent for it.
+
+-- How long deliveries are retried. Override per database with
+--   alter database mydb set watchpump.delivery_window = '6 hours';
+create or replace function watchpump.delivery_window() returns interval
+language sql stable as $$
+    select coalesce(nullif(current_setting('watchpump.delivery_window', true), '')::interval,
+                    interval '24 hours')
+$$;
+
+-- The object itself and each of its prefixes that ends in '/':
+-- 'acme/web/main' -> {acme/, acme/web/, acme/web/main}. A watch on any of
+-- them follows the object, and each is an index lookup on watches.object.
+create or replace function watchpump.object_prefixes(p_object text) returns text[]
+language sql immutable strict parallel safe as $$
+    select array(
+        select left(p_object, i)
+        from generate_series(1, length(p_object) - 1) as i
+        where substr(p_object, i, 1) = '/'
+    ) || p_object
+$$;
+
+-- A watch's `match` filter against a change's payload. A predicate
+-- ('$.forced == true') must be true; a path ('$.paths[*] ? (@ starts with
+-- "docs/")') must select at least one item.
+create or replace function watchpump.payload_matches(p_payload jsonb, p_match jsonpath) returns boolean
+language sql immutable parallel safe as $$
+    select coalesce(jsonb_path_match(p_payload, p_match, '{}', true),
+                    jsonb_path_exists(p_payload, p_match, '{}', true))
+$$;
+
+create or replace function watchpump.emit(p_object text, p_kind text, p_payload jsonb default '{}')
+returns bigint
+language plpgsql as $$
+declare
+    v_sequence bigint;
+    v_change   bigint;
+begin
+    if p_object is null or p_object = '' then
+        raise exception 'watchpump.emit: object must not be empty' using errcode = '22023';
+    end if;
+    if p_kind is null or p_kind = '' then
+        raise exception 'watchpump.emit: kind must not be empty' using errcode = '22023';
+    end if;
+
+    -- The counter row stays locked until the caller commits: emitters to one
+    -- object queue here and commit in sequence order.
+    insert into watchpump.objects as o (object, last_sequence)
+    values (p_object, 1)
+    on conflict (object) do update set last_sequence = o.last_sequence + 1
+    returning o.last_sequence into v_sequence;
+
+    insert into watchpump.changes (object, kind, sequence, payload)
+    values (p_object, p_kind, v_sequence, coalesce(p_payload, '{}'))
+    returning id into v_change;
+
+    -- One delivery per matching watch; each supersedes the older pending
+    -- deliveries of its (watch, object): only the newest news is sent.
+    -- The CTE's rows are invisible to the UPDATE, so only older ones change.
+    with fanned_out as (
+        insert into watchpump.deliveries (change_id, watch_id, service_id, object, deadline)
+        select v_change, w.id, w.service_id, p_object, now() + watchpump.delivery_window()
+        from watchpump.watches w
+        where w.removed_at is null
+          and w.object = any (watchpump.object_prefixes(p_object))
+          and (w.kinds is null or p_kind = any (w.kinds))
+          and (w.match_path is null or watchpump.payload_matches(p_payload, w.match_path))
+        order by w.id
+        returning id, watch_id
+    )
+    update watchpump.deliveries d
+    set state = 'superseded', superseded_by = f.id, finished_at = clock_timestamp(),
+        next_attempt_at = d.next_attempt_at
+    from fanned_out f
+    where d.watch_id = f.watch_id
+      and d.object = p_object
+      and d.state = 'pending'
+      and d.id < f.id;
+
+    return v_change;
+end
+$$;
+
+-- Wake a sleeping pump once per statement that wrote deliveries, and only
+-- when a pump is asleep: NOTIFY serialises committing transactions, so
+-- producers should not pay for it while every pump is busy anyway.
+create or replace function watchpump.wake_sleepers() returns trigger
+language plpgsql as $$
+begin
+    if exists (select 1 from watchpump.sleepers) and exists (select 1 from inserted) then
+        perform pg_notify('watchpump', '');
+    end if;
+    return null;
+end
+$$;
+
+create or replace trigger deliveries_wake
+    after insert on watchpump.deliveries
+    referencing new table as inserted
+    for each statement execute function watchpump.wake_sleepers();

@@ -1,0 +1,45 @@
+//! The HTTP API consumers call, on `WATCHPUMP_LISTEN`: their watches
+//! ([`watches`]), authenticated by their service token ([`auth`]).
+
+pub mod auth;
+pub mod error;
+pub mod watches;
+
+use axum::extract::DefaultBodyLimit;
+use axum::routing::get;
+use axum::Router;
+use sqlx::PgPool;
+
+use error::ApiError;
+
+/// Largest request body the API reads.
+pub const BODY_LIMIT: usize = 64 * 1024;
+
+/// What every handler can reach.
+#[derive(Clone)]
+pub struct AppState {
+    pub pool: PgPool,
+}
+
+/// The API as a router, for `serve` and for tests.
+pub fn app(state: AppState) -> Router {
+    Router::new()
+        .route("/api/v1/watches", get(watches::list).post(watches::create))
+        .route(
+            "/api/v1/watches/{id}",
+            get(watches::show).delete(watches::remove),
+        )
+        .route("/healthz", get(healthz))
+        .fallback(|| async { ApiError::NotFound("no such endpoint".into()) })
+        .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .with_state(state)
+}
+
+/// Liveness and database reachability.
+async fn healthz(
+    axum::extract::State(state): axum::extract::State<AppState>,
+) -> Result<&'static str, ApiError> {
+    sqlx::query("select 1").execute(&state.pool).await?;
+    Ok("ok")
+}

@@ -1,0 +1,97 @@
+//! `/api/v1/watches`: a consumer service creates, lists, reads and removes
+//! its own watches. Another service's watch is 404, as if it did not exist.
+
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::api::{auth::Caller, error::ApiError, AppState};
+use crate::watches::{self, NewWatch, Watch};
+
+const DEFAULT_PAGE: i64 = 100;
+const MAX_PAGE: i64 = 1000;
+
+pub async fn create(
+    State(state): State<AppState>,
+    Caller(service): Caller,
+    body: Result<Json<NewWatch>, JsonRejection>,
+) -> Result<(StatusCode, Json<Watch>), ApiError> {
+    let Json(new) = body?;
+    let (watch, created) = watches::create(&state.pool, service.id, &new).await?;
+    let status = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(watch)))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    #[serde(default)]
+    include_removed: bool,
+    #[serde(default)]
+    after: i64,
+    limit: Option<i64>,
+}
+
+/// `{"watches": [...], "next_after": <id or null>}`; pass `next_after` as
+/// `after` for the next page.
+pub async fn list(
+    State(state): State<AppState>,
+    Caller(service): Caller,
+    query: Result<Query<ListQuery>, QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Query(q) = query?;
+    let limit = q.limit.unwrap_or(DEFAULT_PAGE);
+    if !(1..=MAX_PAGE).contains(&limit) {
+        return Err(ApiError::BadRequest(format!(
+            "limit must be 1 to {MAX_PAGE}"
+        )));
+    }
+    let page = watches::list(&state.pool, service.id, q.include_removed, q.after, limit).await?;
+    let next_after = (page.len() as i64 == limit)
+        .then(|| page.last().map(|w| w.id))
+        .flatten();
+    Ok(Json(json!({ "watches": page, "next_after": next_after })))
+}
+
+pub async fn show(
+    State(state): State<AppState>,
+    Caller(service): Caller,
+    id: Result<Path<i64>, axum::extract::rejection::PathRejection>,
+) -> Result<Json<Watch>, ApiError> {
+    let id = watch_id(id)?;
+    watches::get(&state.pool, service.id, id)
+        .await?
+        .map(Json)
+        .ok_or_else(|| no_such_watch(id))
+}
+
+pub async fn remove(
+    State(state): State<AppState>,
+    Caller(service): Caller,
+    id: Result<Path<i64>, axum::extract::rejection::PathRejection>,
+) -> Result<StatusCode, ApiError> {
+    let id = watch_id(id)?;
+    if watches::remove(&state.pool, service.id, id, "removed by the consumer").await? {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(no_such_watch(id))
+    }
+}
+
+fn watch_id(
+    id: Result<Path<i64>, axum::extract::rejection::PathRejection>,
+) -> Result<i64, ApiError> {
+    id.map(|Path(id)| id)
+        .map_err(|_| ApiError::NotFound("no such watch: ids are integers".into()))
+}
+
+fn no_such_watch(id: i64) -> ApiError {
+    ApiError::NotFound(format!("no watch {id} for this service"))
+}

@@ -1,0 +1,98 @@
+//! The `watchpump` command: parse, run one subcommand, and turn any error
+//! into a message on stderr and a non-zero exit.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use crate::config::{Cli, Command, ServicesCommand};
+use crate::error::{Error, Result};
+use crate::{schema, server, services};
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("watchpump: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("watchpump: {e}");
+            match e {
+                Error::Invalid(_) | Error::Config(_) => ExitCode::from(2),
+                _ => ExitCode::FAILURE,
+            }
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<()> {
+    let url = cli
+        .database_url
+        .ok_or_else(|| Error::Config("DATABASE_URL (or --database-url) is required".into()))?;
+    match cli.command {
+        Command::Migrate => {
+            let pool = server::connect(&url, 2).await?;
+            let applied = schema::migrate(&pool).await?;
+            if applied.is_empty() {
+                println!("schema is up to date");
+            } else {
+                println!("applied: {}", applied.join(", "));
+            }
+        }
+        Command::Serve(cfg) => server::serve(&url, cfg, server::shutdown_signal()).await?,
+        Command::Services(ServicesCommand::Add { name, base_url }) => {
+            let pool = server::connect(&url, 2).await?;
+            schema::migrate(&pool).await?;
+            let (service, token) = services::add(&pool, &name, &base_url).await?;
+            println!(
+                "service {} ({}) registered; its token, shown only this once:",
+                service.name, service.base_url
+            );
+            println!("{token}");
+        }
+        Command::Services(ServicesCommand::List) => {
+            let pool = server::connect(&url, 2).await?;
+            for s in services::list(&pool).await? {
+                println!("{}\t{}\t{}", s.name, s.base_url, s.created_at.to_rfc3339());
+            }
+        }
+        Command::Emit {
+            object,
+            kind,
+            payload,
+        } => {
+            let payload: serde_json::Value = serde_json::from_str(&payload)
+                .map_err(|e| Error::Invalid(format!("payload is not JSON: {e}")))?;
+            if !payload.is_object() {
+                return Err(Error::Invalid("payload must be a JSON object".into()));
+            }
+            let pool = server::connect(&url, 2).await?;
+            let mut tx = pool.begin().await?;
+            let change_id = crate::emit(&mut tx, &object, &kind, &payload).await?;
+            let deliveries: i64 = sqlx::query_scalar(
+                "select count(*) from watchpump.deliveries where change_id = $1",
+            )
+            .bind(change_id)
+            .fetch_one(&mut *tx)
+            .await?;
+            tx.commit().await?;
+            println!("change {change_id}: {deliveries} deliveries");
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,222 @@
+//! Configuration: every knob is a flag with an environment variable, and its
+//! doc comment here is what `watchpump <command> --help` prints.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+/// Deliver a producer's committed changes to the services that watch them.
+#[derive(Debug, Parser)]
+#[command(name = "watchpump", version, about)]
+pub struct Cli {
+    /// PostgreSQL connection URL of the producer's database.
+    #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
+    pub database_url: Option<String>,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Create or update the `watchpump` schema (also done by `serve`).
+    Migrate,
+    /// Run the pump and the watches API until SIGTERM or Ctrl-C.
+    Serve(ServeConfig),
+    /// Register and list consumer services.
+    #[command(subcommand)]
+    Services(ServicesCommand),
+    /// Record a change and fan it out to the matching watches (for trying
+    /// things out; producers call watchpump.emit() in their own transaction).
+    Emit {
+        /// The changed object, e.g. acme/web/refs/heads/main.
+        object: String,
+        /// The kind of change, e.g. push.
+        kind: String,
+        /// The change's payload, a JSON object.
+        #[arg(default_value = "{}")]
+        payload: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ServicesCommand {
+    /// Register a consumer service; prints its token once, on the last line.
+    Add {
+        /// Service name: a-z, 0-9, '-' and '_'.
+        name: String,
+        /// Where the service listens; deliveries go to
+        /// <base-url>/api/v1/<producer>/events.
+        #[arg(long)]
+        base_url: String,
+    },
+    /// List the registered consumer services.
+    List,
+}
+
+/// `watchpump serve`: the pump plus the HTTP listeners.
+#[derive(Debug, Clone, Args)]
+pub struct ServeConfig {
+    /// Address of the watches API.
+    #[arg(long, env = "WATCHPUMP_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+
+    /// Address of the Prometheus endpoint (/metrics); "off" disables it.
+    #[arg(
+        long,
+        env = "WATCHPUMP_METRICS_LISTEN",
+        default_value = "127.0.0.1:9464"
+    )]
+    pub metrics_listen: String,
+
+    /// Database connections in the pool (pump and API share it).
+    #[arg(long, env = "WATCHPUMP_DB_POOL", default_value_t = 8)]
+    pub db_pool: u32,
+
+    #[command(flatten)]
+    pub pump: PumpConfig,
+}
+
+/// How the pump delivers.
+#[derive(Debug, Clone, Args)]
+pub struct PumpConfig {
+    /// This producer's name; deliveries go to <consumer>/api/v1/<producer>/events.
+    #[arg(long, env = "WATCHPUMP_PRODUCER")]
+    pub producer: String,
+
+    /// This producer's own service token, sent as `Authorization: Bearer` on
+    /// every delivery.
+    #[arg(long, env = "WATCHPUMP_PRODUCER_TOKEN", hide_env_values = true)]
+    pub producer_token: String,
+
+    /// How often the pump sweeps without being notified: due retries, missed
+    /// notifications, leases of pumps that died, deadlines that passed.
+    #[arg(long, env = "WATCHPUMP_SWEEP_INTERVAL_MS", default_value_t = 1000)]
+    pub sweep_interval_ms: u64,
+
+    /// Time allowed to open a connection to a consumer.
+    #[arg(long, env = "WATCHPUMP_CONNECT_TIMEOUT_MS", default_value_t = 2000)]
+    pub connect_timeout_ms: u64,
+
+    /// Time allowed for a whole delivery request, answer included.
+    #[arg(long, env = "WATCHPUMP_REQUEST_TIMEOUT_MS", default_value_t = 10_000)]
+    pub request_timeout_ms: u64,
+
+    /// How long a claimed delivery stays this pump's; after that another pump
+    /// may send it again. Must exceed the request timeout.
+    #[arg(long, env = "WATCHPUMP_LEASE_MS", default_value_t = 60_000)]
+    pub lease_ms: u64,
+
+    /// Deliveries in flight to one consumer service at most, so a slow
+    /// consumer cannot hold up the others.
+    #[arg(long, env = "WATCHPUMP_SERVICE_CONCURRENCY", default_value_t = 64)]
+    pub service_concurrency: u32,
+
+    /// First retry delay; it doubles with each attempt (with jitter).
+    #[arg(long, env = "WATCHPUMP_RETRY_INITIAL_MS", default_value_t = 1000)]
+    pub retry_initial_ms: u64,
+
+    /// Longest retry delay.
+    #[arg(long, env = "WATCHPUMP_RETRY_MAX_MS", default_value_t = 3_600_000)]
+    pub retry_max_ms: u64,
+
+    /// Consecutive failed attempts after which a consumer counts as down:
+    /// it is then probed with one delivery at a time instead of being sent
+    /// its backlog, and its backlog is released when a probe succeeds.
+    #[arg(long, env = "WATCHPUMP_DOWN_AFTER", default_value_t = 3)]
+    pub down_after_failures: u32,
+
+    /// Longest pause between probes of a consumer that is down (the pause
+    /// starts at a tenth of this and doubles).
+    #[arg(long, env = "WATCHPUMP_PROBE_INTERVAL_MS", default_value_t = 1000)]
+    pub probe_interval_ms: u64,
+
+    /// A name for this pump in leases and logs (default: host and process id).
+    #[arg(long, env = "WATCHPUMP_PUMP_NAME")]
+    pub pump_name: Option<String>,
+}
+
+impl PumpConfig {
+    /// The defaults, for a producer name and token; for tests and embedding.
+    pub fn new(producer: &str, producer_token: &str) -> Self {
+        #[derive(Parser)]
+        struct Only {
+            #[command(flatten)]
+            pump: PumpConfig,
+        }
+        Only::parse_from([
+            "watchpump",
+            "--producer",
+            producer,
+            "--producer-token",
+            producer_token,
+        ])
+        .pump
+    }
+
+    pub fn sweep_interval(&self) -> Duration {
+        Duration::from_millis(self.sweep_interval_ms)
+    }
+    pub fn connect_timeout(&self) -> Duration {
+        Duration::from_millis(self.connect_timeout_ms)
+    }
+    pub fn request_timeout(&self) -> Duration {
+        Duration::from_millis(self.request_timeout_ms)
+    }
+    pub fn lease(&self) -> Duration {
+        Duration::from_millis(self.lease_ms)
+    }
+    pub fn retry_initial(&self) -> Duration {
+        Duration::from_millis(self.retry_initial_ms)
+    }
+    pub fn retry_max(&self) -> Duration {
+        Duration::from_millis(self.retry_max_ms)
+    }
+    pub fn probe_interval(&self) -> Duration {
+        Duration::from_millis(self.probe_interval_ms)
+    }
+
+    /// A pump name unique enough for leases: host, process id, and a random tag.
+    pub fn pump_name(&self) -> String {
+        self.pump_name.clone().unwrap_or_else(|| {
+            let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "pump".into());
+            format!(
+                "{host}-{}-{:04x}",
+                std::process::id(),
+                rand::random::<u16>()
+            )
+        })
+    }
+
+    /// Rejects settings that cannot work together.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.producer.is_empty()
+            || !self
+                .producer
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            return Err(format!(
+                "producer name {:?} must be non-empty and use only letters, digits, '-' and '_'",
+                self.producer
+            ));
+        }
+        if self.producer_token.is_empty() {
+            return Err("the producer token must not be empty".into());
+        }
+        if self.lease_ms <= self.request_timeout_ms {
+            return Err(format!(
+                "the lease ({} ms) must be longer than the request timeout ({} ms)",
+                self.lease_ms, self.request_timeout_ms
+            ));
+        }
+        if self.service_concurrency == 0 || self.sweep_interval_ms == 0 {
+            return Err("service concurrency and sweep interval must be above zero".into());
+        }
+        if self.retry_initial_ms == 0 || self.retry_max_ms < self.retry_initial_ms {
+            return Err("the retry delays must satisfy 0 < initial <= max".into());
+        }
+        Ok(())
+    }
+}

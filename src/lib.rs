@@ -1,0 +1,39 @@
+//! watchpump: a producer service's changes, delivered durably to the
+//! consumer services that watch them (ADR 0021).
+//!
+//! A producer records a change with [`emit`] inside its own PostgreSQL
+//! transaction; the same transaction writes one delivery per matching watch.
+//! The pump pushes each delivery to `POST <consumer>/api/v1/<producer>/events`,
+//! retrying with back-off until the delivery's deadline, superseding older
+//! news of the same object, and dropping a watch whose consumer answers 410.
+//!
+//! # Layout
+//!
+//! - [`config`]: command line and environment (`--help` documents each knob).
+//! - [`schema`]: applies `sql/migrations/*.sql` once and `sql/functions/*.sql`
+//!   every time; the durable logic (emit, claim, complete, sweep) is SQL there.
+//! - [`emit()`](emit::emit): the producer's call, in the producer's transaction.
+//! - [`services`]: the registry of consumer services and their hashed tokens.
+//! - [`pump`]: the delivery engine. [`pump::Pump::run`] is the loop:
+//!   wake-ups ([`pump::wakeup`]: NOTIFY and sweep), claims
+//!   ([`pump::store`]), per-consumer health ([`pump::health`]), HTTP sends
+//!   ([`pump::send`]) and the batched write-back of outcomes.
+//! - [`api`]: the watches API consumers call (axum).
+//! - [`metrics`]: Prometheus metric names and the exporter.
+//! - [`server`]: `watchpump serve`: pool, migrations, pump, API, shutdown.
+//! - [`cli`]: the `watchpump` command.
+
+pub mod api;
+pub mod cli;
+pub mod config;
+pub mod emit;
+pub mod error;
+pub mod metrics;
+pub mod pump;
+pub mod schema;
+pub mod server;
+pub mod services;
+pub mod watches;
+
+pub use emit::emit;
+pub use error::Error;

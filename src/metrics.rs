@@ -1,0 +1,70 @@
+//! Prometheus metrics: their names, in one place, and the exporter.
+//!
+//! Labels are bounded: a consumer service's name at most, never an object,
+//! resource or delivery. `docs/metrics.md` documents each metric.
+
+use std::net::SocketAddr;
+
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+
+pub const DELIVERIES: &str = "watchpump_deliveries_total";
+pub const DELIVERY_LATENCY: &str = "watchpump_delivery_latency_seconds";
+pub const ATTEMPT_DURATION: &str = "watchpump_attempt_duration_seconds";
+pub const BACKLOG: &str = "watchpump_backlog";
+pub const OLDEST_DUE_AGE: &str = "watchpump_oldest_due_age_seconds";
+pub const WAKEUPS: &str = "watchpump_wakeups_total";
+pub const LISTENER_RECONNECTS: &str = "watchpump_listener_reconnects_total";
+pub const CLAIMED_BATCH_SIZE: &str = "watchpump_claimed_batch_size";
+pub const IN_FLIGHT: &str = "watchpump_in_flight";
+pub const BUILD_INFO: &str = "watchpump_build_info";
+
+/// Outcomes counted in [`DELIVERIES`].
+pub const OUTCOMES: &[&str] = &[
+    "delivered",
+    "retry_scheduled",
+    "failed",
+    "dropped",
+    "superseded",
+];
+
+/// Latency buckets: fine at the low end (1 ms from 5 ms), coarse up to an hour.
+const LATENCY_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+    10.0, 30.0, 60.0, 300.0, 900.0, 3600.0,
+];
+const ATTEMPT_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0];
+
+/// Installs the global recorder and serves `/metrics` on `addr`.
+/// Must be called from within a tokio runtime.
+pub fn install(addr: SocketAddr) -> Result<(), String> {
+    PrometheusBuilder::new()
+        .with_http_listener(addr)
+        .set_buckets_for_metric(Matcher::Full(DELIVERY_LATENCY.into()), LATENCY_BUCKETS)
+        .and_then(|b| {
+            b.set_buckets_for_metric(Matcher::Full(ATTEMPT_DURATION.into()), ATTEMPT_BUCKETS)
+        })
+        .and_then(|b| {
+            b.set_buckets_for_metric(Matcher::Full(CLAIMED_BATCH_SIZE.into()), BATCH_BUCKETS)
+        })
+        .map_err(|e| e.to_string())?
+        .install()
+        .map_err(|e| format!("cannot serve metrics on {addr}: {e}"))?;
+    metrics::gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+    for source in ["notify", "sweep", "reconnect"] {
+        metrics::counter!(WAKEUPS, "source" => source).absolute(0);
+    }
+    metrics::counter!(LISTENER_RECONNECTS).absolute(0);
+    Ok(())
+}
+
+/// Creates a service's delivery counters at zero, so that the first failure
+/// of a service shows as an increase (alerts use `increase()`).
+pub fn register_service(service: &str) {
+    for outcome in OUTCOMES {
+        metrics::counter!(DELIVERIES, "service" => service.to_string(), "outcome" => *outcome)
+            .absolute(0);
+    }
+}

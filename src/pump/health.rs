@@ -1,0 +1,227 @@
+//! What the pump knows of each consumer service: how many deliveries it has
+//! in flight there, and whether the service looks down.
+//!
+//! A service is down after `down_after` consecutive failed attempts. While
+//! down it gets no deliveries but a single probe now and then (the pause
+//! doubles up to `probe_max`); the first answer releases its whole backlog.
+//! In-flight deliveries per service are capped so that a consumer that hangs
+//! until timeout cannot take every slot.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// Per-service claim limits, in the shape `watchpump.claim()` takes them.
+#[derive(Debug, Default)]
+pub struct Slots {
+    pub service_ids: Vec<i64>,
+    pub free: Vec<i32>,
+    pub probe: Vec<bool>,
+    /// Limit for services this pump has not seen yet.
+    pub default_free: i32,
+}
+
+/// How an attempt reflects on its consumer: it answered (2xx or 410), or not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer {
+    Answered,
+    Failed,
+}
+
+/// What an attempt changed about its service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transition {
+    None,
+    WentDown,
+    CameBack,
+}
+
+#[derive(Debug)]
+struct Down {
+    next_probe_at: Instant,
+    probe_pause: Duration,
+}
+
+#[derive(Debug, Default)]
+struct Service {
+    name: String,
+    in_flight: u32,
+    consecutive_failures: u32,
+    down: Option<Down>,
+}
+
+#[derive(Debug)]
+pub struct Health {
+    cap: u32,
+    down_after: u32,
+    probe_max: Duration,
+    services: HashMap<i64, Service>,
+}
+
+impl Health {
+    pub fn new(cap: u32, down_after: u32, probe_max: Duration) -> Self {
+        Health {
+            cap,
+            down_after: down_after.max(1),
+            probe_max,
+            services: HashMap::new(),
+        }
+    }
+
+    /// How many deliveries of each service the next claim may take.
+    pub fn slots(&self, now: Instant) -> Slots {
+        let mut slots = Slots {
+            default_free: self.cap as i32,
+            ..Slots::default()
+        };
+        for (id, s) in &self.services {
+            let (free, probe) = match &s.down {
+                Some(d) if s.in_flight == 0 && now >= d.next_probe_at => (1, true),
+                Some(_) => (0, false),
+                None => (self.cap.saturating_sub(s.in_flight) as i32, false),
+            };
+            slots.service_ids.push(*id);
+            slots.free.push(free);
+            slots.probe.push(probe);
+        }
+        slots
+    }
+
+    /// A delivery to `service_id` was claimed and is about to be sent.
+    pub fn claimed(&mut self, service_id: i64, name: &str, now: Instant) -> u32 {
+        let s = self.services.entry(service_id).or_default();
+        if s.name != name {
+            s.name = name.to_string();
+        }
+        s.in_flight += 1;
+        if let Some(d) = &mut s.down {
+            // This is the probe; the next one waits a longer pause.
+            d.next_probe_at = now + d.probe_pause;
+            d.probe_pause = (d.probe_pause * 2).min(self.probe_max);
+        }
+        s.in_flight
+    }
+
+    /// An attempt to `service_id` finished with `answer`.
+    pub fn finished(&mut self, service_id: i64, answer: Answer, now: Instant) -> Transition {
+        let Some(s) = self.services.get_mut(&service_id) else {
+            return Transition::None;
+        };
+        s.in_flight = s.in_flight.saturating_sub(1);
+        match answer {
+            Answer::Answered => {
+                s.consecutive_failures = 0;
+                if s.down.take().is_some() {
+                    Transition::CameBack
+                } else {
+                    Transition::None
+                }
+            }
+            Answer::Failed => {
+                s.consecutive_failures += 1;
+                if s.down.is_none() && s.consecutive_failures >= self.down_after {
+                    let first_pause = (self.probe_max / 10).max(Duration::from_millis(10));
+                    s.down = Some(Down {
+                        next_probe_at: now + first_pause,
+                        probe_pause: first_pause * 2,
+                    });
+                    Transition::WentDown
+                } else {
+                    Transition::None
+                }
+            }
+        }
+    }
+
+    /// A due probe found no pending delivery: wait a pause before asking again.
+    pub fn nothing_to_probe(&mut self, service_id: i64, now: Instant) {
+        if let Some(d) = self
+            .services
+            .get_mut(&service_id)
+            .and_then(|s| s.down.as_mut())
+        {
+            d.next_probe_at = now + d.probe_pause;
+        }
+    }
+
+    pub fn in_flight(&self, service_id: i64) -> u32 {
+        self.services.get(&service_id).map_or(0, |s| s.in_flight)
+    }
+
+    pub fn total_in_flight(&self) -> u32 {
+        self.services.values().map(|s| s.in_flight).sum()
+    }
+
+    pub fn name(&self, service_id: i64) -> Option<&str> {
+        self.services.get(&service_id).map(|s| s.name.as_str())
+    }
+
+    /// When the next probe of a down service is due, if any service is down.
+    /// Only services with nothing in flight count: a probe waits for those.
+    pub fn next_probe_at(&self) -> Option<Instant> {
+        self.services
+            .values()
+            .filter(|s| s.in_flight == 0)
+            .filter_map(|s| s.down.as_ref().map(|d| d.next_probe_at))
+            .min()
+    }
+
+    pub fn is_down(&self, service_id: i64) -> bool {
+        self.services
+            .get(&service_id)
+            .is_some_and(|s| s.down.is_some())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slot_of(slots: &Slots, id: i64) -> (i32, bool) {
+        let i = slots.service_ids.iter().position(|s| *s == id).unwrap();
+        (slots.free[i], slots.probe[i])
+    }
+
+    #[test]
+    fn in_flight_is_capped_per_service() {
+        let now = Instant::now();
+        let mut h = Health::new(2, 3, Duration::from_secs(1));
+        h.claimed(1, "a", now);
+        assert_eq!(slot_of(&h.slots(now), 1), (1, false));
+        h.claimed(1, "a", now);
+        assert_eq!(slot_of(&h.slots(now), 1), (0, false));
+        assert_eq!(h.slots(now).default_free, 2);
+        h.finished(1, Answer::Answered, now);
+        assert_eq!(slot_of(&h.slots(now), 1), (1, false));
+    }
+
+    #[test]
+    fn a_failing_service_is_probed_one_at_a_time_and_comes_back() {
+        let now = Instant::now();
+        let mut h = Health::new(8, 2, Duration::from_secs(1));
+        h.claimed(1, "a", now);
+        h.claimed(1, "a", now);
+        assert_eq!(h.finished(1, Answer::Failed, now), Transition::None);
+        assert_eq!(h.finished(1, Answer::Failed, now), Transition::WentDown);
+        assert_eq!(
+            slot_of(&h.slots(now), 1),
+            (0, false),
+            "no claim until the probe is due"
+        );
+        let later = h.next_probe_at().unwrap();
+        assert_eq!(slot_of(&h.slots(later), 1), (1, true));
+        h.claimed(1, "a", later);
+        assert_eq!(
+            slot_of(&h.slots(later + Duration::from_secs(5)), 1),
+            (0, false),
+            "one probe at a time"
+        );
+        assert_eq!(h.finished(1, Answer::Failed, later), Transition::None);
+        assert!(h.next_probe_at().unwrap() > later, "the pause grows");
+        let again = h.next_probe_at().unwrap();
+        h.claimed(1, "a", again);
+        assert_eq!(h.finished(1, Answer::Answered, again), Transition::CameBack);
+        assert_eq!(slot_of(&h.slots(again), 1), (8, false));
+    }
+}

@@ -1,0 +1,328 @@
+//! The pump: claims due deliveries, sends them, and records what happened.
+//!
+//! One loop ([`Pump::run`]) claims and dispatches; each send runs as its own
+//! task; a completer task writes finished attempts back in batches. Between
+//! claims the loop sleeps until a NOTIFY ([`wakeup`]), its sweep timer, a
+//! finished send freeing a slot, or a down consumer's probe time.
+//!
+//! Before it sleeps the pump registers in `watchpump.sleepers` and claims
+//! once more, so that emitters raise NOTIFY only when a pump may be asleep;
+//! a change committed in the gap is picked up by the next sweep at the latest.
+
+pub mod health;
+pub mod send;
+pub mod store;
+pub mod wakeup;
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sqlx::PgPool;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use crate::config::PumpConfig;
+use crate::error::{Error, Result};
+use crate::metrics as m;
+use health::{Answer, Health, Transition};
+use send::{Finished, Outcome, Sender};
+use store::Claimed;
+use wakeup::Signals;
+
+/// Most finished attempts written back in one statement.
+const COMPLETE_BATCH: usize = 1000;
+/// How long the pump may stay awake and unregistered while its sends are in
+/// flight, before it tells emitters to notify it again.
+const AWAKE_DEBOUNCE: Duration = Duration::from_millis(20);
+
+/// A delivery pump. Several may run against one database.
+pub struct Pump {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    pool: PgPool,
+    cfg: PumpConfig,
+    name: String,
+    sender: Sender,
+    health: Mutex<Health>,
+    signals: Arc<Signals>,
+}
+
+impl Pump {
+    pub fn new(pool: PgPool, cfg: PumpConfig) -> Result<Self> {
+        cfg.validate().map_err(Error::Config)?;
+        let sender = Sender::new(&cfg).map_err(|e| Error::Config(format!("HTTP client: {e}")))?;
+        let health = Health::new(
+            cfg.service_concurrency,
+            cfg.down_after_failures,
+            cfg.probe_interval(),
+        );
+        let name = cfg.pump_name();
+        let shared = Shared {
+            pool,
+            name,
+            sender,
+            health: Mutex::new(health),
+            signals: Arc::new(Signals::default()),
+            cfg,
+        };
+        Ok(Pump {
+            shared: Arc::new(shared),
+        })
+    }
+
+    /// This pump's name, as it appears in leases and attempts.
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// Runs until `shutdown` resolves, then stops claiming, lets the sends in
+    /// flight finish (each is bounded by the request timeout), records them,
+    /// and returns.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<()> {
+        let shared = self.shared;
+        tracing::info!(pump = %shared.name, "pump started");
+        let listener = tokio::spawn(wakeup::listen(shared.pool.clone(), shared.signals.clone()));
+        let (done_tx, done_rx) = mpsc::unbounded_channel();
+        let completer = tokio::spawn(complete_loop(shared.clone(), done_rx));
+
+        claim_loop(&shared, done_tx, shutdown).await;
+
+        listener.abort();
+        let grace = shared.cfg.request_timeout() + Duration::from_secs(5);
+        if tokio::time::timeout(grace, completer).await.is_err() {
+            tracing::warn!("sends still in flight after {grace:?}; their leases will expire");
+        }
+        store::leave(&shared.pool, &shared.name).await?;
+        tracing::info!(pump = %shared.name, "pump stopped");
+        Ok(())
+    }
+}
+
+/// Claims and dispatches until shutdown. Dropping `done` at the end lets the
+/// completer finish once the last send has reported.
+async fn claim_loop(
+    shared: &Arc<Shared>,
+    done: mpsc::UnboundedSender<Finished>,
+    shutdown: impl Future<Output = ()>,
+) {
+    tokio::pin!(shutdown);
+    let mut sweep_tick = tokio::time::interval(shared.cfg.sweep_interval());
+    sweep_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut registered_asleep = false;
+    loop {
+        match claim(shared).await {
+            Ok(claimed) if !claimed.is_empty() => {
+                registered_asleep = false;
+                dispatch(shared, claimed, &done);
+                continue;
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "claim failed; retrying after the next wake-up");
+                registered_asleep = false;
+            }
+        }
+        let (in_flight, next_probe) = {
+            let health = shared.health.lock().unwrap();
+            (health.total_in_flight(), health.next_probe_at())
+        };
+        if !registered_asleep && in_flight == 0 {
+            registered_asleep = register_asleep(shared).await;
+            continue; // one more claim closes the gap before emitters saw us asleep
+        }
+        tokio::select! {
+            _ = &mut shutdown => break,
+            _ = shared.signals.wake.notified() => {}
+            _ = shared.signals.sweep.notified() => sweep(shared).await,
+            _ = sweep_tick.tick() => {
+                metrics::counter!(m::WAKEUPS, "source" => "sweep").increment(1);
+                sweep(shared).await;
+            }
+            _ = sleep_until(next_probe), if next_probe.is_some() => {}
+            _ = tokio::time::sleep(AWAKE_DEBOUNCE), if !registered_asleep => {
+                registered_asleep = register_asleep(shared).await;
+            }
+        }
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    if let Some(at) = at {
+        tokio::time::sleep_until(at).await;
+    }
+}
+
+async fn register_asleep(shared: &Shared) -> bool {
+    match store::sleep(&shared.pool, &shared.name).await {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot register as asleep; relying on the sweep");
+            false
+        }
+    }
+}
+
+/// One claim with the current per-service limits.
+async fn claim(shared: &Shared) -> Result<Vec<Claimed>> {
+    let now = Instant::now();
+    let slots = shared.health.lock().unwrap().slots(now);
+    let claimed = store::claim(&shared.pool, &shared.name, &slots, shared.cfg.lease()).await?;
+    // A probe that found nothing to send waits its pause like any other.
+    let mut health = shared.health.lock().unwrap();
+    for (i, id) in slots.service_ids.iter().enumerate() {
+        if slots.probe[i] && !claimed.iter().any(|c| c.service_id == *id) {
+            health.nothing_to_probe(*id, now);
+        }
+    }
+    Ok(claimed)
+}
+
+fn dispatch(shared: &Arc<Shared>, claimed: Vec<Claimed>, done: &mpsc::UnboundedSender<Finished>) {
+    metrics::histogram!(m::CLAIMED_BATCH_SIZE).record(claimed.len() as f64);
+    let now = Instant::now();
+    let mut health = shared.health.lock().unwrap();
+    for delivery in claimed {
+        let in_flight = health.claimed(delivery.service_id, &delivery.service_name, now);
+        metrics::gauge!(m::IN_FLIGHT, "service" => delivery.service_name.clone())
+            .set(in_flight as f64);
+        let sender = shared.sender.clone();
+        let done = done.clone();
+        tokio::spawn(async move {
+            let finished = sender.send(delivery).await;
+            let _ = done.send(finished);
+        });
+    }
+}
+
+/// The backstop: expired leases, passed deadlines, missed notifications.
+async fn sweep(shared: &Shared) {
+    match store::sweep(&shared.pool, &shared.name).await {
+        Ok(swept) => {
+            let health = shared.health.lock().unwrap();
+            for s in swept {
+                if s.expired_leases > 0 {
+                    tracing::warn!(
+                        service_id = s.service_id,
+                        n = s.expired_leases,
+                        "leases expired; deliveries are due again"
+                    );
+                }
+                if s.failed > 0 {
+                    let name = health.name(s.service_id).unwrap_or("unknown").to_string();
+                    tracing::warn!(service = %name, n = s.failed, "deliveries failed: deadline passed");
+                    metrics::counter!(m::DELIVERIES, "service" => name, "outcome" => "failed")
+                        .increment(s.failed as u64);
+                }
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "sweep failed"),
+    }
+}
+
+/// Writes finished attempts back in batches until every sender is gone.
+async fn complete_loop(shared: Arc<Shared>, mut done: mpsc::UnboundedReceiver<Finished>) {
+    let mut batch = Vec::with_capacity(COMPLETE_BATCH);
+    while let Some(first) = done.recv().await {
+        batch.push(first);
+        while batch.len() < COMPLETE_BATCH {
+            match done.try_recv() {
+                Ok(f) => batch.push(f),
+                Err(_) => break,
+            }
+        }
+        complete_batch(&shared, &batch).await;
+        batch.clear();
+        shared.signals.wake.notify_one();
+    }
+}
+
+async fn complete_batch(shared: &Shared, batch: &[Finished]) {
+    let settled = write_back(shared, batch).await.unwrap_or_default();
+    let now = Instant::now();
+    let mut came_back = Vec::new();
+    {
+        let mut health = shared.health.lock().unwrap();
+        for f in batch {
+            let service = f.claimed.service_name.as_str();
+            metrics::histogram!(m::ATTEMPT_DURATION, "service" => service.to_string(), "result" => f.result)
+                .record(f.duration.as_secs_f64());
+            let answer = match f.result {
+                "5xx" | "timeout" | "connect_error" => Answer::Failed,
+                _ if f.status == Some(429) => Answer::Failed,
+                _ => Answer::Answered,
+            };
+            let transition = health.finished(f.claimed.service_id, answer, now);
+            match transition {
+                Transition::CameBack => came_back.push(f.claimed.service_id),
+                Transition::WentDown => tracing::warn!(service, "consumer looks down; probing it"),
+                Transition::None => {}
+            }
+            metrics::gauge!(m::IN_FLIGHT, "service" => service.to_string())
+                .set(health.in_flight(f.claimed.service_id) as f64);
+        }
+        for s in &settled {
+            let finished = batch
+                .iter()
+                .find(|f| f.claimed.delivery_id == s.delivery_id);
+            record_settled(&health, s, finished);
+        }
+    }
+    for service_id in came_back {
+        tracing::info!(service_id, "consumer answers again; releasing its backlog");
+        if let Err(e) = store::release_backlog(&shared.pool, service_id).await {
+            tracing::warn!(error = %e, service_id, "cannot release backlog");
+        }
+    }
+}
+
+/// `watchpump.complete()`, retried while the lease still protects the batch.
+async fn write_back(shared: &Shared, batch: &[Finished]) -> Option<Vec<store::Settled>> {
+    let started = Instant::now();
+    let mut pause = Duration::from_millis(50);
+    loop {
+        match store::complete(&shared.pool, &shared.name, batch).await {
+            Ok(settled) => return Some(settled),
+            Err(e) if started.elapsed() + pause < shared.cfg.lease() => {
+                tracing::warn!(error = %e, "cannot record attempts; retrying");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(5));
+            }
+            Err(e) => {
+                tracing::error!(error = %e, n = batch.len(), "cannot record attempts; leases will expire and they will be sent again");
+                return None;
+            }
+        }
+    }
+}
+
+fn record_settled(health: &Health, s: &store::Settled, finished: Option<&Finished>) {
+    let service = finished
+        .map(|f| f.claimed.service_name.clone())
+        .or_else(|| health.name(s.service_id).map(str::to_string))
+        .unwrap_or_else(|| s.service_id.to_string());
+    let outcome = match s.state.as_str() {
+        "pending" => "retry_scheduled",
+        other => other,
+    };
+    if let (Some(f), "delivered") = (finished, outcome) {
+        let answered = f.started + chrono::Duration::from_std(f.duration).unwrap_or_default();
+        let latency = (answered - f.claimed.occurred_at)
+            .to_std()
+            .unwrap_or_default();
+        metrics::histogram!(m::DELIVERY_LATENCY, "service" => service.clone())
+            .record(latency.as_secs_f64());
+    }
+    if let Some(f) = finished {
+        if let (Outcome::Retry { .. }, "superseded") = (f.outcome, outcome) {
+            tracing::debug!(
+                delivery_id = s.delivery_id,
+                "failed attempt superseded by newer news"
+            );
+        }
+    }
+    metrics::counter!(m::DELIVERIES, "service" => service, "outcome" => outcome.to_string())
+        .increment(1);
+}
