@@ -36,4 +36,4 @@ pub mod services;
 pub mod watches;
 
 pub use emit::emit;
-pub use error::Error;
+pub use error::{Error, Result};

@@ -1,0 +1,57 @@
+# watchpump: `make help` lists the targets.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PG_RUN_PORT  ?= 54329
+PG_TEST_PORT ?= 54330
+PG_BENCH_PORT ?= 54331
+NEXTEST := $(shell cargo nextest --version >/dev/null 2>&1 && echo yes)
+
+.PHONY: help build run test bench lint fmt pg-stop
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
+
+build: ## build the release binary
+	cargo build --release
+
+run: ## run the pump and API (starts a project-local PostgreSQL when DATABASE_URL is unset)
+	@set -euo pipefail; \
+	if [ -z "$${DATABASE_URL:-}" ]; then \
+	  admin=$$(scripts/dev-postgres.sh start pg $(PG_RUN_PORT) on | tail -1); \
+	  psql "$$admin" -qtAc "select 1 from pg_database where datname = 'watchpump'" | grep -q 1 \
+	    || psql "$$admin" -qc "create database watchpump"; \
+	  export DATABASE_URL="$${admin%/postgres}/watchpump"; \
+	  echo "DATABASE_URL=$$DATABASE_URL (project-local cluster in target/pg; 'make pg-stop' stops it)"; \
+	fi; \
+	export WATCHPUMP_PRODUCER="$${WATCHPUMP_PRODUCER:-git}"; \
+	export WATCHPUMP_PRODUCER_TOKEN="$${WATCHPUMP_PRODUCER_TOKEN:-dev-producer-token}"; \
+	cargo build --release --quiet; \
+	target/release/watchpump migrate; \
+	exec target/release/watchpump serve
+
+test: ## start a throwaway PostgreSQL and run every test
+	@set -euo pipefail; \
+	url=$$(scripts/dev-postgres.sh start pg-test $(PG_TEST_PORT) off | tail -1); \
+	scripts/test-deps.sh; \
+	psql "$$url" -qtAc "select 'drop database \"' || datname || '\";' from pg_database where datname like 'wp\_t\_%'" | psql "$$url" -q >/dev/null; \
+	export WATCHPUMP_TEST_DATABASE_URL="$$url"; \
+	if [ "$(NEXTEST)" = yes ]; then cargo nextest run --no-fail-fast; else cargo test --no-fail-fast; fi
+
+bench: ## build in release mode and run the benchmarks against their own PostgreSQL
+	@set -euo pipefail; \
+	url=$$(scripts/dev-postgres.sh start pg-bench $(PG_BENCH_PORT) on | tail -1); \
+	cargo build --release --quiet --bin watchpump --example bench; \
+	WATCHPUMP_BENCH_DATABASE_URL="$$url" target/release/examples/bench
+
+lint: ## rustfmt and clippy, as CI wants them
+	cargo fmt --all -- --check
+	cargo clippy --all-targets -- -D warnings
+
+fmt: ## format the code
+	cargo fmt --all
+
+pg-stop: ## stop the project-local PostgreSQL clusters
+	scripts/dev-postgres.sh stop pg
+	scripts/dev-postgres.sh stop pg-test
+	scripts/dev-postgres.sh stop pg-bench

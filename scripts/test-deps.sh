@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Installs what the test suite needs beyond Rust and PostgreSQL, when missing:
+# prometheus/promtool (metrics checks). Says clearly what it could not install.
+set -uo pipefail
+need=()
+command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+[ ${#need[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" != 0 ]; then
+  echo "test-deps: missing ${need[*]}; install them (apt-get install ${need[*]}) or run as root" >&2
+  exit 1
+fi
+echo "test-deps: installing ${need[*]} with apt" >&2
+if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}"; } >&2; then
+  echo "test-deps: could not install ${need[*]} with apt" >&2
+  exit 1
+fi

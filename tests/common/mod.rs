@@ -1,0 +1,334 @@
+//! Shared test parts: a fresh database per test on the real PostgreSQL that
+//! `make test` starts, a real HTTP consumer on loopback that records what it
+//! receives, and a pump running in-process.
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post;
+use axum::Router;
+use sqlx::PgPool;
+use tokio::sync::{oneshot, Notify};
+use watchpump::config::PumpConfig;
+use watchpump::pump::Pump;
+use watchpump::services::Service;
+use watchpump::watches::{Filters, NewWatch, Watch};
+
+pub const PRODUCER: &str = "git";
+pub const PRODUCER_TOKEN: &str = "producer-secret-token";
+
+/// A database of its own, migrated, on the test cluster.
+pub struct TestDb {
+    pub pool: PgPool,
+    pub url: String,
+    pub name: String,
+}
+
+impl TestDb {
+    pub async fn new() -> TestDb {
+        let admin = std::env::var("WATCHPUMP_TEST_DATABASE_URL")
+            .or_else(|_| std::env::var("DATABASE_URL"))
+            .expect("WATCHPUMP_TEST_DATABASE_URL: run the tests with `make test`");
+        let name = format!("wp_t_{:016x}", rand::random::<u64>());
+        let admin_pool = watchpump::server::connect(&admin, 1)
+            .await
+            .expect("connect to the test cluster");
+        sqlx::query(&format!("create database {name}"))
+            .execute(&admin_pool)
+            .await
+            .unwrap();
+        admin_pool.close().await;
+        let url = format!("{}/{name}", admin.rsplit_once('/').unwrap().0);
+        let pool = watchpump::server::connect(&url, 20).await.unwrap();
+        watchpump::schema::migrate(&pool).await.unwrap();
+        TestDb { pool, url, name }
+    }
+
+    pub async fn add_service(&self, name: &str, base_url: &str) -> (Service, String) {
+        watchpump::services::add(&self.pool, name, base_url)
+            .await
+            .unwrap()
+    }
+
+    pub async fn add_watch(
+        &self,
+        service_id: i64,
+        resource: &str,
+        object: &str,
+        filters: Filters,
+    ) -> Watch {
+        let new = NewWatch {
+            resource: resource.into(),
+            object: object.into(),
+            filters,
+        };
+        watchpump::watches::create(&self.pool, service_id, &new)
+            .await
+            .unwrap()
+            .0
+    }
+
+    /// Emits one change in a transaction of its own, committed.
+    pub async fn emit(&self, object: &str, kind: &str, payload: serde_json::Value) -> i64 {
+        let mut tx = self.pool.begin().await.unwrap();
+        let id = watchpump::emit(&mut tx, object, kind, &payload)
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        id
+    }
+
+    /// Counts deliveries by state, e.g. `count_state("delivered")`.
+    pub async fn count_state(&self, state: &str) -> i64 {
+        sqlx::query_scalar("select count(*) from watchpump.deliveries where state = $1")
+            .bind(state)
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
+    }
+
+    pub async fn delivery_state(&self, id: i64) -> String {
+        sqlx::query_scalar("select state from watchpump.deliveries where id = $1")
+            .bind(id)
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
+    }
+}
+
+/// The pump configuration tests use: quick sweeps and short retries, so
+/// that waiting for an outcome stays short; no timing is asserted.
+pub fn pump_config() -> PumpConfig {
+    let mut cfg = PumpConfig::new(PRODUCER, PRODUCER_TOKEN);
+    cfg.sweep_interval_ms = 200;
+    cfg.retry_initial_ms = 100;
+    cfg.retry_max_ms = 400;
+    cfg.connect_timeout_ms = 1000;
+    cfg.request_timeout_ms = 2000;
+    cfg.lease_ms = 5000;
+    cfg.probe_interval_ms = 200;
+    cfg
+}
+
+/// A pump running in this process until stopped.
+pub struct RunningPump {
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<watchpump::Result<()>>,
+    pub name: String,
+}
+
+impl RunningPump {
+    pub fn start(pool: &PgPool, cfg: PumpConfig) -> RunningPump {
+        let pump = Pump::new(pool.clone(), cfg).expect("valid pump config");
+        let name = pump.name().to_string();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(pump.run(async move {
+            let _ = stopped.await;
+        }));
+        RunningPump {
+            stop: Some(stop),
+            task,
+            name,
+        }
+    }
+
+    /// Stops gracefully and returns the pump's result.
+    pub async fn stop(mut self) -> watchpump::Result<()> {
+        let _ = self.stop.take().unwrap().send(());
+        self.task.await.expect("pump task panicked")
+    }
+}
+
+/// One request the consumer received.
+#[derive(Debug, Clone)]
+pub struct Received {
+    pub path: String,
+    pub headers: HeaderMap,
+    pub body: serde_json::Value,
+    pub at: Instant,
+}
+
+/// How the consumer answers.
+#[derive(Clone)]
+pub struct Reply {
+    pub status: u16,
+    pub delay: Duration,
+    pub headers: Vec<(String, String)>,
+}
+
+struct ReceiverState {
+    received: Mutex<Vec<Received>>,
+    reply: Mutex<Reply>,
+    arrived: Notify,
+}
+
+/// A real HTTP consumer on loopback that records every request.
+#[derive(Clone)]
+pub struct Receiver {
+    pub addr: SocketAddr,
+    state: Arc<ReceiverState>,
+    shutdown: Arc<Mutex<Option<oneshot::Sender<()>>>>,
+}
+
+impl Receiver {
+    pub async fn start() -> Receiver {
+        Self::start_on("127.0.0.1:0".parse().unwrap()).await
+    }
+
+    /// On a given address (to bring a consumer back where it was).
+    pub async fn start_on(addr: SocketAddr) -> Receiver {
+        let state = Arc::new(ReceiverState {
+            received: Mutex::new(Vec::new()),
+            reply: Mutex::new(Reply {
+                status: 200,
+                delay: Duration::ZERO,
+                headers: vec![],
+            }),
+            arrived: Notify::new(),
+        });
+        let app = Router::new()
+            .route("/{*path}", post(record))
+            .with_state(state.clone());
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .expect("bind the test consumer");
+        let addr = listener.local_addr().unwrap();
+        let (tx, rx) = oneshot::channel::<()>();
+        tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async move {
+                    let _ = rx.await;
+                })
+                .await
+                .unwrap();
+        });
+        Receiver {
+            addr,
+            state,
+            shutdown: Arc::new(Mutex::new(Some(tx))),
+        }
+    }
+
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn reply_with(&self, status: u16) {
+        self.state.reply.lock().unwrap().status = status;
+    }
+
+    pub fn delay_replies(&self, delay: Duration) {
+        self.state.reply.lock().unwrap().delay = delay;
+    }
+
+    pub fn reply_header(&self, name: &str, value: &str) {
+        self.state
+            .reply
+            .lock()
+            .unwrap()
+            .headers
+            .push((name.into(), value.into()));
+    }
+
+    pub fn received(&self) -> Vec<Received> {
+        self.state.received.lock().unwrap().clone()
+    }
+
+    pub fn count(&self) -> usize {
+        self.state.received.lock().unwrap().len()
+    }
+
+    /// Waits until at least `n` requests have arrived (panics after `limit`).
+    pub async fn wait_for(&self, n: usize, limit: Duration) -> Vec<Received> {
+        let deadline = Instant::now() + limit;
+        loop {
+            let notified = self.state.arrived.notified();
+            if self.count() >= n {
+                return self.received();
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                panic!(
+                    "consumer received {} of {n} requests within {limit:?}",
+                    self.count()
+                );
+            }
+            let _ = tokio::time::timeout(left, notified).await;
+        }
+    }
+
+    /// Stops listening; connections are refused from now on.
+    pub fn stop(&self) {
+        if let Some(tx) = self.shutdown.lock().unwrap().take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+async fn record(
+    State(state): State<Arc<ReceiverState>>,
+    uri: axum::http::Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> (StatusCode, HeaderMap, &'static str) {
+    let reply = state.reply.lock().unwrap().clone();
+    if !reply.delay.is_zero() {
+        tokio::time::sleep(reply.delay).await;
+    }
+    let body = serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
+    state.received.lock().unwrap().push(Received {
+        path: uri.path().to_string(),
+        headers,
+        body,
+        at: Instant::now(),
+    });
+    state.arrived.notify_waiters();
+    let mut out = HeaderMap::new();
+    for (k, v) in reply.headers {
+        out.insert(
+            axum::http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+            v.parse().unwrap(),
+        );
+    }
+    (StatusCode::from_u16(reply.status).unwrap(), out, "recorded")
+}
+
+/// Polls `check` until it returns true (panics after `limit`).
+pub async fn eventually<F, Fut>(limit: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + limit;
+    while !check().await {
+        if Instant::now() > deadline {
+            panic!("not within {limit:?}: {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Filters for every change.
+pub fn all() -> Filters {
+    Filters::default()
+}
+
+pub fn kinds(kinds: &[&str]) -> Filters {
+    Filters {
+        kinds: Some(kinds.iter().map(|k| k.to_string()).collect()),
+        match_path: None,
+    }
+}
+
+pub fn matching(path: &str) -> Filters {
+    Filters {
+        kinds: None,
+        match_path: Some(path.to_string()),
+    }
+}
