@@ -14,6 +14,8 @@ pub mod send;
 pub mod store;
 pub mod wakeup;
 
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -35,6 +37,9 @@ const COMPLETE_BATCH: usize = 1000;
 /// How long the pump may stay awake and unregistered while its sends are in
 /// flight, before it tells emitters to notify it again.
 const AWAKE_DEBOUNCE: Duration = Duration::from_millis(20);
+/// Retry times this pump remembers to wake up for; later ones wait for the
+/// sweep.
+const RETRY_TIMERS: usize = 10_000;
 
 /// A delivery pump. Several may run against one database.
 pub struct Pump {
@@ -48,6 +53,9 @@ struct Shared {
     sender: Sender,
     health: Mutex<Health>,
     signals: Arc<Signals>,
+    /// When retries this pump scheduled fall due, soonest first, so that a
+    /// retry goes out on time rather than at the next sweep.
+    retries: Mutex<BinaryHeap<Reverse<Instant>>>,
 }
 
 impl Pump {
@@ -66,6 +74,7 @@ impl Pump {
             sender,
             health: Mutex::new(health),
             signals: Arc::new(Signals::default()),
+            retries: Mutex::new(BinaryHeap::new()),
             cfg,
         };
         Ok(Pump {
@@ -129,6 +138,7 @@ async fn claim_loop(
             let health = shared.health.lock().unwrap();
             (health.total_in_flight(), health.next_probe_at())
         };
+        let next_retry = next_retry_at(shared);
         if !registered_asleep && in_flight == 0 {
             registered_asleep = register_asleep(shared).await;
             continue; // one more claim closes the gap before emitters saw us asleep
@@ -142,11 +152,23 @@ async fn claim_loop(
                 sweep(shared).await;
             }
             _ = sleep_until(next_probe), if next_probe.is_some() => {}
+            _ = sleep_until(next_retry), if next_retry.is_some() => {}
             _ = tokio::time::sleep(AWAKE_DEBOUNCE), if !registered_asleep => {
                 registered_asleep = register_asleep(shared).await;
             }
         }
     }
+}
+
+/// The soonest remembered retry that is still ahead; passed ones are
+/// forgotten (the claim that follows a wake-up takes them).
+fn next_retry_at(shared: &Shared) -> Option<Instant> {
+    let now = Instant::now();
+    let mut retries = shared.retries.lock().unwrap();
+    while retries.peek().is_some_and(|Reverse(at)| *at <= now) {
+        retries.pop();
+    }
+    retries.peek().map(|Reverse(at)| *at)
 }
 
 async fn sleep_until(at: Option<Instant>) {
@@ -263,11 +285,22 @@ async fn complete_batch(shared: &Shared, batch: &[Finished]) {
             metrics::gauge!(m::IN_FLIGHT, "service" => service.to_string())
                 .set(health.in_flight(f.claimed.service_id) as f64);
         }
+        let by_id: HashMap<i64, &Finished> =
+            batch.iter().map(|f| (f.claimed.delivery_id, f)).collect();
+        let mut retries = shared.retries.lock().unwrap();
         for s in &settled {
-            let finished = batch
-                .iter()
-                .find(|f| f.claimed.delivery_id == s.delivery_id);
+            let finished = by_id.get(&s.delivery_id).copied();
             record_settled(&health, s, finished);
+            if let (Some(f), "pending") = (finished, s.state.as_str()) {
+                if let (Outcome::Retry { next_attempt_at }, true) =
+                    (f.outcome, retries.len() < RETRY_TIMERS)
+                {
+                    let wait = (next_attempt_at - chrono::Utc::now())
+                        .to_std()
+                        .unwrap_or_default();
+                    retries.push(Reverse(now + wait));
+                }
+            }
         }
     }
     for service_id in came_back {

@@ -158,6 +158,8 @@ pub struct Received {
 #[derive(Clone)]
 pub struct Reply {
     pub status: u16,
+    /// Statuses for deliveries to particular resources, overriding `status`.
+    pub status_by_resource: std::collections::HashMap<String, u16>,
     pub delay: Duration,
     pub headers: Vec<(String, String)>,
 }
@@ -187,6 +189,7 @@ impl Receiver {
             received: Mutex::new(Vec::new()),
             reply: Mutex::new(Reply {
                 status: 200,
+                status_by_resource: Default::default(),
                 delay: Duration::ZERO,
                 headers: vec![],
             }),
@@ -221,6 +224,16 @@ impl Receiver {
 
     pub fn reply_with(&self, status: u16) {
         self.state.reply.lock().unwrap().status = status;
+    }
+
+    /// Answers deliveries for `resource` with `status`, others as before.
+    pub fn reply_for_resource(&self, resource: &str, status: u16) {
+        self.state
+            .reply
+            .lock()
+            .unwrap()
+            .status_by_resource
+            .insert(resource.into(), status);
     }
 
     pub fn delay_replies(&self, delay: Duration) {
@@ -281,7 +294,11 @@ async fn record(
     if !reply.delay.is_zero() {
         tokio::time::sleep(reply.delay).await;
     }
-    let body = serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
+    let body: serde_json::Value = serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
+    let status = body["resource"]
+        .as_str()
+        .and_then(|r| reply.status_by_resource.get(r).copied())
+        .unwrap_or(reply.status);
     state.received.lock().unwrap().push(Received {
         path: uri.path().to_string(),
         headers,
@@ -296,7 +313,7 @@ async fn record(
             v.parse().unwrap(),
         );
     }
-    (StatusCode::from_u16(reply.status).unwrap(), out, "recorded")
+    (StatusCode::from_u16(status).unwrap(), out, "recorded")
 }
 
 /// Polls `check` until it returns true (panics after `limit`).
