@@ -33,7 +33,10 @@ $$;
 
 create or replace function watchpump.emit(p_object text, p_kind text, p_payload jsonb default '{}')
 returns bigint
-language plpgsql as $$
+language plpgsql
+-- JIT compiles for milliseconds what runs in microseconds here.
+set jit = off
+as $$
 declare
     v_sequence bigint;
     v_change   bigint;
@@ -87,7 +90,10 @@ $$;
 -- when a pump is asleep: NOTIFY serialises committing transactions, so
 -- producers should not pay for it while every pump is busy anyway.
 create or replace function watchpump.wake_sleepers() returns trigger
-language plpgsql as $$
+language plpgsql
+-- JIT compiles for milliseconds what runs in microseconds here.
+set jit = off
+as $$
 begin
     if exists (select 1 from watchpump.sleepers) and exists (select 1 from inserted) then
         perform pg_notify('watchpump', '');

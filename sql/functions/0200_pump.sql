@@ -29,34 +29,50 @@ create or replace function watchpump.claim(
     occurred_at  timestamptz,
     payload      text
 )
-language plpgsql as $$
+language plpgsql
+-- JIT compiles for milliseconds what runs in microseconds here.
+set jit = off
+as $$
+declare
+    v_ids bigint[];
 begin
-    return query
-    with slots as (
-        select s.id, coalesce(f.free, p_default_free) as free, coalesce(f.probe, false) as probe
+    -- Pick first, then update by id: an UPDATE joined to the picking CTE is
+    -- planned for a CTE of unknown size and hash-joins the whole table.
+    v_ids := array(
+        select c.id
         from watchpump.services s
         left join unnest(p_service_ids, p_free, p_probe) as f (id, free, probe) on f.id = s.id
-    ),
-    picked as (
-        select c.id
-        from slots
         cross join lateral (
             select d.id
             from watchpump.deliveries d
-            where d.service_id = slots.id
+            where d.service_id = s.id
               and d.state = 'pending'
-              and (slots.probe or d.next_attempt_at <= now())
+              and (coalesce(f.probe, false) or d.next_attempt_at <= now())
+              -- One delivery per (watch, object) in flight at a time: the
+              -- consumer sees an object's news in order, and a newer one
+              -- waits (and is superseded by still newer ones) meanwhile.
+              and not exists (
+                  select 1 from watchpump.deliveries f2
+                  where f2.watch_id = d.watch_id and f2.object = d.object and f2.state = 'in_flight'
+                  -- OFFSET 0 keeps this a per-row index probe instead of an
+                  -- anti-join against every in-flight row.
+                  offset 0
+              )
             order by d.next_attempt_at
-            limit greatest(slots.free, 0)
-            for update skip locked
+            limit greatest(coalesce(f.free, p_default_free), 0)
+            for update of d skip locked
         ) c
-    ),
-    claimed as (
+    );
+    if cardinality(v_ids) = 0 then
+        return;
+    end if;
+
+    return query
+    with claimed as (
         update watchpump.deliveries d
         set state = 'in_flight', attempts = d.attempts + 1,
             lease_until = clock_timestamp() + p_lease, leased_by = p_pump
-        from picked
-        where d.id = picked.id
+        where d.id = any (v_ids)
         returning d.id, d.change_id, d.watch_id, d.service_id, d.attempts
     )
     select c.id, c.change_id, c.watch_id, c.service_id, s.name, s.base_url, c.attempts,
@@ -66,9 +82,7 @@ begin
     join watchpump.watches w on w.id = c.watch_id
     join watchpump.services s on s.id = c.service_id;
 
-    if found then
-        delete from watchpump.sleepers where pump = p_pump;
-    end if;
+    delete from watchpump.sleepers where pump = p_pump;
 end
 $$;
 
@@ -99,79 +113,94 @@ create or replace function watchpump.complete(
     p_heads      text[],
     p_next       timestamptz[]
 ) returns table (delivery_id bigint, service_id bigint, state text)
-language plpgsql as $$
+language plpgsql
+-- JIT compiles for milliseconds what runs in microseconds here.
+set jit = off
+as $$
 begin
     insert into watchpump.attempts (delivery_id, attempt, started_at, duration_ms, status, error, response_head, pump)
     select o.id, o.attempt, o.started, o.duration, o.status, o.error, o.head, p_pump
     from unnest(p_ids, p_attempts, p_started, p_durations, p_statuses, p_errors, p_heads)
          as o (id, attempt, started, duration, status, error, head);
 
+    -- Rows are found by `id = any (p_ids)` and matched to their outcome by
+    -- position: joining to unnest() of the arrays made the planner loop over
+    -- the arrays once per row (quadratic in the batch size).
     return query
-    with outcome as (
-        select o.id, o.attempt, o.outcome, o.status, o.error, o.next
-        from unnest(p_ids, p_attempts, p_outcomes, p_statuses, p_errors, p_next)
-             as o (id, attempt, outcome, status, error, next)
+    with reported as materialized (
+        select cur.id, p_outcomes[i] as outcome, p_statuses[i] as status, p_errors[i] as error,
+               p_next[i] as next, cur.deadline, cur.watch_id, cur.object
+        from watchpump.deliveries cur
+        cross join lateral array_position(p_ids, cur.id) as i
+        where cur.id = any (p_ids)
+          -- Only what this pump still holds: same lease holder, same attempt.
+          -- (coalesce hides the state test from the in-flight partial
+          -- indexes, which would otherwise lure the planner away from the
+          -- primary key.)
+          and coalesce(cur.state, '') = 'in_flight' and cur.leased_by = p_pump and cur.attempts = p_attempts[i]
     ),
-    decided as (
-        select d.id,
+    decided as materialized (
+        select r.id, r.status, r.error, r.next, newer.id as newer_id,
                case
-                   when o.outcome = 'delivered' then 'delivered'
-                   when o.outcome = 'gone' then 'dropped'
+                   when r.outcome = 'delivered' then 'delivered'
+                   when r.outcome = 'gone' then 'dropped'
                    when newer.id is not null then 'superseded'
                    when w.removed_at is not null then 'dropped'
-                   when o.next > d.deadline then 'failed'
+                   when r.next > r.deadline then 'failed'
                    else 'pending'
-               end as state,
-               newer.id as newer_id, o.status, o.error, o.next
-        from outcome o
-        join watchpump.deliveries d on d.id = o.id
-        join watchpump.watches w on w.id = d.watch_id
+               end as state
+        from reported r
+        join watchpump.watches w on w.id = r.watch_id
         left join lateral (
-            select max(n.id) as id
-            from watchpump.deliveries n
-            where n.watch_id = d.watch_id and n.object = d.object and n.id > d.id
-            having max(n.id) is not null
-        ) newer on o.outcome = 'retry'
-        where d.state = 'in_flight' and d.leased_by = p_pump and d.attempts = o.attempt
-    ),
-    updated as (
-        update watchpump.deliveries d
-        set state = x.state,
-            last_status = x.status,
-            last_error = x.error,
-            lease_until = null,
-            leased_by = null,
-            superseded_by = case when x.state = 'superseded' then x.newer_id else d.superseded_by end,
-            next_attempt_at = case when x.state = 'pending' then x.next else d.next_attempt_at end,
-            finished_at = case when x.state = 'pending' then null else clock_timestamp() end
-        from decided x
-        where d.id = x.id
-        returning d.id, d.service_id, d.state, d.watch_id
-    ),
-    gone_watches as (
-        update watchpump.watches w
-        set removed_at = clock_timestamp(), removed_reason = 'gone: the consumer answered 410'
-        where w.id in (select u.watch_id from updated u join outcome o on o.id = u.id where o.outcome = 'gone')
-          and w.removed_at is null
-        returning w.id
-    ),
-    dropped_siblings as (
+            select n.id from watchpump.deliveries n
+            where r.outcome = 'retry'
+              and n.watch_id = r.watch_id and n.object = r.object
+              and n.state in ('pending', 'in_flight') and n.id > r.id
+            order by n.id desc
+            limit 1
+        ) newer on true
+    )
+    update watchpump.deliveries d
+    set state = x.state,
+        last_status = x.status,
+        last_error = x.error,
+        lease_until = null,
+        leased_by = null,
+        superseded_by = case when x.state = 'superseded' then x.newer_id else d.superseded_by end,
+        next_attempt_at = case when x.state = 'pending' then x.next else d.next_attempt_at end,
+        finished_at = case when x.state = 'pending' then null else clock_timestamp() end
+    from decided x
+    where d.id = x.id
+    returning d.id, d.service_id, d.state;
+
+    -- 410: the consumer's resource is gone. Drop the watch and what it still
+    -- had waiting.
+    if 'gone' = any (p_outcomes) then
+        return query
+        with gone_watches as (
+            update watchpump.watches w
+            set removed_at = clock_timestamp(), removed_reason = 'gone: the consumer answered 410'
+            from watchpump.deliveries d
+            where d.id = any (p_ids) and d.state = 'dropped' and d.last_status = 410
+              and w.id = d.watch_id and w.removed_at is null
+            returning w.id
+        )
         update watchpump.deliveries d
         set state = 'dropped', last_error = 'watch removed: the consumer answered 410',
             finished_at = clock_timestamp()
         where d.watch_id in (select g.id from gone_watches g)
           and d.state = 'pending'
-        returning d.id, d.service_id, d.state
-    )
-    select u.id, u.service_id, u.state from updated u
-    union all
-    select s.id, s.service_id, s.state from dropped_siblings s;
+        returning d.id, d.service_id, d.state;
+    end if;
 end
 $$;
 
 -- Put claimed deliveries back (a pump shutting down before it sent them).
 create or replace function watchpump.release(p_pump text, p_ids bigint[]) returns integer
-language plpgsql as $$
+language plpgsql
+-- JIT compiles for milliseconds what runs in microseconds here.
+set jit = off
+as $$
 declare
     v_count integer;
 begin
@@ -190,7 +219,10 @@ $$;
 -- A consumer answered again after being down: its waiting deliveries are due
 -- now, instead of each waiting out its own back-off.
 create or replace function watchpump.release_backlog(p_service_id bigint) returns integer
-language plpgsql as $$
+language plpgsql
+-- JIT compiles for milliseconds what runs in microseconds here.
+set jit = off
+as $$
 declare
     v_count integer;
 begin
@@ -208,7 +240,10 @@ $$;
 -- stopped sweeping (killed without a chance to say so).
 create or replace function watchpump.sweep(p_pump text)
 returns table (service_id bigint, expired_leases integer, failed integer)
-language plpgsql as $$
+language plpgsql
+-- JIT compiles for milliseconds what runs in microseconds here.
+set jit = off
+as $$
 begin
     update watchpump.sleepers set since = now() where pump = p_pump;
     delete from watchpump.sleepers where since < now() - interval '1 minute';

@@ -83,6 +83,9 @@ create index deliveries_due on watchpump.deliveries (service_id, next_attempt_at
 -- Supersession: the undelivered deliveries of one (watch, object).
 create index deliveries_open_per_object on watchpump.deliveries (watch_id, object, id)
     where state in ('pending', 'in_flight');
+-- The claim sends one delivery per (watch, object) at a time.
+create index deliveries_in_flight_per_object on watchpump.deliveries (watch_id, object)
+    where state = 'in_flight';
 -- The sweep: leases that ran out, and deadlines that passed.
 create index deliveries_leased on watchpump.deliveries (lease_until) where state = 'in_flight';
 create index deliveries_pending_deadline on watchpump.deliveries (deadline) where state = 'pending';
