@@ -94,6 +94,80 @@ fn check_text(field: &str, value: &str) -> Result<()> {
     Ok(())
 }
 
+/// Parses a `match` filter as PostgreSQL does, and refuses one that parses
+/// but can raise an error when emit() evaluates it, which would fail the
+/// producer's transaction.
+async fn check_match_path(pool: &PgPool, path: &str) -> Result<()> {
+    let canonical: String = sqlx::query_scalar("select $1::text::jsonpath::text")
+        .bind(path)
+        .fetch_one(pool)
+        .await
+        .map_err(|e| match e {
+            // 42601 syntax error, 2201B bad regex, 0A000 unsupported flag, ...
+            sqlx::Error::Database(ref d)
+                if d.code().is_some_and(|c| {
+                    c.starts_with("42") || c.starts_with("22") || c.starts_with("0A")
+                }) =>
+            {
+                Error::Invalid(format!(
+                    "filters.match is not a valid jsonpath: {}",
+                    d.message()
+                ))
+            }
+            other => Error::Database(other),
+        })?;
+    if let Some(what) = raises_in_emit(&canonical) {
+        return Err(Error::Invalid(format!(
+            "filters.match must not use {what} in its jsonpath: it can raise an error \
+             when a change is recorded, which would fail the producer's transaction"
+        )));
+    }
+    Ok(())
+}
+
+/// jsonpath methods that convert to dates and times (PostgreSQL 17 adds all
+/// but the first).
+const DATETIME_METHODS: &[&str] = &[
+    "datetime(",
+    "date(",
+    "time(",
+    "time_tz(",
+    "timestamp(",
+    "timestamp_tz(",
+];
+
+/// What in a jsonpath, in PostgreSQL's canonical form (keys and strings
+/// quoted, keywords in lower case, variables as `$"name"`), raises errors
+/// that silent evaluation does not suppress: variables (emit() passes none)
+/// and the datetime methods (time zone and format errors).
+fn raises_in_emit(canonical: &str) -> Option<&'static str> {
+    let bytes = canonical.as_bytes();
+    let (mut in_string, mut escaped) = (false, false);
+    for (i, &b) in bytes.iter().enumerate() {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'$' if bytes.get(i + 1) == Some(&b'"') => return Some("variables ($name)"),
+            b'.' if DATETIME_METHODS
+                .iter()
+                .any(|m| canonical[i + 1..].starts_with(m)) =>
+            {
+                return Some("datetime methods such as .datetime()")
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
 const COLUMNS: &str = "id, resource, object, filters, created_at, removed_at, removed_reason";
 
 /// Creates a watch for `service_id`, or returns the identical live one it
@@ -101,6 +175,9 @@ const COLUMNS: &str = "id, resource, object, filters, created_at, removed_at, re
 /// whether it is new.
 pub async fn create(pool: &PgPool, service_id: i64, new: &NewWatch) -> Result<(Watch, bool)> {
     new.validate()?;
+    if let Some(path) = &new.filters.match_path {
+        check_match_path(pool, path).await?;
+    }
     let filters = serde_json::to_value(&new.filters).expect("filters serialise");
     let mut tx = pool.begin().await?;
     // One writer per service at a time: the count and the duplicate check hold.
