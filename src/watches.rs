@@ -211,8 +211,8 @@ pub async fn create(pool: &PgPool, service_id: i64, new: &NewWatch) -> Result<(W
         )));
     }
     let watch: Watch = sqlx::query_as(&format!(
-        "insert into watchpump.watches (service_id, resource, object, kinds, match_path, filters)
-         values ($1, $2, $3, $4, $5::jsonpath, $6)
+        "insert into watchpump.watches (service_id, resource, object, kinds, match_path, match_is_predicate, filters)
+         values ($1, $2, $3, $4, $5::jsonpath, watchpump.jsonpath_is_predicate($5::jsonpath), $6)
          returning {COLUMNS}"
     ))
     .bind(service_id)

@@ -181,6 +181,18 @@ async fn filters_select_exactly_the_matching_watches() {
     .await
     .unwrap();
     assert_eq!(matched, vec![exact.id, tags.id, prefix.id, forced.id]);
+
+    // A predicate whose answer is unknown (a string compared with true) does
+    // not match; a path that selects nothing does not either.
+    let change = db.emit(main, "tag", json!({"forced": "yes"})).await;
+    let matched: Vec<i64> = sqlx::query_scalar(
+        "select watch_id from watchpump.deliveries where change_id = $1 order by watch_id",
+    )
+    .bind(change)
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(matched, vec![exact.id, tags.id, prefix.id]);
     let _ = (other_prefix, partial, other_object);
 }
 

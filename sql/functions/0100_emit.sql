@@ -22,13 +22,25 @@ language sql immutable strict parallel safe as $$
     ) || p_object
 $$;
 
--- A watch's `match` filter against a change's payload. A predicate
--- ('$.forced == true') must be true; a path ('$.paths[*] ? (@ starts with
--- "docs/")') must select at least one item.
-create or replace function watchpump.payload_matches(p_payload jsonb, p_match jsonpath) returns boolean
+-- Whether a jsonpath is a predicate (it yields one boolean, even for an
+-- empty document: '$.forced == true') rather than a path that selects items
+-- ('$.paths[*] ? (@ starts with "docs/")'). Decided once, when a watch is
+-- created.
+create or replace function watchpump.jsonpath_is_predicate(p_match jsonpath) returns boolean
+language sql immutable strict parallel safe as $$
+    select jsonb_path_match('{}', p_match, '{}', true) is not null
+$$;
+
+-- A watch's `match` filter against a change's payload. A predicate must be
+-- true (unknown, e.g. comparing a string with a number, is not true); a
+-- path must select at least one item.
+create or replace function watchpump.payload_matches(p_payload jsonb, p_match jsonpath, p_is_predicate boolean)
+returns boolean
 language sql immutable parallel safe as $$
-    select coalesce(jsonb_path_match(p_payload, p_match, '{}', true),
-                    jsonb_path_exists(p_payload, p_match, '{}', true))
+    select case
+        when p_is_predicate then coalesce(jsonb_path_match(p_payload, p_match, '{}', true), false)
+        else jsonb_path_exists(p_payload, p_match, '{}', true)
+    end
 $$;
 
 create or replace function watchpump.emit(p_object text, p_kind text, p_payload jsonb default '{}')
@@ -69,7 +81,7 @@ begin
         where w.removed_at is null
           and w.object = any (watchpump.object_prefixes(p_object))
           and (w.kinds is null or p_kind = any (w.kinds))
-          and (w.match_path is null or watchpump.payload_matches(p_payload, w.match_path))
+          and (w.match_path is null or watchpump.payload_matches(p_payload, w.match_path, w.match_is_predicate))
         order by w.id
         returning id, watch_id
     )

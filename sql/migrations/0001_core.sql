@@ -27,6 +27,9 @@ create table watchpump.watches (
     object          text not null check (object <> ''),
     kinds           text[],
     match_path      jsonpath,
+    -- Whether match_path is a predicate ('$.forced == true', must be true)
+    -- or a path ('$.paths[*] ? (...)', must select something).
+    match_is_predicate boolean,
     filters         jsonb not null default '{}',
     created_at      timestamptz not null default now(),
     removed_at      timestamptz,
