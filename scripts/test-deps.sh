@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Installs what the test suite needs beyond Rust and PostgreSQL, when missing:
-# prometheus/promtool (metrics checks). Says clearly what it could not install.
+# prometheus/promtool (metrics checks), chromium and chromium-driver (the
+# panel's browser test, tests/panel.rs). Says clearly what it could not install.
 set -uo pipefail
 need=()
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+command -v chromium >/dev/null 2>&1 || [ -x /usr/lib/chromium/chromium ] || need+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" != 0 ]; then
   echo "test-deps: missing ${need[*]}; install them (apt-get install ${need[*]}) or run as root" >&2

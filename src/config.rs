@@ -74,8 +74,19 @@ pub struct ServeConfig {
     #[arg(long, env = "WATCHPUMP_DB_POOL", default_value_t = 8)]
     pub db_pool: u32,
 
+    /// How often the backlog gauges (watchpump_backlog,
+    /// watchpump_oldest_due_age_seconds) are read from the database. One pump
+    /// at a time does it, on a connection of its own outside the pool.
+    #[arg(long, env = "WATCHPUMP_BACKLOG_INTERVAL_MS", default_value_t = 5000)]
+    pub backlog_interval_ms: u64,
+
     #[command(flatten)]
     pub pump: PumpConfig,
+
+    /// Panel, admin API, warnings to notify, pruning (boxed: it would
+    /// make every `Command` as large as itself).
+    #[command(flatten)]
+    pub operator: Box<crate::operator::OperatorConfig>,
 }
 
 /// How the pump delivers.
@@ -132,6 +143,16 @@ pub struct PumpConfig {
     #[arg(long, env = "WATCHPUMP_PROBE_INTERVAL_MS", default_value_t = 1000)]
     pub probe_interval_ms: u64,
 
+    /// After finding work, how long the pump keeps polling before it sleeps
+    /// and asks producers to NOTIFY it (NOTIFY serialises their commits).
+    /// 0 relies on NOTIFY alone.
+    #[arg(long, env = "WATCHPUMP_LINGER_MS", default_value_t = 50)]
+    pub linger_ms: u64,
+
+    /// How often a lingering pump polls for new deliveries, in microseconds.
+    #[arg(long, env = "WATCHPUMP_POLL_US", default_value_t = 1000)]
+    pub poll_us: u64,
+
     /// A name for this pump in leases and logs (default: host and process id).
     #[arg(long, env = "WATCHPUMP_PUMP_NAME")]
     pub pump_name: Option<String>,
@@ -172,6 +193,12 @@ impl PumpConfig {
     }
     pub fn retry_max(&self) -> Duration {
         Duration::from_millis(self.retry_max_ms)
+    }
+    pub fn linger(&self) -> Duration {
+        Duration::from_millis(self.linger_ms)
+    }
+    pub fn poll_interval(&self) -> Duration {
+        Duration::from_micros(self.poll_us.max(100))
     }
     pub fn probe_interval(&self) -> Duration {
         Duration::from_millis(self.probe_interval_ms)

@@ -19,7 +19,12 @@
 //!   ([`pump::store`]), per-consumer health ([`pump::health`]), HTTP sends
 //!   ([`pump::send`]) and the batched write-back of outcomes.
 //! - [`api`]: the watches API consumers call (axum).
-//! - [`metrics`]: Prometheus metric names and the exporter.
+//! - [`operator`]: the operator's side: the panel (`/panel`), the admin API
+//!   (`/api/v1/admin`), warnings to notify about failed deliveries, and
+//!   pruning; its SQL views and retry functions work from psql too.
+//! - [`metrics`]: Prometheus metric names and the exporter;
+//!   [`metrics::backlog`] reads the backlog gauges from the database, one
+//!   pump at a time.
 //! - [`server`]: `watchpump serve`: pool, migrations, pump, API, shutdown.
 //! - [`cli`]: the `watchpump` command.
 
@@ -29,6 +34,7 @@ pub mod config;
 pub mod emit;
 pub mod error;
 pub mod metrics;
+pub mod operator;
 pub mod pump;
 pub mod schema;
 pub mod server;

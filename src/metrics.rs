@@ -2,6 +2,11 @@
 //!
 //! Labels are bounded: a consumer service's name at most, never an object,
 //! resource or delivery. `docs/metrics.md` documents each metric.
+//!
+//! The pump records what it does as it does it; the backlog gauges are read
+//! from the database by [`backlog`], one pump at a time.
+
+pub mod backlog;
 
 use std::net::SocketAddr;
 
@@ -12,11 +17,14 @@ pub const DELIVERY_LATENCY: &str = "watchpump_delivery_latency_seconds";
 pub const ATTEMPT_DURATION: &str = "watchpump_attempt_duration_seconds";
 pub const BACKLOG: &str = "watchpump_backlog";
 pub const OLDEST_DUE_AGE: &str = "watchpump_oldest_due_age_seconds";
+pub const BACKLOG_LEADER: &str = "watchpump_backlog_leader";
 pub const WAKEUPS: &str = "watchpump_wakeups_total";
 pub const LISTENER_RECONNECTS: &str = "watchpump_listener_reconnects_total";
 pub const CLAIMED_BATCH_SIZE: &str = "watchpump_claimed_batch_size";
 pub const IN_FLIGHT: &str = "watchpump_in_flight";
 pub const BUILD_INFO: &str = "watchpump_build_info";
+/// Counted by the operator's warning worker (`operator::notify`).
+pub const NOTIFY_WARNINGS: &str = "watchpump_notify_warnings_total";
 
 /// Outcomes counted in [`DELIVERIES`].
 pub const OUTCOMES: &[&str] = &[
@@ -26,6 +34,12 @@ pub const OUTCOMES: &[&str] = &[
     "dropped",
     "superseded",
 ];
+
+/// Outcomes counted in [`NOTIFY_WARNINGS`].
+pub const NOTIFY_OUTCOMES: &[&str] = &["sent", "folded", "logged"];
+
+/// States of [`BACKLOG`], in the order of `watchpump.backlog_counts()`.
+pub const BACKLOG_STATES: &[&str] = &["pending", "in_flight", "due", "failed"];
 
 /// Latency buckets: fine at the low end (1 ms from 5 ms), coarse up to an hour.
 const LATENCY_BUCKETS: &[f64] = &[
@@ -57,14 +71,22 @@ pub fn install(addr: SocketAddr) -> Result<(), String> {
         metrics::counter!(WAKEUPS, "source" => source).absolute(0);
     }
     metrics::counter!(LISTENER_RECONNECTS).absolute(0);
+    metrics::gauge!(BACKLOG_LEADER).increment(0.0);
     Ok(())
 }
 
-/// Creates a service's delivery counters at zero, so that the first failure
-/// of a service shows as an increase (alerts use `increase()`).
+/// Creates a service's counters and in-flight gauge without changing them
+/// (at zero when new), so that the first failure of a service shows as an
+/// increase (alerts use `increase()`) and every service has a line on the
+/// dashboard. Safe to call again for a service already in use.
 pub fn register_service(service: &str) {
     for outcome in OUTCOMES {
         metrics::counter!(DELIVERIES, "service" => service.to_string(), "outcome" => *outcome)
-            .absolute(0);
+            .increment(0);
     }
+    for outcome in NOTIFY_OUTCOMES {
+        metrics::counter!(NOTIFY_WARNINGS, "service" => service.to_string(), "outcome" => *outcome)
+            .increment(0);
+    }
+    metrics::gauge!(IN_FLIGHT, "service" => service.to_string()).increment(0.0);
 }

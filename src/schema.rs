@@ -27,12 +27,17 @@ macro_rules! sql_file {
 }
 
 /// Applied in order, once each. Never edit one that has shipped: add a file.
-const MIGRATIONS: &[SqlFile] = &[sql_file!("migrations", "0001_core")];
+const MIGRATIONS: &[SqlFile] = &[
+    sql_file!("migrations", "0001_core"),
+    sql_file!("migrations", "0002_operator"),
+];
 
 /// `create or replace` definitions, re-applied when their text changes.
 const FUNCTIONS: &[SqlFile] = &[
     sql_file!("functions", "0100_emit"),
     sql_file!("functions", "0200_pump"),
+    sql_file!("functions", "0300_operator"),
+    sql_file!("functions", "0400_metrics"),
 ];
 
 const BOOKKEEPING: &str = "

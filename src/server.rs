@@ -12,7 +12,7 @@ use crate::api::{self, AppState};
 use crate::config::ServeConfig;
 use crate::error::{Error, Result};
 use crate::pump::Pump;
-use crate::{metrics, schema, services};
+use crate::{metrics, operator, schema, services};
 
 /// Opens a pool on `database_url` with `size` connections.
 pub async fn connect(database_url: &str, size: u32) -> Result<PgPool> {
@@ -31,6 +31,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) -> Result<()> {
     cfg.pump.validate().map_err(Error::Config)?;
+    cfg.operator.validate().map_err(Error::Config)?;
     // One connection more than asked for: the listener keeps one for itself.
     let pool = connect(database_url, cfg.db_pool.max(2) + 1).await?;
     let applied = schema::migrate(&pool).await?;
@@ -44,6 +45,11 @@ pub async fn serve(
                 cfg.metrics_listen
             ))
         })?;
+        if cfg.backlog_interval_ms == 0 {
+            return Err(Error::Config(
+                "the backlog interval must be above zero".into(),
+            ));
+        }
         metrics::install(addr).map_err(Error::Config)?;
         for service in services::list(&pool).await? {
             metrics::register_service(&service.name);
@@ -59,12 +65,33 @@ pub async fn serve(
     let stopped = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
     };
-    let app = api::app(AppState { pool: pool.clone() });
+    let settings = operator::Settings::new(&cfg.operator, &cfg.pump, cfg.listen);
+    let worker = operator::Worker::new(
+        pool.clone(),
+        (*cfg.operator).clone(),
+        &cfg.pump,
+        &settings.panel_url,
+    )?;
+    let app = api::app(AppState { pool: pool.clone() }).merge(operator::router(
+        operator::OperatorState {
+            pool: pool.clone(),
+            settings: std::sync::Arc::new(settings),
+        },
+    ));
     let api = tokio::spawn(
         axum::serve(listener, app)
             .with_graceful_shutdown(stopped(stop_rx.clone()))
             .into_future(),
     );
+    let backlog = (cfg.metrics_listen != "off").then(|| {
+        let interval = std::time::Duration::from_millis(cfg.backlog_interval_ms);
+        tokio::spawn(metrics::backlog::run(
+            pool.clone(),
+            interval,
+            stopped(stop_rx.clone()),
+        ))
+    });
+    let worker = tokio::spawn(worker.run(stopped(stop_rx.clone())));
     let pump = Pump::new(pool.clone(), cfg.pump)?;
     let pump = tokio::spawn(pump.run(stopped(stop_rx)));
 
@@ -75,28 +102,40 @@ pub async fn serve(
         .await
         .map_err(|e| Error::Config(format!("pump task: {e}")))?;
     let _ = api.await;
+    let _ = worker.await;
+    if let Some(backlog) = backlog {
+        let _ = backlog.await;
+    }
     pool.close().await;
     pump_result
 }
 
-/// Resolves on SIGTERM or Ctrl-C (SIGINT).
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// Resolves on SIGTERM or Ctrl-C (SIGINT). The handlers are installed when
+/// this is called, not when the future is first polled, so a signal that
+/// arrives while the server is still starting is not lost (and does not kill
+/// the process with the default action). Call it within the runtime.
+pub fn shutdown_signal() -> impl Future<Output = ()> {
     #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let term = signal(SignalKind::terminate());
+        let int = signal(SignalKind::interrupt());
+        async move {
+            match (term, int) {
+                (Ok(mut term), Ok(mut int)) => {
+                    tokio::select! {
+                        _ = term.recv() => {}
+                        _ = int.recv() => {}
+                    }
+                }
+                _ => {
+                    let _ = tokio::signal::ctrl_c().await;
+                }
             }
-            Err(_) => std::future::pending::<()>().await,
         }
-    };
+    }
     #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {}
-        _ = terminate => {}
+    async {
+        let _ = tokio::signal::ctrl_c().await;
     }
 }

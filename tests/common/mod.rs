@@ -349,3 +349,117 @@ pub fn matching(path: &str) -> Filters {
         match_path: Some(path.to_string()),
     }
 }
+
+// ---- The operator's side (issue 3): panel, admin API, failed deliveries ----
+
+pub const ADMIN_TOKEN: &str = "admin-token-for-the-tests";
+
+/// Operator settings for tests: the admin token set, everything else default.
+pub fn operator_config() -> watchpump::operator::OperatorConfig {
+    let mut cfg = watchpump::operator::OperatorConfig::new();
+    cfg.admin_token = Some(ADMIN_TOKEN.into());
+    cfg
+}
+
+/// The API with the panel and the admin API, served on loopback as
+/// `watchpump serve` serves them.
+pub struct AppServer {
+    pub addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+}
+
+impl AppServer {
+    pub async fn start(pool: &PgPool, operator: &watchpump::operator::OperatorConfig) -> AppServer {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let settings = watchpump::operator::Settings::new(operator, &pump_config(), addr);
+        let app = watchpump::api::app(watchpump::api::AppState { pool: pool.clone() }).merge(
+            watchpump::operator::router(watchpump::operator::OperatorState {
+                pool: pool.clone(),
+                settings: Arc::new(settings),
+            }),
+        );
+        let (stop, stopped) = oneshot::channel::<()>();
+        tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async move {
+                    let _ = stopped.await;
+                })
+                .await
+                .unwrap();
+        });
+        AppServer {
+            addr,
+            stop: Some(stop),
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    pub fn origin(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+impl Drop for AppServer {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+/// Emits one change whose deliveries are retried for `window` only (e.g.
+/// '1 second'), so that a failing consumer makes them fail quickly.
+pub async fn emit_with_window(
+    db: &TestDb,
+    object: &str,
+    kind: &str,
+    payload: serde_json::Value,
+    window: &str,
+) -> i64 {
+    let mut tx = db.pool.begin().await.unwrap();
+    sqlx::query("select set_config('watchpump.delivery_window', $1, true)")
+        .bind(window)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let id = watchpump::emit(&mut tx, object, kind, &payload)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    id
+}
+
+/// The one delivery of a change.
+pub async fn delivery_of(db: &TestDb, change_id: i64) -> i64 {
+    sqlx::query_scalar("select id from watchpump.deliveries where change_id = $1")
+        .bind(change_id)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap()
+}
+
+/// A consumer that answers 500, a watch on `object`, and one change whose
+/// delivery the running pump tries until it fails for real (its window is a
+/// second). Returns the consumer and the failed delivery's id.
+pub async fn failed_delivery(
+    db: &TestDb,
+    service: &str,
+    object: &str,
+    payload: serde_json::Value,
+) -> (Receiver, i64) {
+    let consumer = Receiver::start().await;
+    consumer.reply_with(500);
+    let (svc, _) = db.add_service(service, &consumer.base_url()).await;
+    db.add_watch(svc.id, "app-1", object, all()).await;
+    let change = emit_with_window(db, object, "push", payload, "1 second").await;
+    let id = delivery_of(db, change).await;
+    eventually(Duration::from_secs(30), "the delivery fails", || async {
+        db.delivery_state(id).await == "failed"
+    })
+    .await;
+    (consumer, id)
+}

@@ -1,0 +1,432 @@
+-- The operator's side in SQL: views to answer "what happened to push X?"
+-- from psql, retry functions, the folding of failures into warnings to
+-- notify, and pruning. README (docs/operator.md) has a session to paste.
+--
+-- Errors raised here carry SQLSTATEs the admin API maps to HTTP statuses:
+-- P0002 (no such delivery or service) -> 404, 55000 (not in a state that
+-- allows it) -> 409, 22023 / 22004 (bad argument) -> 422.
+
+-- One row per consumer service: what waits, what is on its way, what failed.
+-- `looks_down`: deliveries are being retried (or failed) and nothing was
+-- delivered to the service since the oldest of them was created (or since
+-- the last failure).
+create or replace view watchpump.backlog as
+select s.id as service_id,
+       s.name as service,
+       coalesce(p.pending, 0) as pending,
+       coalesce(i.in_flight, 0) as in_flight,
+       coalesce(p.due_now, 0) as due_now,
+       coalesce(f.failed_24h, 0) as failed_24h,
+       date_trunc('second', now() - p.oldest_due_at) as oldest_due_age,
+       l.last_delivered_at,
+       f.last_failed_at,
+       coalesce(p.retrying, 0) as retrying,
+       coalesce(
+           (p.oldest_retrying_at is not null
+            and coalesce(l.last_delivered_at, '-infinity') < p.oldest_retrying_at)
+           or (f.last_failed_at is not null
+               and coalesce(l.last_delivered_at, '-infinity') < f.last_failed_at),
+           false) as looks_down
+from watchpump.services s
+left join lateral (
+    select count(*) as pending,
+           count(*) filter (where d.next_attempt_at <= now()) as due_now,
+           min(d.next_attempt_at) filter (where d.next_attempt_at <= now()) as oldest_due_at,
+           count(*) filter (where d.attempts > 0) as retrying,
+           min(d.created_at) filter (where d.attempts > 0) as oldest_retrying_at
+    from watchpump.deliveries d
+    where d.service_id = s.id and d.state = 'pending'
+) p on true
+left join lateral (
+    select count(*) as in_flight
+    from watchpump.deliveries d
+    where d.service_id = s.id and d.state = 'in_flight'
+) i on true
+left join lateral (
+    select count(*) filter (where d.finished_at > now() - interval '24 hours') as failed_24h,
+           max(d.finished_at) as last_failed_at
+    from watchpump.deliveries d
+    where d.service_id = s.id and d.state = 'failed'
+) f on true
+left join lateral (
+    select max(d.finished_at) as last_delivered_at
+    from watchpump.deliveries d
+    where d.service_id = s.id and d.state = 'delivered'
+) l on true;
+
+-- One readable row per delivery: its watch, its change, where it stands,
+-- and the last thing a person did to it. Filter it like a table:
+--   select * from watchpump.delivery_log where service = 'deploy' and state = 'failed'
+--   order by delivery_id desc limit 20;
+create or replace view watchpump.delivery_log as
+select d.id as delivery_id,
+       d.created_at,
+       s.name as service,
+       d.watch_id,
+       w.resource,
+       w.object as watch_object,
+       d.object,
+       c.kind,
+       d.change_id,
+       c.sequence,
+       d.state,
+       d.attempts,
+       d.next_attempt_at,
+       d.deadline,
+       d.finished_at,
+       d.last_status,
+       d.last_error,
+       d.superseded_by,
+       a.last_action,
+       d.service_id
+from watchpump.deliveries d
+join watchpump.services s on s.id = d.service_id
+join watchpump.watches w on w.id = d.watch_id
+join watchpump.changes c on c.id = d.change_id
+left join lateral (
+    select x.action || ' by ' || x.actor || ' at '
+           || to_char(x.at at time zone 'UTC', 'YYYY-MM-DD HH24:MI:SS') || ' UTC' as last_action
+    from watchpump.actions x
+    where x.delivery_id = d.id
+    order by x.id desc
+    limit 1
+) a on true;
+
+-- Every watch, live or removed, with its owner and filters.
+create or replace view watchpump.watch_list as
+select w.id as watch_id,
+       s.name as service,
+       w.resource,
+       w.object,
+       w.kinds,
+       w.filters ->> 'match' as match,
+       w.filters,
+       w.created_at,
+       w.removed_at,
+       w.removed_reason,
+       w.removed_at is null as live,
+       w.service_id
+from watchpump.watches w
+join watchpump.services s on s.id = w.service_id;
+
+-- A delivery's life, one event per row: created, each attempt, each action
+-- (retry), and how it ended. Read it with
+--   select * from watchpump.delivery_history where delivery_id = 42 order by at, seq;
+-- An ending a retry undid is kept in the retry's detail.
+create or replace view watchpump.delivery_history as
+select d.id as delivery_id, d.created_at as at, 0 as seq, 'created' as event,
+       format('change %s (%s of %s, sequence %s) for watch %s', d.change_id, c.kind, c.object,
+              c.sequence, d.watch_id) as detail
+from watchpump.deliveries d
+join watchpump.changes c on c.id = d.change_id
+union all
+select a.delivery_id, a.started_at, 1, 'attempt ' || a.attempt,
+       coalesce(a.error, 'HTTP ' || a.status) || format(' after %s ms, by pump %s',
+                                                         round(a.duration_ms::numeric, 1), a.pump)
+from watchpump.attempts a
+union all
+select x.delivery_id, x.at, 2, x.action,
+       format('by %s; it was %s', x.actor, x.from_state) || coalesce(' (' || x.note || ')', '')
+from watchpump.actions x
+union all
+select d.id, d.finished_at, 3, d.state,
+       case d.state
+           when 'superseded' then 'by delivery ' || d.superseded_by
+           else d.last_error
+       end
+from watchpump.deliveries d
+where d.finished_at is not null;
+
+-- Who an action is recorded for: the caller's label, or the database role
+-- of a psql session.
+create or replace function watchpump.actor(p_actor text) returns text
+language sql stable as $$
+    select coalesce(nullif(btrim(p_actor), ''), 'sql:' || session_user)
+$$;
+
+-- Requeue a failed or dropped delivery: pending, due now, a fresh deadline,
+-- the same id (the consumer still de-duplicates by it). Records who did it
+-- and wakes the pumps. Returns the state the delivery had.
+-- A dropped delivery whose watch is still removed gets one attempt: it is
+-- delivered if the consumer takes it, dropped again otherwise.
+create or replace function watchpump.retry(p_delivery_id bigint, p_actor text default null)
+returns text
+language plpgsql as $$
+declare
+    v_state         text;
+    v_error         text;
+    v_superseded_by bigint;
+begin
+    select d.state, d.last_error, d.superseded_by
+    into v_state, v_error, v_superseded_by
+    from watchpump.deliveries d
+    where d.id = p_delivery_id
+    for update;
+    if not found then
+        raise exception 'watchpump.retry: there is no delivery %', p_delivery_id
+            using errcode = 'P0002';
+    end if;
+    if v_state = 'superseded' then
+        raise exception 'watchpump.retry: delivery % was superseded by delivery %, which carries newer news of the same object',
+            p_delivery_id, v_superseded_by
+            using errcode = '55000', hint = 'retry the newer delivery instead';
+    elsif v_state not in ('failed', 'dropped') then
+        raise exception 'watchpump.retry: delivery % is %; only failed or dropped deliveries can be retried',
+            p_delivery_id, v_state
+            using errcode = '55000';
+    end if;
+
+    update watchpump.deliveries d
+    set state = 'pending', next_attempt_at = now(), deadline = now() + watchpump.delivery_window(),
+        finished_at = null, lease_until = null, leased_by = null
+    where d.id = p_delivery_id;
+
+    insert into watchpump.actions (delivery_id, action, actor, from_state, note)
+    values (p_delivery_id, 'retry', watchpump.actor(p_actor), v_state, v_error);
+
+    perform pg_notify('watchpump', '');
+    return v_state;
+end
+$$;
+
+-- Requeue every delivery to `p_service` that failed at or after `p_since`
+-- (the "recover" of Svix and Convoy). Returns how many were requeued.
+create or replace function watchpump.retry_failed(p_service text, p_since timestamptz, p_actor text default null)
+returns integer
+language plpgsql as $$
+declare
+    v_service_id bigint;
+    v_count      integer;
+begin
+    if p_since is null then
+        raise exception 'watchpump.retry_failed: since must be a time, e.g. now() - interval ''1 day'''
+            using errcode = '22004';
+    end if;
+    select s.id into v_service_id from watchpump.services s where s.name = p_service;
+    if not found then
+        raise exception 'watchpump.retry_failed: there is no service %', coalesce(quote_literal(p_service), 'null')
+            using errcode = 'P0002';
+    end if;
+
+    with requeued as (
+        update watchpump.deliveries d
+        set state = 'pending', next_attempt_at = now(), deadline = now() + watchpump.delivery_window(),
+            finished_at = null, lease_until = null, leased_by = null
+        where d.service_id = v_service_id and d.state = 'failed' and d.finished_at >= p_since
+        returning d.id, d.last_error
+    ),
+    recorded as (
+        insert into watchpump.actions (delivery_id, action, actor, from_state, note)
+        select r.id, 'retry', watchpump.actor(p_actor),
+               'failed', 'all failed since ' || p_since::text || coalesce('; ' || r.last_error, '')
+        from requeued r
+        returning 1
+    )
+    select count(*) into v_count from recorded;
+
+    if v_count > 0 then
+        perform pg_notify('watchpump', '');
+    end if;
+    return v_count;
+end
+$$;
+
+-- Drain failure_inbox into warnings, one row per service in the result.
+-- Failures join the service's pending warning if it has one (they are
+-- folded: counted, not announced again); otherwise they open a new warning,
+-- to be sent now, or `p_every` after the service's previous warning was
+-- sent: at most one warning per service per `p_every`.
+create or replace function watchpump.fold_failures(p_every interval, p_deadline interval)
+returns table (warning_id bigint, service_id bigint, service text, added integer, opened boolean)
+language plpgsql as $$
+declare
+    r           record;
+    v_open      bigint;
+    v_previous  timestamptz;
+    v_send_at   timestamptz;
+begin
+    for r in
+        with drained as (
+            delete from watchpump.failure_inbox returning *
+        )
+        select x.service_id, s.name, count(*)::integer as n, min(x.created_at) as oldest,
+               min(x.failed_at) as first_at, max(x.failed_at) as last_at
+        from drained x
+        join watchpump.services s on s.id = x.service_id
+        group by x.service_id, s.name
+        order by x.service_id
+    loop
+        select w.id into v_open
+        from watchpump.warnings w
+        where w.service_id = r.service_id and w.state = 'pending'
+        for update;
+        if found then
+            update watchpump.warnings w
+            set failed = w.failed + r.n, folded = w.folded + r.n,
+                oldest_created_at = least(w.oldest_created_at, r.oldest),
+                last_failed_at = greatest(w.last_failed_at, r.last_at)
+            where w.id = v_open;
+            return query select v_open, r.service_id, r.name::text, r.n, false;
+        else
+            select max(coalesce(w.finished_at, w.created_at)) into v_previous
+            from watchpump.warnings w
+            where w.service_id = r.service_id;
+            v_send_at := greatest(now(), coalesce(v_previous + p_every, now()));
+            insert into watchpump.warnings (service_id, failed, oldest_created_at, first_failed_at,
+                                            last_failed_at, send_after, deadline, next_attempt_at)
+            values (r.service_id, r.n, r.oldest, r.first_at, r.last_at, v_send_at,
+                    v_send_at + p_deadline, v_send_at)
+            returning id into v_open;
+            return query select v_open, r.service_id, r.name::text, r.n, true;
+        end if;
+    end loop;
+end
+$$;
+
+-- Record an attempt to hand a warning to notify: 'sent', 'logged' (no
+-- notify configured), or 'retry' at p_next ('failed' once past its deadline).
+-- Returns the warning's new state.
+create or replace function watchpump.warning_attempted(
+    p_id bigint, p_outcome text, p_status integer, p_error text, p_next timestamptz
+) returns text
+language plpgsql as $$
+declare
+    v_state text;
+begin
+    if p_outcome not in ('sent', 'logged', 'retry') then
+        raise exception 'watchpump.warning_attempted: outcome % is not sent, logged or retry', p_outcome
+            using errcode = '22023';
+    end if;
+    update watchpump.warnings w
+    set attempts = w.attempts + 1,
+        last_status = p_status,
+        last_error = p_error,
+        state = case
+                    when p_outcome <> 'retry' then p_outcome
+                    when p_next > w.deadline then 'failed'
+                    else 'pending'
+                end,
+        next_attempt_at = case when p_outcome = 'retry' then p_next else w.next_attempt_at end,
+        finished_at = case
+                          when p_outcome <> 'retry' or p_next > w.deadline then clock_timestamp()
+                      end
+    where w.id = p_id and w.state = 'pending'
+    returning w.state into v_state;
+    return v_state;
+end
+$$;
+
+-- One batch of pruning: delivered, superseded and dropped deliveries that
+-- finished more than `p_retention` ago, failed ones older than
+-- `p_failed_retention` (their attempts and actions go with them), the
+-- changes those deliveries were the last to refer to, changes past
+-- retention that matched no watch, finished warnings past the failed
+-- retention, and expired panel sessions. Call it again while it returns
+-- `more`: small batches keep locks short and let autovacuum keep up.
+create or replace function watchpump.prune(
+    p_retention interval default interval '7 days',
+    p_failed_retention interval default interval '30 days',
+    p_batch integer default 500
+) returns table (deliveries integer, failed integer, changes integer, more boolean)
+language plpgsql as $$
+declare
+    v_more_to_do boolean;
+    v_done     integer;
+    v_failed   integer;
+    v_changes  integer;
+    v_orphans  integer;
+    v_touched  bigint[];
+    v_failed_changes bigint[];
+    v_after    bigint;
+    v_until    bigint;
+    v_scanned  bigint[];
+begin
+    if p_batch is null or p_batch < 1 or p_retention is null or p_failed_retention is null then
+        raise exception 'watchpump.prune: retention periods and a batch size above zero are required'
+            using errcode = '22023';
+    end if;
+
+    -- Each service's oldest finished rows first; the state and time are
+    -- checked again on the row itself, so a delivery retried meanwhile stays.
+    with gone as (
+        delete from watchpump.deliveries d
+        where d.id = any (array(
+                  select x.id
+                  from watchpump.services s
+                  cross join lateral (
+                      select f.id from watchpump.deliveries f
+                      where f.service_id = s.id
+                        and f.state in ('delivered', 'superseded', 'dropped')
+                        and f.finished_at < now() - p_retention
+                      order by f.finished_at
+                      limit p_batch
+                  ) x
+                  limit p_batch))
+          and d.state in ('delivered', 'superseded', 'dropped')
+          and d.finished_at < now() - p_retention
+        returning d.change_id
+    )
+    select array_agg(g.change_id), count(*) into v_touched, v_done from gone g;
+
+    with gone as (
+        delete from watchpump.deliveries d
+        where d.id = any (array(
+                  select x.id
+                  from watchpump.services s
+                  cross join lateral (
+                      select f.id from watchpump.deliveries f
+                      where f.service_id = s.id
+                        and f.state = 'failed'
+                        and f.finished_at < now() - p_failed_retention
+                      order by f.finished_at
+                      limit p_batch
+                  ) x
+                  limit p_batch))
+          and d.state = 'failed'
+          and d.finished_at < now() - p_failed_retention
+        returning d.change_id
+    )
+    select array_agg(g.change_id), count(*) into v_failed_changes, v_failed from gone g;
+
+    -- The changes whose last deliveries just went.
+    delete from watchpump.changes c
+    where c.id = any (coalesce(v_touched, '{}') || coalesce(v_failed_changes, '{}'))
+      and not exists (select 1 from watchpump.deliveries d where d.change_id = c.id);
+    get diagnostics v_changes = row_count;
+
+    -- Changes past retention that matched no watch, in id order from where
+    -- the last batch stopped. A change passed over because deliveries still
+    -- refer to it goes with the last of them, above.
+    select p.changes_after into v_after from watchpump.prune_position p for update;
+    select o.id into v_until
+    from watchpump.changes o
+    where o.occurred_at < now() - p_retention
+    order by o.occurred_at desc
+    limit 1;
+    if v_until > v_after then
+        v_scanned := array(
+            select o.id from watchpump.changes o
+            where o.id > v_after and o.id <= v_until
+            order by o.id
+            limit p_batch);
+        delete from watchpump.changes c
+        where c.id = any (v_scanned)
+          and not exists (select 1 from watchpump.deliveries d where d.change_id = c.id);
+        get diagnostics v_orphans = row_count;
+        v_changes := v_changes + v_orphans;
+        update watchpump.prune_position
+        set changes_after = coalesce((select max(x) from unnest(v_scanned) x), v_after);
+    end if;
+    v_more_to_do := v_done = p_batch or v_failed = p_batch
+                    or coalesce(cardinality(v_scanned), 0) = p_batch;
+
+    delete from watchpump.warnings w
+    where w.id = any (array(
+              select o.id from watchpump.warnings o
+              where o.state <> 'pending' and o.finished_at < now() - p_failed_retention
+              limit p_batch));
+    delete from watchpump.panel_sessions p where p.expires_at < now();
+
+    return query select v_done, v_failed, v_changes, v_more_to_do;
+end
+$$;

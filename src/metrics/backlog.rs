@@ -1,0 +1,230 @@
+//! The backlog gauges, `watchpump_backlog{service,state}` and
+//! `watchpump_oldest_due_age_seconds{service}`, read from PostgreSQL by one
+//! pump at a time.
+//!
+//! Every pump runs a [`Collector`] on a connection of its own. The one that
+//! holds the session advisory lock `watchpump.backlog` is the leader: each
+//! interval it calls `watchpump.backlog_counts()`
+//! (`sql/functions/0400_metrics.sql`) on that connection and exports the
+//! result, so however many pumps run, the database answers one such query
+//! per interval. A query that succeeds on the lock's own connection proves
+//! the lock is still held; when the leader's process or connection dies, the
+//! lock goes with it and another pump takes over at its next step.
+//!
+//! The others only list the services, so that every pump creates each new
+//! service's counters at zero ([`super::register_service`]) before its first
+//! failure has to show as an increase.
+//!
+//! The exporter cannot remove a series: a pump that stops leading sets its
+//! backlog gauges to NaN ("not measured here"), which `max by (service)`
+//! ignores, and `watchpump_backlog_leader` to 0.
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::time::Duration;
+
+use sqlx::postgres::PgConnectOptions;
+use sqlx::{Connection, PgConnection, PgPool};
+
+use crate::metrics as m;
+
+/// Longest a step may take before its connection is given up (and with it
+/// the lock, so that a stuck leader does not keep the gauges frozen).
+const STEP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How the connection shows in `pg_stat_activity`.
+pub const APPLICATION_NAME: &str = "watchpump-backlog";
+
+/// What a step found this pump to be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Holds the lock and exported fresh gauges.
+    Leader,
+    /// Another pump holds the lock.
+    Follower,
+    /// The database could not be reached; the next step tries again.
+    Disconnected,
+}
+
+/// One service's backlog, as `watchpump.backlog_counts()` returns it.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct Backlog {
+    pub service: String,
+    pub pending: i64,
+    pub in_flight: i64,
+    pub due_now: i64,
+    pub failed_24h: i64,
+    /// Seconds; 0 when nothing is due.
+    pub oldest_due_age: f64,
+}
+
+/// Reads every service's backlog.
+pub async fn backlog(conn: &mut PgConnection) -> sqlx::Result<Vec<Backlog>> {
+    sqlx::query_as("select * from watchpump.backlog_counts()")
+        .fetch_all(conn)
+        .await
+}
+
+/// One pump's share of the backlog gauges; see the module documentation.
+pub struct Collector {
+    options: PgConnectOptions,
+    conn: Option<PgConnection>,
+    leading: bool,
+    /// Services whose counters this process has created.
+    registered: HashSet<String>,
+    /// Services whose backlog gauges this process has set while leading.
+    exported: HashSet<String>,
+    /// Whether the last step failed, so that an outage is logged once.
+    failing: bool,
+}
+
+impl Collector {
+    /// A collector connecting like `pool` does, on a connection of its own:
+    /// a session lock must not go back to the pool with its connection.
+    pub fn new(pool: &PgPool) -> Self {
+        Collector {
+            options: (*pool.connect_options())
+                .clone()
+                .application_name(APPLICATION_NAME),
+            conn: None,
+            leading: false,
+            registered: HashSet::new(),
+            exported: HashSet::new(),
+            failing: false,
+        }
+    }
+
+    /// One round: connect if need be, try to lead, then export the backlog
+    /// (leader) or look for new services (follower). Never fails: an error
+    /// drops the connection, and with it the lead, until the next step.
+    pub async fn step(&mut self) -> Role {
+        let outcome = match tokio::time::timeout(STEP_TIMEOUT, self.try_step()).await {
+            Ok(Ok(role)) => Ok(role),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err(format!("no answer within {STEP_TIMEOUT:?}")),
+        };
+        match outcome {
+            Ok(role) => {
+                if self.failing {
+                    tracing::info!("backlog gauges: database reachable again");
+                }
+                self.failing = false;
+                role
+            }
+            Err(error) => {
+                self.disconnect(&error);
+                Role::Disconnected
+            }
+        }
+    }
+
+    async fn try_step(&mut self) -> sqlx::Result<Role> {
+        let conn = match &mut self.conn {
+            Some(conn) => conn,
+            None => self
+                .conn
+                .insert(PgConnection::connect_with(&self.options).await?),
+        };
+        if !self.leading {
+            self.leading =
+                sqlx::query_scalar("select pg_try_advisory_lock(hashtext('watchpump.backlog'))")
+                    .fetch_one(&mut *conn)
+                    .await?;
+            if self.leading {
+                tracing::info!("this pump now computes the backlog gauges");
+            }
+        }
+        if !self.leading {
+            let services: Vec<String> = sqlx::query_scalar("select name from watchpump.services")
+                .fetch_all(&mut *conn)
+                .await?;
+            for service in &services {
+                self.register(service);
+            }
+            return Ok(Role::Follower);
+        }
+        let rows = backlog(conn).await?;
+        for row in &rows {
+            self.register(&row.service);
+            export(row);
+            if !self.exported.contains(&row.service) {
+                self.exported.insert(row.service.clone());
+            }
+        }
+        // Set on every step, not only on taking the lead: it also says the
+        // gauges are fresh.
+        metrics::gauge!(m::BACKLOG_LEADER).set(1.0);
+        Ok(Role::Leader)
+    }
+
+    fn register(&mut self, service: &str) {
+        if !self.registered.contains(service) {
+            m::register_service(service);
+            self.registered.insert(service.to_string());
+        }
+    }
+
+    fn disconnect(&mut self, error: &str) {
+        let had_connection = self.conn.take().is_some();
+        if self.leading {
+            tracing::warn!(error, "backlog gauges: lost the connection and the lead");
+            self.stop_leading();
+        } else if had_connection || !self.failing {
+            tracing::warn!(error, "backlog gauges: cannot reach the database; retrying");
+        } else {
+            tracing::debug!(error, "backlog gauges: still cannot reach the database");
+        }
+        self.failing = true;
+    }
+
+    fn stop_leading(&mut self) {
+        self.leading = false;
+        for service in &self.exported {
+            for state in m::BACKLOG_STATES {
+                metrics::gauge!(m::BACKLOG, "service" => service.clone(), "state" => *state)
+                    .set(f64::NAN);
+            }
+            metrics::gauge!(m::OLDEST_DUE_AGE, "service" => service.clone()).set(f64::NAN);
+        }
+        metrics::gauge!(m::BACKLOG_LEADER).set(0.0);
+    }
+
+    /// Closes the connection, which releases the lock at once for another
+    /// pump to take at its next step.
+    pub async fn close(mut self) {
+        if let Some(conn) = self.conn.take() {
+            let _ = conn.close().await;
+        }
+        if self.leading {
+            self.stop_leading();
+        }
+    }
+}
+
+fn export(row: &Backlog) {
+    let counts = [row.pending, row.in_flight, row.due_now, row.failed_24h];
+    for (state, count) in m::BACKLOG_STATES.iter().zip(counts) {
+        metrics::gauge!(m::BACKLOG, "service" => row.service.clone(), "state" => *state)
+            .set(count as f64);
+    }
+    metrics::gauge!(m::OLDEST_DUE_AGE, "service" => row.service.clone()).set(row.oldest_due_age);
+}
+
+/// Runs a collector every `interval` until `shutdown` resolves.
+pub async fn run(pool: PgPool, interval: Duration, shutdown: impl Future<Output = ()>) {
+    let mut collector = Collector::new(&pool);
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            _ = tick.tick() => {}
+        }
+        tokio::select! {
+            _ = &mut shutdown => break,
+            _ = collector.step() => {}
+        }
+    }
+    collector.close().await;
+}

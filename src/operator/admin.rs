@@ -1,0 +1,249 @@
+//! `/api/v1/admin`: the operator's JSON API, with the admin token as
+//! `Authorization: Bearer`. Same error shape and validation as the watches
+//! API ([`ApiError`]); everything here also works from psql.
+
+use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
+use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, Query, State};
+use axum::http::request::Parts;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use chrono::{DateTime, Utc};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::api::error::ApiError;
+use crate::api::BODY_LIMIT;
+use crate::operator::store::{self, ActionError, DeliveryFilter, WatchFilter};
+use crate::operator::{auth, OperatorState};
+
+/// How admin API actions appear in a delivery's history.
+pub const ACTOR: &str = "admin-api";
+
+pub fn routes() -> Router<OperatorState> {
+    Router::new()
+        .route("/api/v1/admin/backlog", get(backlog))
+        .route("/api/v1/admin/deliveries", get(deliveries))
+        .route("/api/v1/admin/deliveries/{id}", get(delivery))
+        .route("/api/v1/admin/deliveries/{id}/attempts", get(attempts))
+        .route("/api/v1/admin/deliveries/{id}/retry", post(retry))
+        .route(
+            "/api/v1/admin/services/{name}/retry-failed",
+            post(retry_failed),
+        )
+        .route("/api/v1/admin/watches", get(watches))
+        .route("/api/v1/admin/warnings", get(warnings))
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+}
+
+/// The caller holds the admin token.
+pub struct Admin;
+
+/// Why a caller is not let in, in the API's error shape.
+pub enum AdminRejection {
+    /// No admin token is configured: the admin API is off.
+    Off,
+    Unauthorized,
+}
+
+impl IntoResponse for AdminRejection {
+    fn into_response(self) -> Response {
+        let (status, code, message) = match self {
+            AdminRejection::Off => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "disabled",
+                "the admin API is off: WATCHPUMP_ADMIN_TOKEN is not set",
+            ),
+            AdminRejection::Unauthorized => (
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "the admin token is required: Authorization: Bearer <WATCHPUMP_ADMIN_TOKEN>",
+            ),
+        };
+        let body = Json(json!({ "error": { "code": code, "message": message } }));
+        let mut response = (status, body).into_response();
+        if status == StatusCode::UNAUTHORIZED {
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                header::HeaderValue::from_static("Bearer"),
+            );
+        }
+        response
+    }
+}
+
+impl FromRequestParts<OperatorState> for Admin {
+    type Rejection = AdminRejection;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &OperatorState,
+    ) -> Result<Self, Self::Rejection> {
+        let configured = state
+            .settings
+            .admin_token
+            .as_deref()
+            .ok_or(AdminRejection::Off)?;
+        match auth::bearer(&parts.headers) {
+            Some(presented) if auth::token_matches(configured, presented) => Ok(Admin),
+            _ => Err(AdminRejection::Unauthorized),
+        }
+    }
+}
+
+impl From<ActionError> for ApiError {
+    fn from(e: ActionError) -> Self {
+        match e {
+            ActionError::NotFound(m) => ApiError::NotFound(m),
+            ActionError::Conflict(m) => ApiError::Conflict(m),
+            ActionError::Invalid(m) => ApiError::Invalid(m),
+            ActionError::Other(e) => ApiError::from(e),
+        }
+    }
+}
+
+async fn backlog(_: Admin, State(state): State<OperatorState>) -> Result<Json<Value>, ApiError> {
+    let services = store::backlog(&state.pool).await?;
+    Ok(Json(json!({ "services": services })))
+}
+
+/// `{"deliveries": [...], "next_before": <id or null>}`; pass `next_before`
+/// as `before` for the next (older) page.
+async fn deliveries(
+    _: Admin,
+    State(state): State<OperatorState>,
+    query: Result<Query<DeliveryFilter>, QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Query(filter) = query?;
+    let filter = filter.normalized();
+    let limit = filter.limit.unwrap_or(100);
+    let filter = DeliveryFilter {
+        limit: Some(limit),
+        ..filter
+    };
+    let page = store::deliveries(&state.pool, &filter).await?;
+    let next_before = (page.len() as i64 == limit)
+        .then(|| page.last().map(|d| d.delivery_id))
+        .flatten();
+    Ok(Json(
+        json!({ "deliveries": page, "next_before": next_before }),
+    ))
+}
+
+/// The delivery, its attempts and its history.
+async fn delivery(
+    _: Admin,
+    State(state): State<OperatorState>,
+    id: Result<Path<i64>, PathRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let id = delivery_id(id)?;
+    let delivery = store::delivery(&state.pool, id)
+        .await?
+        .ok_or_else(|| no_such_delivery(id))?;
+    let attempts = store::attempts(&state.pool, id).await?;
+    let history = store::history(&state.pool, id).await?;
+    Ok(Json(json!({
+        "delivery": delivery,
+        "attempts": attempts,
+        "history": history,
+    })))
+}
+
+async fn attempts(
+    _: Admin,
+    State(state): State<OperatorState>,
+    id: Result<Path<i64>, PathRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let id = delivery_id(id)?;
+    if store::delivery(&state.pool, id).await?.is_none() {
+        return Err(no_such_delivery(id));
+    }
+    let attempts = store::attempts(&state.pool, id).await?;
+    Ok(Json(json!({ "attempts": attempts })))
+}
+
+/// Requeues a failed or dropped delivery: 200 with its previous state, 404
+/// for an unknown id, 409 for a delivery in another state.
+async fn retry(
+    _: Admin,
+    State(state): State<OperatorState>,
+    id: Result<Path<i64>, PathRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let id = delivery_id(id)?;
+    let previous = store::retry(&state.pool, id, ACTOR).await?;
+    Ok(Json(json!({
+        "delivery_id": id,
+        "previous_state": previous,
+        "state": "pending",
+    })))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RetryFailed {
+    /// Failed at or after this time (RFC 3339).
+    since: DateTime<Utc>,
+}
+
+/// Requeues every delivery to the service that failed since `since`.
+async fn retry_failed(
+    _: Admin,
+    State(state): State<OperatorState>,
+    Path(name): Path<String>,
+    body: Result<Json<RetryFailed>, JsonRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Json(body) = body?;
+    let requeued = store::retry_failed(&state.pool, &name, body.since, ACTOR).await?;
+    Ok(Json(json!({
+        "service": name,
+        "since": body.since,
+        "requeued": requeued,
+    })))
+}
+
+/// `{"watches": [...], "next_before": <id or null>}`, newest first.
+async fn watches(
+    _: Admin,
+    State(state): State<OperatorState>,
+    query: Result<Query<WatchFilter>, QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Query(filter) = query?;
+    let limit = filter.limit.unwrap_or(100);
+    if !(1..=store::MAX_PAGE).contains(&limit) {
+        return Err(ApiError::Invalid(format!(
+            "limit must be 1 to {}",
+            store::MAX_PAGE
+        )));
+    }
+    let page = store::watches(&state.pool, &filter).await?;
+    let next_before = (page.len() as i64 == limit)
+        .then(|| page.last().map(|w| w.watch_id))
+        .flatten();
+    Ok(Json(json!({ "watches": page, "next_before": next_before })))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WarningQuery {
+    service: Option<String>,
+}
+
+async fn warnings(
+    _: Admin,
+    State(state): State<OperatorState>,
+    query: Result<Query<WarningQuery>, QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Query(q) = query?;
+    let warnings = store::warnings(&state.pool, q.service.as_deref(), 100).await?;
+    Ok(Json(json!({ "warnings": warnings })))
+}
+
+fn delivery_id(id: Result<Path<i64>, PathRejection>) -> Result<i64, ApiError> {
+    id.map(|Path(id)| id)
+        .map_err(|_| ApiError::NotFound("no such delivery: ids are integers".into()))
+}
+
+fn no_such_delivery(id: i64) -> ApiError {
+    ApiError::NotFound(format!("there is no delivery {id}"))
+}

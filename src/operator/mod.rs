@@ -1,0 +1,169 @@
+//! The operator's side (ADR 0021: deliveries "visible and retryable in the
+//! producer's panel"): the panel, the admin API, the warning to notify, and
+//! pruning. The durable parts are SQL (`sql/migrations/0002_operator.sql`,
+//! `sql/functions/0300_operator.sql`), so psql sees and does the same.
+//!
+//! - [`store`]: the reads and actions both front ends share.
+//! - [`auth`]: admin token, panel sessions, Origin check.
+//! - [`admin`]: `/api/v1/admin/...`, JSON, `Authorization: Bearer <admin token>`.
+//! - [`panel`]: `/panel`, server-rendered HTML, no JavaScript.
+//! - [`notify`]: folds failed deliveries into warnings and sends them.
+//! - [`prune`]: deletes finished rows past retention, in small batches.
+//! - [`worker`]: the periodic task running notify and prune, one pump at a time.
+//! - [`config`]: the knobs, part of `watchpump serve`.
+
+pub mod admin;
+pub mod auth;
+pub mod config;
+pub mod notify;
+pub mod panel;
+pub mod prune;
+pub mod store;
+pub mod worker;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use sqlx::PgPool;
+
+pub use config::OperatorConfig;
+pub use worker::Worker;
+
+use crate::config::PumpConfig;
+
+/// What the panel and the admin API share.
+#[derive(Clone)]
+pub struct OperatorState {
+    pub pool: PgPool,
+    pub settings: Arc<Settings>,
+}
+
+/// The resolved settings of the operator's HTTP side. Its `Debug` leaves
+/// the tokens out.
+pub struct Settings {
+    /// None: the panel and the admin API are off.
+    pub admin_token: Option<String>,
+    pub producer: String,
+    /// Masked wherever the panel shows a request or an answer.
+    pub producer_token: String,
+    /// Public URL of the panel, without a trailing '/'.
+    pub panel_url: String,
+    /// `scheme://host[:port]` of `panel_url`, as browsers send `Origin`.
+    pub panel_origin: String,
+    pub secure_cookie: bool,
+    pub session_ttl: Duration,
+}
+
+impl Settings {
+    pub fn new(op: &OperatorConfig, pump: &PumpConfig, listen: SocketAddr) -> Settings {
+        let panel_url = op.panel_url(listen);
+        Settings {
+            admin_token: op.admin_token.clone(),
+            producer: pump.producer.clone(),
+            producer_token: pump.producer_token.clone(),
+            panel_origin: auth::origin_of(&panel_url),
+            secure_cookie: panel_url.starts_with("https://"),
+            panel_url,
+            session_ttl: op.session_ttl(),
+        }
+    }
+
+    /// `text` with every secret the panel must not show replaced: the
+    /// producer's token, the admin token, and consumer service tokens
+    /// (`wps_<id>_<64 hex digits>`), wherever they appear (a consumer may
+    /// echo a header back in its answer).
+    pub fn mask(&self, text: &str) -> String {
+        let mut out = text.to_string();
+        for secret in [Some(&self.producer_token), self.admin_token.as_ref()]
+            .into_iter()
+            .flatten()
+            .filter(|s| !s.is_empty())
+        {
+            out = out.replace(secret.as_str(), MASK);
+        }
+        mask_service_tokens(&out)
+    }
+}
+
+impl std::fmt::Debug for Settings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Settings")
+            .field("admin_token", &self.admin_token.as_ref().map(|_| MASK))
+            .field("producer", &self.producer)
+            .field("panel_url", &self.panel_url)
+            .field("panel_origin", &self.panel_origin)
+            .field("secure_cookie", &self.secure_cookie)
+            .field("session_ttl", &self.session_ttl)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a masked secret reads as.
+pub const MASK: &str = "••••••••";
+
+fn mask_service_tokens(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("wps_") {
+        out.push_str(&rest[..at]);
+        let candidate = &rest[at + 4..];
+        let digits = candidate.bytes().take_while(u8::is_ascii_digit).count();
+        let secret = candidate.get(digits + 1..digits + 65);
+        let is_token = digits > 0
+            && candidate.as_bytes().get(digits) == Some(&b'_')
+            && secret.is_some_and(|s| s.bytes().all(|b| b.is_ascii_hexdigit()));
+        if is_token {
+            out.push_str(&rest[at..at + 4 + digits + 1]);
+            out.push_str(MASK);
+            rest = &candidate[digits + 65..];
+        } else {
+            out.push_str("wps_");
+            rest = candidate;
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The panel and the admin API, to merge into the API's router.
+pub fn router(state: OperatorState) -> Router {
+    Router::new()
+        .merge(admin::routes())
+        .merge(panel::routes())
+        .with_state(state)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings() -> Settings {
+        let mut op = OperatorConfig::new();
+        op.admin_token = Some("admin-token-for-tests".into());
+        let pump = PumpConfig::new("git", "producer-secret");
+        Settings::new(&op, &pump, "127.0.0.1:8080".parse().unwrap())
+    }
+
+    #[test]
+    fn secrets_are_masked_wherever_they_appear() {
+        let s = settings();
+        let token = format!("wps_12_{}", "ab".repeat(32));
+        let text =
+            format!("Bearer producer-secret, admin-token-for-tests, {token}, wps_x, wps_3_short");
+        let masked = s.mask(&text);
+        assert_eq!(
+            masked,
+            format!("Bearer {MASK}, {MASK}, wps_12_{MASK}, wps_x, wps_3_short")
+        );
+    }
+
+    #[test]
+    fn the_panel_origin_follows_its_url() {
+        let s = settings();
+        assert_eq!(s.panel_url, "http://127.0.0.1:8080/panel");
+        assert_eq!(s.panel_origin, "http://127.0.0.1:8080");
+        assert!(!s.secure_cookie);
+    }
+}

@@ -1,0 +1,242 @@
+//! The warning to notify (ADR 0021: a consumer down for more than a day
+//! "finds failed deliveries in the producer's panel and a warning in
+//! notify").
+//!
+//! A trigger notes every delivery that ends `failed` in
+//! `watchpump.failure_inbox`, in the transaction that fails it. [`fold`]
+//! drains the inbox into `watchpump.warnings`: at most one warning per
+//! service per fold window, later failures counted into the next one.
+//! [`Notifier::send_due`] hands due warnings to notify, retrying with back-off until
+//! their deadline like a delivery; without a notify URL it logs them.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::PgPool;
+
+use crate::config::PumpConfig;
+use crate::error::Result;
+
+/// `watchpump_notify_warnings_total{service, outcome}`; outcome is `sent`,
+/// `folded` (a failure counted into a warning instead of raising one) or
+/// `logged` (no notify URL). Documented in docs/metrics.md.
+pub const NOTIFY_WARNINGS: &str = "watchpump_notify_warnings_total";
+
+/// Warnings handed to notify in one step at most.
+const SEND_BATCH: i64 = 100;
+
+/// What a step of folding did for one service.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct Folded {
+    pub warning_id: i64,
+    pub service: String,
+    /// Failures added to the warning.
+    pub added: i32,
+    /// True when the failures joined a pending warning or opened one held
+    /// back by the fold window: they raise no warning of their own now.
+    pub folded: bool,
+}
+
+/// Drains the failure inbox into warnings. A warning is retried for as long
+/// as a delivery is (`watchpump.delivery_window()`).
+pub async fn fold(pool: &PgPool, every: Duration) -> Result<Vec<Folded>> {
+    let folded: Vec<Folded> = sqlx::query_as(
+        "select f.warning_id, f.service, f.added,
+                not f.opened or w.send_after > now() as folded
+         from watchpump.fold_failures(make_interval(secs => $1), watchpump.delivery_window()) f
+         join watchpump.warnings w on w.id = f.warning_id",
+    )
+    .bind(every.as_secs_f64())
+    .fetch_all(pool)
+    .await?;
+    for f in folded.iter().filter(|f| f.folded) {
+        metrics::counter!(NOTIFY_WARNINGS, "service" => f.service.clone(), "outcome" => "folded")
+            .increment(f.added as u64);
+    }
+    Ok(folded)
+}
+
+/// A warning as notify receives it.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct Due {
+    pub warning_id: i64,
+    pub service: String,
+    pub failed: i32,
+    pub folded: i32,
+    pub oldest_created_at: DateTime<Utc>,
+    pub first_failed_at: DateTime<Utc>,
+    pub last_failed_at: DateTime<Utc>,
+    #[serde(skip)]
+    pub attempts: i32,
+}
+
+/// Sends warnings to notify, or logs them when there is no notify URL.
+/// (No `Debug`: it holds the producer's token.)
+#[derive(Clone)]
+pub struct Notifier {
+    client: reqwest::Client,
+    url: Option<String>,
+    producer: String,
+    authorization: String,
+    panel_url: String,
+    retry_initial: Duration,
+    retry_max: Duration,
+}
+
+/// What became of one warning in [`Notifier::send_due`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Handed {
+    pub warning_id: i64,
+    /// `sent`, `logged`, `pending` (will be retried) or `failed`.
+    pub state: String,
+}
+
+impl Notifier {
+    pub fn new(notify_url: Option<String>, pump: &PumpConfig, panel_url: &str) -> Result<Self> {
+        let client = reqwest::Client::builder()
+            .connect_timeout(pump.connect_timeout())
+            .timeout(pump.request_timeout())
+            .redirect(reqwest::redirect::Policy::none())
+            .user_agent(concat!("watchpump/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| crate::Error::Config(format!("notify HTTP client: {e}")))?;
+        Ok(Notifier {
+            client,
+            url: notify_url,
+            producer: pump.producer.clone(),
+            authorization: format!("Bearer {}", pump.producer_token),
+            panel_url: panel_url.trim_end_matches('/').to_string(),
+            retry_initial: pump.retry_initial(),
+            retry_max: pump.retry_max(),
+        })
+    }
+
+    /// Hands every due warning to notify (or the log) and records the outcome.
+    pub async fn send_due(&self, pool: &PgPool) -> Result<Vec<Handed>> {
+        let due: Vec<Due> = sqlx::query_as(&format!(
+            "select w.id as warning_id, s.name as service, w.failed, w.folded,
+                    w.oldest_created_at, w.first_failed_at, w.last_failed_at, w.attempts
+             from watchpump.warnings w join watchpump.services s on s.id = w.service_id
+             where w.state = 'pending' and w.send_after <= now() and w.next_attempt_at <= now()
+             order by w.id limit {SEND_BATCH}"
+        ))
+        .fetch_all(pool)
+        .await?;
+        let mut handed = Vec::with_capacity(due.len());
+        for warning in due {
+            let (outcome, status, error) = self.hand(&warning).await;
+            let next = Utc::now() + self.retry_delay(warning.attempts + 1);
+            let state: Option<String> =
+                sqlx::query_scalar("select watchpump.warning_attempted($1, $2, $3, $4, $5)")
+                    .bind(warning.warning_id)
+                    .bind(outcome)
+                    .bind(status)
+                    .bind(error.as_deref())
+                    .bind(next)
+                    .fetch_one(pool)
+                    .await?;
+            let state = state.unwrap_or_else(|| "gone".into());
+            if outcome != "retry" {
+                metrics::counter!(NOTIFY_WARNINGS, "service" => warning.service.clone(), "outcome" => outcome)
+                    .increment(1);
+            } else if state == "failed" {
+                tracing::error!(warning_id = warning.warning_id, service = %warning.service,
+                    error = ?error, "notify did not take the warning before its deadline");
+            }
+            handed.push(Handed {
+                warning_id: warning.warning_id,
+                state,
+            });
+        }
+        Ok(handed)
+    }
+
+    /// One attempt: `("sent" | "logged" | "retry", status, error)`.
+    async fn hand(&self, w: &Due) -> (&'static str, Option<i32>, Option<String>) {
+        let message = self.message(w);
+        let Some(url) = &self.url else {
+            tracing::warn!(warning_id = w.warning_id, service = %w.service, failed = w.failed,
+                folded = w.folded, link = %message.link, "{}", message.text);
+            return ("logged", None, None);
+        };
+        let answer = self
+            .client
+            .post(url)
+            .header(reqwest::header::AUTHORIZATION, &self.authorization)
+            .header(
+                "Idempotency-Key",
+                format!("watchpump-{}-warning-{}", self.producer, w.warning_id),
+            )
+            .json(&message)
+            .send()
+            .await;
+        match answer {
+            Ok(r) if r.status().is_success() => ("sent", Some(r.status().as_u16() as i32), None),
+            Ok(r) => (
+                "retry",
+                Some(r.status().as_u16() as i32),
+                Some(format!("HTTP {}", r.status())),
+            ),
+            Err(e) => ("retry", None, Some(e.to_string())),
+        }
+    }
+
+    fn message<'a>(&self, w: &'a Due) -> Message<'a> {
+        let link = format!("{}/services/{}", self.panel_url, w.service);
+        let title = format!(
+            "{}: {} deliveries to {} failed",
+            self.producer, w.failed, w.service
+        );
+        let mut text = format!(
+            "{} deliveries from {} to {} failed: their retries ran out; the oldest was created {}.",
+            w.failed,
+            self.producer,
+            w.service,
+            w.oldest_created_at.format("%Y-%m-%d %H:%M UTC")
+        );
+        if w.folded > 0 {
+            text.push_str(&format!(
+                " {} of them failed after this warning was raised and were folded into it.",
+                w.folded
+            ));
+        }
+        text.push_str(&format!(" Inspect and retry them in the panel: {link}"));
+        Message {
+            kind: "watchpump.deliveries_failed",
+            producer: self.producer.clone(),
+            key: format!(
+                "watchpump/{}/deliveries_failed/{}",
+                self.producer, w.service
+            ),
+            title,
+            text,
+            link,
+            warning: w,
+        }
+    }
+
+    /// Exponential back-off from the pump's retry settings.
+    fn retry_delay(&self, attempt: i32) -> chrono::Duration {
+        let exponent = attempt.saturating_sub(1).clamp(0, 30) as u32;
+        let delay = self
+            .retry_initial
+            .saturating_mul(2u32.saturating_pow(exponent))
+            .min(self.retry_max);
+        chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::hours(1))
+    }
+}
+
+/// The body POSTed to notify. `key` is the same for every warning about one
+/// service, so notify can fold them for people too.
+#[derive(Debug, Serialize)]
+struct Message<'a> {
+    kind: &'static str,
+    producer: String,
+    key: String,
+    title: String,
+    text: String,
+    link: String,
+    #[serde(flatten)]
+    warning: &'a Due,
+}

@@ -1,0 +1,253 @@
+//! `/panel`: the operator's pages, server-rendered, usable without
+//! JavaScript. Watches are shown, never edited (consumers own them, ADR
+//! 0021); deliveries can be retried.
+//!
+//! Access: a login form takes `WATCHPUMP_ADMIN_TOKEN` and sets an HttpOnly,
+//! SameSite=Strict session cookie ([`Session`]). Every state change is a
+//! POST that must also come from the panel's own origin ([`SameOrigin`]).
+
+mod deliveries;
+pub mod html;
+mod pages;
+
+use axum::extract::{DefaultBodyLimit, FromRequestParts, State};
+use axum::http::request::Parts;
+use axum::http::{header, HeaderMap, Method, StatusCode};
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use axum::{Form, Router};
+use serde::Deserialize;
+
+use crate::operator::store::ActionError;
+use crate::operator::{auth, OperatorState};
+use html::esc;
+
+/// Forms are a few fields; nothing bigger is read.
+const FORM_LIMIT: usize = 16 * 1024;
+
+/// How panel actions appear in a delivery's history.
+pub const ACTOR: &str = "panel";
+
+pub fn routes() -> Router<OperatorState> {
+    Router::new()
+        .route("/panel", get(pages::overview))
+        .route("/panel/", get(|| async { Redirect::to("/panel") }))
+        .route("/panel/login", get(login_form).post(login))
+        .route("/panel/logout", post(logout))
+        .route("/panel/services/{name}", get(pages::service))
+        .route(
+            "/panel/services/{name}/retry-failed",
+            post(deliveries::retry_failed),
+        )
+        .route("/panel/watches", get(pages::watches))
+        .route("/panel/warnings", get(pages::warnings))
+        .route("/panel/deliveries", get(deliveries::list))
+        .route("/panel/deliveries/{id}", get(deliveries::show))
+        .route("/panel/deliveries/{id}/retry", post(deliveries::retry))
+        .route("/panel/{*rest}", get(not_found))
+        .layer(DefaultBodyLimit::max(FORM_LIMIT))
+}
+
+/// A logged-in operator. Without a valid session a page load is sent to
+/// the login form, and any other request is refused with nothing changed.
+pub struct Session;
+
+impl FromRequestParts<OperatorState> for Session {
+    type Rejection = Response;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &OperatorState,
+    ) -> Result<Self, Self::Rejection> {
+        let Some(token) = state.settings.admin_token.as_deref() else {
+            return Err(panel_off());
+        };
+        let valid = match auth::session_cookie(&parts.headers) {
+            Some(secret) => auth::session_valid(&state.pool, token, secret)
+                .await
+                .map_err(|e| PanelError::from(e).into_response())?,
+            None => false,
+        };
+        match (valid, &parts.method) {
+            (true, _) => Ok(Session),
+            (false, &Method::GET | &Method::HEAD) => {
+                Err(Redirect::to("/panel/login").into_response())
+            }
+            (false, _) => Err(PanelError::Forbidden(
+                "You are not logged in (or your session ended); nothing was changed.".into(),
+            )
+            .into_response()),
+        }
+    }
+}
+
+/// A state-changing request that came from the panel's own pages.
+pub struct SameOrigin;
+
+impl FromRequestParts<OperatorState> for SameOrigin {
+    type Rejection = Response;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &OperatorState,
+    ) -> Result<Self, Self::Rejection> {
+        if auth::same_origin(&parts.headers, &state.settings.panel_origin) {
+            Ok(SameOrigin)
+        } else {
+            tracing::warn!(origin = ?parts.headers.get(header::ORIGIN), path = %parts.uri.path(),
+                "panel refused a request from another origin");
+            Err(PanelError::Forbidden(
+                "This request did not come from the panel's own pages; nothing was changed.".into(),
+            )
+            .into_response())
+        }
+    }
+}
+
+/// What a panel page could not do, as a page with the matching status.
+#[derive(Debug, thiserror::Error)]
+pub enum PanelError {
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{0}")]
+    Forbidden(String),
+    #[error("internal error")]
+    Internal(#[source] crate::Error),
+}
+
+impl From<crate::Error> for PanelError {
+    fn from(e: crate::Error) -> Self {
+        match e {
+            crate::Error::Invalid(m) => PanelError::Invalid(m),
+            other => PanelError::Internal(other),
+        }
+    }
+}
+
+impl From<sqlx::Error> for PanelError {
+    fn from(e: sqlx::Error) -> Self {
+        PanelError::Internal(crate::Error::Database(e))
+    }
+}
+
+impl From<ActionError> for PanelError {
+    fn from(e: ActionError) -> Self {
+        match e {
+            ActionError::NotFound(m) => PanelError::NotFound(m),
+            ActionError::Conflict(m) => PanelError::Conflict(m),
+            ActionError::Invalid(m) => PanelError::Invalid(m),
+            ActionError::Other(e) => PanelError::from(e),
+        }
+    }
+}
+
+impl IntoResponse for PanelError {
+    fn into_response(self) -> Response {
+        let (status, title) = match &self {
+            PanelError::NotFound(_) => (StatusCode::NOT_FOUND, "Not found"),
+            PanelError::Conflict(_) => (StatusCode::CONFLICT, "Not done"),
+            PanelError::Invalid(_) => (StatusCode::UNPROCESSABLE_ENTITY, "Not done"),
+            PanelError::Forbidden(_) => (StatusCode::FORBIDDEN, "Refused"),
+            PanelError::Internal(e) => {
+                tracing::error!(error = %e, "internal error in the panel");
+                (StatusCode::INTERNAL_SERVER_ERROR, "Internal error")
+            }
+        };
+        let body = format!(
+            r#"<p class="error">{}</p><p><a href="/panel">Back to the overview</a></p>"#,
+            esc(&self.to_string())
+        );
+        html::page(status, title, &body, false)
+    }
+}
+
+fn panel_off() -> Response {
+    html::page(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "The panel is off",
+        "<p>Set <code>WATCHPUMP_ADMIN_TOKEN</code> to turn it on.</p>",
+        false,
+    )
+}
+
+async fn not_found(_: Session) -> PanelError {
+    PanelError::NotFound("There is no such page in the panel.".into())
+}
+
+fn login_page(status: StatusCode, message: Option<&str>) -> Response {
+    let message = message
+        .map(|m| format!(r#"<p class="error">{}</p>"#, esc(m)))
+        .unwrap_or_default();
+    let body = format!(
+        r#"{message}<form method="post" action="/panel/login">
+<label>Admin token <input type="password" name="token" autocomplete="current-password" required autofocus></label>
+<p><button class="act" type="submit">Log in</button></p></form>"#
+    );
+    html::page(status, "Log in", &body, false)
+}
+
+async fn login_form(State(state): State<OperatorState>, headers: HeaderMap) -> Response {
+    let Some(token) = state.settings.admin_token.as_deref() else {
+        return panel_off();
+    };
+    if let Some(secret) = auth::session_cookie(&headers) {
+        if auth::session_valid(&state.pool, token, secret)
+            .await
+            .unwrap_or(false)
+        {
+            return Redirect::to("/panel").into_response();
+        }
+    }
+    login_page(StatusCode::OK, None)
+}
+
+#[derive(Deserialize)]
+struct Login {
+    token: String,
+}
+
+async fn login(
+    State(state): State<OperatorState>,
+    _: SameOrigin,
+    form: Result<Form<Login>, axum::extract::rejection::FormRejection>,
+) -> Result<Response, PanelError> {
+    let Some(token) = state.settings.admin_token.as_deref() else {
+        return Ok(panel_off());
+    };
+    let Ok(Form(login)) = form else {
+        return Ok(login_page(
+            StatusCode::BAD_REQUEST,
+            Some("Enter the admin token."),
+        ));
+    };
+    if !auth::token_matches(token, &login.token) {
+        tracing::warn!("panel login with a wrong token");
+        return Ok(login_page(
+            StatusCode::UNAUTHORIZED,
+            Some("That is not the admin token."),
+        ));
+    }
+    let ttl = state.settings.session_ttl;
+    let secret = auth::create_session(&state.pool, token, ttl).await?;
+    let cookie = auth::set_cookie(&secret, ttl, state.settings.secure_cookie);
+    Ok(([(header::SET_COOKIE, cookie)], Redirect::to("/panel")).into_response())
+}
+
+async fn logout(
+    State(state): State<OperatorState>,
+    _: SameOrigin,
+    headers: HeaderMap,
+) -> Result<Response, PanelError> {
+    if let (Some(token), Some(secret)) = (
+        state.settings.admin_token.as_deref(),
+        auth::session_cookie(&headers),
+    ) {
+        auth::end_session(&state.pool, token, secret).await?;
+    }
+    let cookie = auth::clear_cookie(state.settings.secure_cookie);
+    Ok(([(header::SET_COOKIE, cookie)], Redirect::to("/panel/login")).into_response())
+}

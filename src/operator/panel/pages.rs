@@ -1,0 +1,284 @@
+//! The overview, a consumer service, watches and warnings.
+
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::Response;
+use chrono::Utc;
+use serde::Deserialize;
+
+use super::deliveries::deliveries_table;
+use super::html::{self, esc};
+use super::{PanelError, Session};
+use crate::operator::store::{self, Backlog, DeliveryFilter, Warning, WatchFilter};
+use crate::operator::OperatorState;
+
+pub async fn overview(
+    _: Session,
+    State(state): State<OperatorState>,
+) -> Result<Response, PanelError> {
+    let backlog = store::backlog(&state.pool).await?;
+    let failures = store::newest_failures(&state.pool, 10).await?;
+    let warnings = store::warnings(&state.pool, None, 5).await?;
+    let mut body = String::from("<h2>Consumer services</h2>");
+    body.push_str(&backlog_table(&backlog));
+    body.push_str("<h2>Newest failures</h2>");
+    if failures.is_empty() {
+        body.push_str(r#"<p class="muted">No failed deliveries.</p>"#);
+    } else {
+        body.push_str(&deliveries_table(&failures));
+        body.push_str(
+            r#"<p><a href="/panel/deliveries?state=failed">All failed deliveries →</a></p>"#,
+        );
+    }
+    body.push_str("<h2>Latest warnings to notify</h2>");
+    body.push_str(&warnings_table(&warnings));
+    Ok(html::page(StatusCode::OK, "Overview", &body, true))
+}
+
+fn backlog_table(rows: &[Backlog]) -> String {
+    if rows.is_empty() {
+        return r#"<p class="muted">No consumer service is registered.</p>"#.into();
+    }
+    let mut t = String::from(
+        "<table><tr><th>Service</th><th>Status</th><th>Pending</th><th>In flight</th>\
+         <th>Due now</th><th>Oldest due</th><th>Failed (24 h)</th><th>Last delivered</th></tr>",
+    );
+    for b in rows {
+        let status = if b.looks_down {
+            r#"<span class="state down">looks down</span>"#
+        } else {
+            r#"<span class="state delivered">ok</span>"#
+        };
+        t.push_str(&format!(
+            r#"<tr><td><a href="/panel/services/{name}">{name}</a></td><td>{status}</td><td class="n">{}</td><td class="n">{}</td><td class="n">{}</td><td class="n">{}</td><td class="n">{}</td><td>{}</td></tr>"#,
+            b.pending,
+            b.in_flight,
+            b.due_now,
+            b.oldest_due_age_secs.map(html::age).unwrap_or_else(|| "—".into()),
+            failed_link(&b.service, b.failed_24h),
+            html::opt_time(b.last_delivered_at),
+            name = esc(&b.service),
+        ));
+    }
+    t.push_str("</table>");
+    t
+}
+
+fn failed_link(service: &str, n: i64) -> String {
+    if n == 0 {
+        return "0".into();
+    }
+    let q = html::query(&[("service", service.into()), ("state", "failed".into())]);
+    format!(r#"<a href="/panel/deliveries{}">{n}</a>"#, esc(&q))
+}
+
+pub(super) fn warnings_table(rows: &[Warning]) -> String {
+    if rows.is_empty() {
+        return r#"<p class="muted">No warnings.</p>"#.into();
+    }
+    let mut t = String::from(
+        "<table><tr><th>#</th><th>Service</th><th>State</th><th>Failed</th><th>Folded</th>\
+         <th>Oldest failed delivery</th><th>Raised</th><th>Not before</th><th>Attempts</th>\
+         <th>Last answer</th><th>Done</th></tr>",
+    );
+    for w in rows {
+        t.push_str(&format!(
+            r#"<tr><td>{}</td><td><a href="/panel/services/{svc}">{svc}</a></td><td>{}</td><td class="n">{}</td><td class="n">{}</td><td>{}</td><td>{}</td><td>{}</td><td class="n">{}</td><td>{}</td><td>{}</td></tr>"#,
+            w.id,
+            html::state(&w.state),
+            w.failed,
+            w.folded,
+            html::time(w.oldest_created_at),
+            html::time(w.created_at),
+            html::time(w.send_after),
+            w.attempts,
+            html::outcome(w.last_status, w.last_error.as_deref()),
+            html::opt_time(w.finished_at),
+            svc = esc(&w.service),
+        ));
+    }
+    t.push_str("</table>");
+    t
+}
+
+#[derive(Debug, Deserialize)]
+pub struct Notice {
+    done: Option<String>,
+    n: Option<i64>,
+}
+
+pub async fn service(
+    _: Session,
+    State(state): State<OperatorState>,
+    Path(name): Path<String>,
+    notice: Result<Query<Notice>, QueryRejection>,
+) -> Result<Response, PanelError> {
+    let backlog = store::backlog(&state.pool).await?;
+    let Some(b) = backlog.into_iter().find(|b| b.service == name) else {
+        return Err(PanelError::NotFound(format!(
+            "There is no service {name:?}."
+        )));
+    };
+    let failed = store::deliveries(
+        &state.pool,
+        &DeliveryFilter {
+            service: Some(name.clone()),
+            state: Some("failed".into()),
+            limit: Some(20),
+            ..DeliveryFilter::default()
+        },
+    )
+    .await?;
+    let warnings = store::warnings(&state.pool, Some(&name), 10).await?;
+    let svc = esc(&name);
+    let mut body = String::new();
+    if let Ok(Query(Notice {
+        done: Some(done),
+        n,
+    })) = notice
+    {
+        if done == "requeued" {
+            body.push_str(&format!(
+                r#"<p class="note">{} failed deliveries requeued: they are pending and due now.</p>"#,
+                n.unwrap_or(0)
+            ));
+        }
+    }
+    body.push_str(&format!(
+        r#"<dl><dt>Status</dt><dd>{}</dd><dt>Pending</dt><dd>{} ({} due now, {} being retried)</dd>
+<dt>In flight</dt><dd>{}</dd><dt>Oldest due</dt><dd>{}</dd><dt>Failed in 24 h</dt><dd>{}</dd>
+<dt>Last failure</dt><dd>{}</dd><dt>Last delivered</dt><dd>{}</dd></dl>"#,
+        if b.looks_down { "looks down" } else { "ok" },
+        b.pending,
+        b.due_now,
+        b.retrying,
+        b.in_flight,
+        b.oldest_due_age_secs
+            .map(html::age)
+            .unwrap_or_else(|| "—".into()),
+        b.failed_24h,
+        html::opt_time(b.last_failed_at),
+        html::opt_time(b.last_delivered_at),
+    ));
+    let since = (Utc::now() - chrono::Duration::days(1)).format("%Y-%m-%dT%H:%M");
+    body.push_str(&format!(
+        r#"<h2>Retry failed deliveries</h2>
+<form class="filters" method="post" action="/panel/services/{svc}/retry-failed">
+<label>Failed since (UTC) <input type="datetime-local" name="since" value="{since}" required></label>
+<button class="act" type="submit">Retry all failed for {svc} since then</button></form>"#
+    ));
+    body.push_str("<h2>Newest failed deliveries</h2>");
+    if failed.is_empty() {
+        body.push_str(r#"<p class="muted">None.</p>"#);
+    } else {
+        body.push_str(&deliveries_table(&failed));
+    }
+    let q = |state: &str| {
+        esc(&html::query(&[
+            ("service", name.clone()),
+            ("state", state.into()),
+        ]))
+    };
+    body.push_str(&format!(
+        r#"<p><a href="/panel/deliveries{}">All failed</a> · <a href="/panel/deliveries{}">All deliveries</a> · <a href="/panel/watches{}">Watches</a></p>"#,
+        q("failed"),
+        q(""),
+        esc(&html::query(&[("service", name.clone())])),
+    ));
+    body.push_str("<h2>Warnings to notify</h2>");
+    body.push_str(&warnings_table(&warnings));
+    Ok(html::page(
+        StatusCode::OK,
+        &format!("Service {name}"),
+        &body,
+        true,
+    ))
+}
+
+pub async fn warnings(
+    _: Session,
+    State(state): State<OperatorState>,
+) -> Result<Response, PanelError> {
+    let rows = store::warnings(&state.pool, None, 200).await?;
+    let body = format!(
+        r#"<p class="muted">When deliveries to a service end failed, one warning per service per fold window goes to notify; failures in between are folded into it (counted, not sent again).</p>{}"#,
+        warnings_table(&rows)
+    );
+    Ok(html::page(StatusCode::OK, "Warnings", &body, true))
+}
+
+pub async fn watches(
+    _: Session,
+    State(state): State<OperatorState>,
+    query: Result<Query<WatchFilter>, QueryRejection>,
+) -> Result<Response, PanelError> {
+    let Query(filter) = query.map_err(|e| PanelError::Invalid(e.body_text()))?;
+    let filter = WatchFilter {
+        limit: Some(100),
+        ..filter
+    };
+    let rows = store::watches(&state.pool, &filter).await?;
+    let value = |v: &Option<String>| esc(v.as_deref().unwrap_or(""));
+    let show = filter.show.as_deref().unwrap_or("any");
+    let option = |v: &str, label: &str| {
+        format!(
+            r#"<option value="{v}"{}>{label}</option>"#,
+            if show == v { " selected" } else { "" }
+        )
+    };
+    let mut body = format!(
+        r#"<p class="muted">Consumers create and remove their watches through the watches API; the panel only shows them.</p>
+<form class="filters" method="get" action="/panel/watches">
+<label>Service <input name="service" value="{}"></label>
+<label>Resource <input name="resource" value="{}"></label>
+<label>Object <input name="object" value="{}"></label>
+<label>Show <select name="show">{}{}{}</select></label>
+<button type="submit">Filter</button></form>"#,
+        value(&filter.service),
+        value(&filter.resource),
+        value(&filter.object),
+        option("any", "live and removed"),
+        option("live", "live"),
+        option("removed", "removed"),
+    );
+    body.push_str(
+        "<table><tr><th>#</th><th>Service</th><th>Resource</th><th>Object</th><th>Filters</th>\
+         <th>Created</th><th>Removed</th></tr>",
+    );
+    for w in &rows {
+        let removed = match (&w.removed_at, &w.removed_reason) {
+            (Some(at), reason) => format!(
+                "{}<br><span class=\"muted\">{}</span>",
+                html::time(*at),
+                esc(reason.as_deref().unwrap_or(""))
+            ),
+            (None, _) => "—".into(),
+        };
+        body.push_str(&format!(
+            r#"<tr><td>{}</td><td><a href="/panel/services/{svc}">{svc}</a></td><td>{}</td><td>{}</td><td><code>{}</code></td><td>{}</td><td>{}</td></tr>"#,
+            w.watch_id,
+            esc(&w.resource),
+            esc(&w.object),
+            esc(&w.filters.to_string()),
+            html::time(w.created_at),
+            removed,
+            svc = esc(&w.service),
+        ));
+    }
+    body.push_str("</table>");
+    if rows.len() == 100 {
+        let next = html::query(&[
+            ("service", filter.service.clone().unwrap_or_default()),
+            ("resource", filter.resource.clone().unwrap_or_default()),
+            ("object", filter.object.clone().unwrap_or_default()),
+            ("show", filter.show.clone().unwrap_or_default()),
+            ("before", rows[99].watch_id.to_string()),
+        ]);
+        body.push_str(&format!(
+            r#"<p><a href="/panel/watches{}">Older →</a></p>"#,
+            esc(&next)
+        ));
+    }
+    Ok(html::page(StatusCode::OK, "Watches", &body, true))
+}

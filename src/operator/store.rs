@@ -1,0 +1,423 @@
+//! What the panel and the admin API read and do, over the views and
+//! functions of `sql/functions/0300_operator.sql`. Both front ends call only
+//! these, so they show the same rows and raise the same errors.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use sqlx::{PgPool, Postgres, QueryBuilder};
+
+use crate::error::{Error, Result};
+
+/// Delivery states, as `watchpump.deliveries.state` allows them.
+pub const STATES: &[&str] = &[
+    "pending",
+    "in_flight",
+    "delivered",
+    "superseded",
+    "dropped",
+    "failed",
+];
+
+/// Most rows one page of a list may hold.
+pub const MAX_PAGE: i64 = 500;
+
+/// A row of `watchpump.backlog`.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct Backlog {
+    pub service_id: i64,
+    pub service: String,
+    pub pending: i64,
+    pub in_flight: i64,
+    pub due_now: i64,
+    pub failed_24h: i64,
+    /// Seconds the oldest due delivery has waited; none when nothing is due.
+    pub oldest_due_age_secs: Option<f64>,
+    pub last_delivered_at: Option<DateTime<Utc>>,
+    pub last_failed_at: Option<DateTime<Utc>>,
+    pub retrying: i64,
+    pub looks_down: bool,
+}
+
+/// A row of `watchpump.delivery_log`.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct Delivery {
+    pub delivery_id: i64,
+    pub created_at: DateTime<Utc>,
+    pub service: String,
+    pub watch_id: i64,
+    pub resource: String,
+    pub watch_object: String,
+    pub object: String,
+    pub kind: String,
+    pub change_id: i64,
+    pub sequence: i64,
+    pub state: String,
+    pub attempts: i32,
+    pub next_attempt_at: DateTime<Utc>,
+    pub deadline: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
+    pub last_status: Option<i32>,
+    pub last_error: Option<String>,
+    pub superseded_by: Option<i64>,
+    pub last_action: Option<String>,
+}
+
+/// What the panel needs beyond the log row to show the request as sent.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct Sent {
+    pub base_url: String,
+    pub occurred_at: DateTime<Utc>,
+    /// The change's payload as PostgreSQL prints jsonb: the pump embeds
+    /// exactly this text in the body.
+    pub payload: String,
+}
+
+/// One attempt to send a delivery.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct Attempt {
+    pub attempt: i32,
+    pub started_at: DateTime<Utc>,
+    pub duration_ms: f64,
+    pub status: Option<i32>,
+    pub error: Option<String>,
+    pub response_head: Option<String>,
+    pub pump: String,
+}
+
+/// A row of `watchpump.delivery_history`.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct Event {
+    pub at: DateTime<Utc>,
+    pub event: String,
+    pub detail: Option<String>,
+}
+
+/// A row of `watchpump.watch_list`.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct WatchRow {
+    pub watch_id: i64,
+    pub service: String,
+    pub resource: String,
+    pub object: String,
+    pub filters: serde_json::Value,
+    pub created_at: DateTime<Utc>,
+    pub removed_at: Option<DateTime<Utc>>,
+    pub removed_reason: Option<String>,
+}
+
+/// A warning to the notify service.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct Warning {
+    pub id: i64,
+    pub service: String,
+    pub state: String,
+    pub failed: i32,
+    pub folded: i32,
+    pub oldest_created_at: DateTime<Utc>,
+    pub first_failed_at: DateTime<Utc>,
+    pub last_failed_at: DateTime<Utc>,
+    pub created_at: DateTime<Utc>,
+    pub send_after: DateTime<Utc>,
+    pub attempts: i32,
+    pub next_attempt_at: DateTime<Utc>,
+    pub last_status: Option<i32>,
+    pub last_error: Option<String>,
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+/// Which deliveries to list: every filter is optional; `before` is the
+/// keyset cursor (the last id of the previous page), newest first.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeliveryFilter {
+    pub state: Option<String>,
+    pub service: Option<String>,
+    /// An exact object, or a prefix ending in '/'.
+    pub object: Option<String>,
+    /// Created at or after.
+    pub since: Option<DateTime<Utc>>,
+    /// Created before.
+    pub until: Option<DateTime<Utc>>,
+    pub before: Option<i64>,
+    pub limit: Option<i64>,
+}
+
+impl DeliveryFilter {
+    /// Empty strings (an untouched form field) mean "any".
+    pub fn normalized(mut self) -> Self {
+        for field in [&mut self.state, &mut self.service, &mut self.object] {
+            if field.as_deref().is_some_and(|v| v.trim().is_empty()) {
+                *field = None;
+            }
+        }
+        self
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        if let Some(state) = &self.state {
+            if !STATES.contains(&state.as_str()) {
+                return Err(Error::Invalid(format!(
+                    "state must be one of {}",
+                    STATES.join(", ")
+                )));
+            }
+        }
+        if let Some(limit) = self.limit {
+            if !(1..=MAX_PAGE).contains(&limit) {
+                return Err(Error::Invalid(format!("limit must be 1 to {MAX_PAGE}")));
+            }
+        }
+        if let (Some(since), Some(until)) = (self.since, self.until) {
+            if since >= until {
+                return Err(Error::Invalid("since must be before until".into()));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Which watches to list, newest first.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WatchFilter {
+    pub service: Option<String>,
+    pub resource: Option<String>,
+    pub object: Option<String>,
+    /// "live", "removed", or anything else for both.
+    pub show: Option<String>,
+    pub before: Option<i64>,
+    pub limit: Option<i64>,
+}
+
+/// Why an action on deliveries did not happen; the API maps each to a status.
+#[derive(Debug, thiserror::Error)]
+pub enum ActionError {
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    Invalid(String),
+    #[error(transparent)]
+    Other(#[from] Error),
+}
+
+impl From<sqlx::Error> for ActionError {
+    /// The SQLSTATEs `0300_operator.sql` raises, with the function's name
+    /// taken off the message.
+    fn from(e: sqlx::Error) -> Self {
+        if let sqlx::Error::Database(d) = &e {
+            let message = d
+                .message()
+                .split_once(": ")
+                .filter(|(f, _)| f.starts_with("watchpump."))
+                .map_or(d.message(), |(_, m)| m)
+                .to_string();
+            match d.code().as_deref() {
+                Some("P0002") => return ActionError::NotFound(message),
+                Some("55000") => return ActionError::Conflict(message),
+                Some("22023") | Some("22004") => return ActionError::Invalid(message),
+                _ => {}
+            }
+        }
+        ActionError::Other(Error::Database(e))
+    }
+}
+
+pub async fn backlog(pool: &PgPool) -> Result<Vec<Backlog>> {
+    Ok(sqlx::query_as(
+        "select service_id, service, pending, in_flight, due_now, failed_24h,
+                extract(epoch from oldest_due_age)::float8 as oldest_due_age_secs,
+                last_delivered_at, last_failed_at, retrying, looks_down
+         from watchpump.backlog order by service",
+    )
+    .fetch_all(pool)
+    .await?)
+}
+
+const DELIVERY_COLUMNS: &str = "delivery_id, created_at, service, watch_id, resource, \
+    watch_object, object, kind, change_id, sequence, state, attempts, next_attempt_at, \
+    deadline, finished_at, last_status, last_error, superseded_by, last_action";
+
+/// One page of deliveries, newest first. Each filter becomes a condition
+/// only when given, and the state and the service's id are written into the
+/// statement as literals (the state is checked against [`STATES`], the id
+/// comes from the database): the planner then sees which partial index
+/// fits and how rare the service is, with any plan cache. The limit is a
+/// literal too, never a generic-plan guess.
+pub async fn deliveries(pool: &PgPool, filter: &DeliveryFilter) -> Result<Vec<Delivery>> {
+    filter.validate()?;
+    let mut q: QueryBuilder<Postgres> = QueryBuilder::new(format!(
+        "select {DELIVERY_COLUMNS} from watchpump.delivery_log where true"
+    ));
+    if let Some(state) = &filter.state {
+        let state = STATES
+            .iter()
+            .find(|s| **s == state.as_str())
+            .expect("validated");
+        q.push(format!(" and state = '{state}'"));
+    }
+    if let Some(service) = &filter.service {
+        let id: Option<i64> =
+            sqlx::query_scalar("select id from watchpump.services where name = $1")
+                .bind(service)
+                .fetch_optional(pool)
+                .await?;
+        let Some(id) = id else {
+            return Ok(Vec::new());
+        };
+        q.push(format!(" and service_id = {id}"));
+    }
+    match filter.object.as_deref() {
+        Some(prefix) if prefix.ends_with('/') => {
+            q.push(" and starts_with(object, ")
+                .push_bind(prefix)
+                .push(")");
+        }
+        Some(object) => {
+            // Through the changes' (object, sequence) index.
+            q.push(" and change_id in (select c.id from watchpump.changes c where c.object = ")
+                .push_bind(object)
+                .push(")");
+        }
+        None => {}
+    }
+    if let Some(since) = filter.since {
+        q.push(" and created_at >= ").push_bind(since);
+    }
+    if let Some(until) = filter.until {
+        q.push(" and created_at < ").push_bind(until);
+    }
+    if let Some(before) = filter.before {
+        q.push(" and delivery_id < ").push_bind(before);
+    }
+    let limit = filter.limit.unwrap_or(50).clamp(1, MAX_PAGE);
+    q.push(format!(" order by delivery_id desc limit {limit}"));
+    Ok(q.build_query_as().fetch_all(pool).await?)
+}
+
+pub async fn delivery(pool: &PgPool, id: i64) -> Result<Option<Delivery>> {
+    Ok(sqlx::query_as(&format!(
+        "select {DELIVERY_COLUMNS} from watchpump.delivery_log where delivery_id = $1"
+    ))
+    .bind(id)
+    .fetch_optional(pool)
+    .await?)
+}
+
+pub async fn sent(pool: &PgPool, id: i64) -> Result<Option<Sent>> {
+    Ok(sqlx::query_as(
+        "select s.base_url, c.occurred_at, c.payload::text as payload
+         from watchpump.deliveries d
+         join watchpump.changes c on c.id = d.change_id
+         join watchpump.services s on s.id = d.service_id
+         where d.id = $1",
+    )
+    .bind(id)
+    .fetch_optional(pool)
+    .await?)
+}
+
+pub async fn attempts(pool: &PgPool, delivery_id: i64) -> Result<Vec<Attempt>> {
+    Ok(sqlx::query_as(
+        "select attempt, started_at, duration_ms, status, error, response_head, pump
+         from watchpump.attempts where delivery_id = $1 order by attempt, id",
+    )
+    .bind(delivery_id)
+    .fetch_all(pool)
+    .await?)
+}
+
+pub async fn history(pool: &PgPool, delivery_id: i64) -> Result<Vec<Event>> {
+    Ok(sqlx::query_as(
+        "select at, event, detail from watchpump.delivery_history
+         where delivery_id = $1 order by at, seq",
+    )
+    .bind(delivery_id)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// The most recent failures, across services.
+pub async fn newest_failures(pool: &PgPool, limit: i64) -> Result<Vec<Delivery>> {
+    let limit = limit.clamp(1, MAX_PAGE);
+    Ok(sqlx::query_as(&format!(
+        "select {DELIVERY_COLUMNS} from watchpump.delivery_log
+         where state = 'failed' order by finished_at desc, delivery_id desc limit {limit}"
+    ))
+    .fetch_all(pool)
+    .await?)
+}
+
+pub async fn watches(pool: &PgPool, filter: &WatchFilter) -> Result<Vec<WatchRow>> {
+    let mut q: QueryBuilder<Postgres> = QueryBuilder::new(
+        "select watch_id, service, resource, object, filters, created_at, removed_at, removed_reason
+         from watchpump.watch_list where true",
+    );
+    let given = |v: &Option<String>| v.clone().filter(|v| !v.trim().is_empty());
+    if let Some(service) = given(&filter.service) {
+        q.push(" and service = ").push_bind(service);
+    }
+    if let Some(resource) = given(&filter.resource) {
+        q.push(" and resource = ").push_bind(resource);
+    }
+    if let Some(object) = given(&filter.object) {
+        q.push(" and object = ").push_bind(object);
+    }
+    match filter.show.as_deref() {
+        Some("live") => {
+            q.push(" and live");
+        }
+        Some("removed") => {
+            q.push(" and not live");
+        }
+        _ => {}
+    }
+    if let Some(before) = filter.before {
+        q.push(" and watch_id < ").push_bind(before);
+    }
+    let limit = filter.limit.unwrap_or(100).clamp(1, MAX_PAGE);
+    q.push(format!(" order by watch_id desc limit {limit}"));
+    Ok(q.build_query_as().fetch_all(pool).await?)
+}
+
+/// Warnings, newest first, of one service or of all.
+pub async fn warnings(pool: &PgPool, service: Option<&str>, limit: i64) -> Result<Vec<Warning>> {
+    let limit = limit.clamp(1, MAX_PAGE);
+    Ok(sqlx::query_as(&format!(
+        "select w.id, s.name as service, w.state, w.failed, w.folded, w.oldest_created_at,
+                w.first_failed_at, w.last_failed_at, w.created_at, w.send_after, w.attempts,
+                w.next_attempt_at, w.last_status, w.last_error, w.finished_at
+         from watchpump.warnings w join watchpump.services s on s.id = w.service_id
+         where $1::text is null or s.name = $1
+         order by w.id desc limit {limit}"
+    ))
+    .bind(service)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// `watchpump.retry()`: returns the state the delivery had.
+pub async fn retry(pool: &PgPool, delivery_id: i64, actor: &str) -> Result<String, ActionError> {
+    Ok(sqlx::query_scalar("select watchpump.retry($1, $2)")
+        .bind(delivery_id)
+        .bind(actor)
+        .fetch_one(pool)
+        .await?)
+}
+
+/// `watchpump.retry_failed()`: returns how many deliveries were requeued.
+pub async fn retry_failed(
+    pool: &PgPool,
+    service: &str,
+    since: DateTime<Utc>,
+    actor: &str,
+) -> Result<i64, ActionError> {
+    let n: i32 = sqlx::query_scalar("select watchpump.retry_failed($1, $2, $3)")
+        .bind(service)
+        .bind(since)
+        .bind(actor)
+        .fetch_one(pool)
+        .await?;
+    Ok(i64::from(n))
+}

@@ -1,0 +1,635 @@
+//! The panel: its refusals over plain HTTP, its pages, and a retry in a real
+//! headless Chromium driven over WebDriver (chromedriver), which also takes
+//! the screenshot in docs/panel.png.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use axum::routing::get;
+use common::*;
+use serde_json::{json, Value};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+}
+
+/// Logs in over HTTP and returns the `Cookie` header value.
+async fn log_in(server: &AppServer) -> String {
+    let res = client()
+        .post(server.url("/panel/login"))
+        .header("origin", server.origin())
+        .form(&[("token", ADMIN_TOKEN)])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 303);
+    let cookie = res.headers()["set-cookie"].to_str().unwrap().to_string();
+    cookie.split(';').next().unwrap().to_string()
+}
+
+async fn actions(db: &TestDb, id: i64) -> i64 {
+    sqlx::query_scalar("select count(*) from watchpump.actions where delivery_id = $1")
+        .bind(id)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn the_panel_changes_nothing_without_a_session_or_from_another_origin() {
+    let db = TestDb::new().await;
+    let server = AppServer::start(&db.pool, &operator_config()).await;
+    let pump = RunningPump::start(&db.pool, pump_config());
+    let (consumer, id) = failed_delivery(&db, "deploy", "acme/web/main", json!({})).await;
+    let http = client();
+
+    let res = http.get(server.url("/panel")).send().await.unwrap();
+    assert_eq!(res.status(), 303);
+    assert_eq!(res.headers()["location"], "/panel/login");
+
+    let login = |token: &'static str, origin: Option<String>| {
+        let mut req = http
+            .post(server.url("/panel/login"))
+            .form(&[("token", token)]);
+        if let Some(origin) = origin {
+            req = req.header("origin", origin);
+        }
+        req.send()
+    };
+    let res = login("not-the-admin-token", Some(server.origin()))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 401);
+    assert!(res.headers().get("set-cookie").is_none());
+    let res = login(ADMIN_TOKEN, None).await.unwrap();
+    assert_eq!(res.status(), 403, "a login without Origin is refused");
+    let res = login(ADMIN_TOKEN, Some("http://evil.example".into()))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 403, "a login from another origin is refused");
+
+    let res = login(ADMIN_TOKEN, Some(server.origin())).await.unwrap();
+    assert_eq!(res.status(), 303);
+    let set_cookie = res.headers()["set-cookie"].to_str().unwrap().to_string();
+    for attribute in ["HttpOnly", "SameSite=Strict", "Path=/panel"] {
+        assert!(set_cookie.contains(attribute), "{set_cookie}");
+    }
+    let cookie = set_cookie.split(';').next().unwrap().to_string();
+    let secret = cookie.split_once('=').unwrap().1;
+    let stored: Vec<Vec<u8>> = sqlx::query_scalar("select key_hash from watchpump.panel_sessions")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(stored.len(), 1);
+    assert_ne!(hex::encode(&stored[0]), secret, "only a hash is stored");
+
+    let retry = server.url(&format!("/panel/deliveries/{id}/retry"));
+    let refused = [
+        ("no session cookie", None, Some(server.origin()), None),
+        (
+            "another origin",
+            Some(cookie.clone()),
+            Some("http://evil.example".to_string()),
+            None,
+        ),
+        (
+            "another port on the same host",
+            Some(cookie.clone()),
+            Some("http://127.0.0.1:1".to_string()),
+            None,
+        ),
+        ("no Origin or Referer", Some(cookie.clone()), None, None),
+        (
+            "a cross-site fetch",
+            Some(cookie.clone()),
+            Some(server.origin()),
+            Some("cross-site"),
+        ),
+        (
+            "a forged session",
+            Some(format!("watchpump_session={}", "ab".repeat(32))),
+            Some(server.origin()),
+            None,
+        ),
+    ];
+    for (why, cookie, origin, fetch_site) in refused {
+        let mut req = http.post(&retry);
+        if let Some(cookie) = cookie {
+            req = req.header("cookie", cookie);
+        }
+        if let Some(origin) = origin {
+            req = req.header("origin", origin);
+        }
+        if let Some(site) = fetch_site {
+            req = req.header("sec-fetch-site", site);
+        }
+        let res = req.send().await.unwrap();
+        assert_eq!(res.status(), 403, "{why}");
+        assert_eq!(
+            db.delivery_state(id).await,
+            "failed",
+            "{why}: nothing changed"
+        );
+        assert_eq!(actions(&db, id).await, 0, "{why}: nothing recorded");
+    }
+
+    consumer.reply_with(200);
+    let before = consumer.count();
+    let res = http
+        .post(&retry)
+        .header("cookie", &cookie)
+        .header("origin", server.origin())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 303);
+    assert_eq!(
+        res.headers()["location"],
+        format!("/panel/deliveries/{id}?done=retried")
+    );
+    let got = consumer.wait_for(before + 1, WAIT).await;
+    assert_eq!(got.last().unwrap().body["delivery_id"], id);
+    eventually(WAIT, "delivered", || async {
+        db.delivery_state(id).await == "delivered"
+    })
+    .await;
+    pump.stop().await.unwrap();
+    let actor: String =
+        sqlx::query_scalar("select actor from watchpump.actions where delivery_id = $1")
+            .bind(id)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(actor, "panel");
+
+    let res = http
+        .post(server.url("/panel/logout"))
+        .header("cookie", &cookie)
+        .header("origin", server.origin())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 303);
+    let res = http
+        .get(server.url("/panel"))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 303, "the session ended at log-out");
+}
+
+#[tokio::test]
+async fn pages_escape_what_they_show_mask_tokens_and_page_by_keyset() {
+    let db = TestDb::new().await;
+    let server = AppServer::start(&db.pool, &operator_config()).await;
+    let (svc, _) = db.add_service("deploy", "http://127.0.0.1:9").await;
+    db.add_watch(svc.id, "<b>app</b>", "acme/", all()).await;
+    let service_token = format!("wps_3_{}", "c".repeat(64));
+    let change = db
+        .emit(
+            "acme/<script>alert(1)</script>",
+            "push",
+            json!({"note": "<img src=x onerror=alert(1)>", "leak": PRODUCER_TOKEN, "other": service_token}),
+        )
+        .await;
+    let id = delivery_of(&db, change).await;
+    for i in 0..60 {
+        db.emit(&format!("acme/branch-{i}"), "push", json!({}))
+            .await;
+    }
+    let cookie = log_in(&server).await;
+    let page = |path: String| {
+        let req = client()
+            .get(server.url(&path))
+            .header("cookie", cookie.clone());
+        async move {
+            let res = req.send().await.unwrap();
+            let status = res.status().as_u16();
+            let csp = res
+                .headers()
+                .get("content-security-policy")
+                .map(|v| v.to_str().unwrap().to_string());
+            (status, csp, res.text().await.unwrap())
+        }
+    };
+
+    let (status, csp, html) = page(format!("/panel/deliveries/{id}")).await;
+    assert_eq!(status, 200);
+    assert!(csp.unwrap().contains("frame-ancestors 'none'"));
+    assert!(!html.contains("<script>"), "markup is escaped");
+    assert!(!html.contains("<img"), "markup is escaped");
+    assert!(html.contains("&lt;script&gt;alert(1)&lt;/script&gt;"));
+    assert!(html.contains("&lt;b&gt;app&lt;/b&gt;"));
+    assert!(
+        !html.contains(PRODUCER_TOKEN),
+        "the producer token is masked"
+    );
+    assert!(!html.contains(&service_token), "service tokens are masked");
+    assert!(html.contains("Authorization: Bearer ••••••••"));
+    assert!(html.contains(&format!("Watchpump-Delivery: {id}")));
+
+    let (status, _, html) = page("/panel/deliveries?service=deploy".into()).await;
+    assert_eq!(status, 200);
+    let older = html
+        .split("href=\"/panel/deliveries?")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("an Older link on a full page")
+        .replace("&amp;", "&");
+    assert!(older.contains("before="), "{older}");
+    let (status, _, next) = page(format!("/panel/deliveries?{older}")).await;
+    assert_eq!(status, 200);
+    let rows = |html: &str| html.matches("<tr><td><a href=\"/panel/deliveries/").count();
+    assert_eq!(rows(&html) + rows(&next), 61);
+    assert!(!next.contains("Older →"));
+
+    let (status, _, _) = page("/panel/deliveries?since=yesterday".into()).await;
+    assert_eq!(status, 422);
+    let (status, _, _) = page("/panel/deliveries/987654".into()).await;
+    assert_eq!(status, 404);
+    for (path, shows) in [
+        ("/panel", "deploy"),
+        ("/panel/watches?service=deploy", "&lt;b&gt;app&lt;/b&gt;"),
+        ("/panel/warnings", "No warnings."),
+        ("/panel/services/deploy", "Retry all failed for deploy"),
+    ] {
+        let (status, _, html) = page(path.into()).await;
+        assert_eq!(status, 200, "{path}");
+        assert!(html.contains(shows), "{path} shows {shows}");
+    }
+    let (status, _, _) = page("/panel/services/nope".into()).await;
+    assert_eq!(status, 404);
+}
+
+#[tokio::test]
+async fn retry_all_failed_since_a_time_from_the_service_page() {
+    let db = TestDb::new().await;
+    let server = AppServer::start(&db.pool, &operator_config()).await;
+    let (svc, _) = db.add_service("deploy", "http://127.0.0.1:9").await;
+    db.add_watch(svc.id, "r", "acme/", all()).await;
+    for i in 0..3 {
+        db.emit(&format!("acme/o{i}"), "push", json!({})).await;
+    }
+    sqlx::query(
+        "update watchpump.deliveries set state = 'failed', finished_at = now() - interval '1 hour'",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let cookie = log_in(&server).await;
+    let since = (chrono::Utc::now() - chrono::Duration::hours(2)).format("%Y-%m-%dT%H:%M");
+    let res = client()
+        .post(server.url("/panel/services/deploy/retry-failed"))
+        .header("cookie", &cookie)
+        .header("origin", server.origin())
+        .form(&[("since", since.to_string())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 303);
+    assert_eq!(
+        res.headers()["location"],
+        "/panel/services/deploy?done=requeued&n=3"
+    );
+    assert_eq!(db.count_state("pending").await, 3);
+}
+
+// ---- A real browser ----
+
+/// chromedriver with one headless Chromium session, driven over the
+/// WebDriver HTTP protocol.
+struct Browser {
+    driver: Child,
+    port: u16,
+    session: String,
+    http: reqwest::Client,
+    profile: PathBuf,
+}
+
+const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
+
+fn chromium_binary() -> Option<String> {
+    std::env::var("WATCHPUMP_CHROMIUM").ok().or_else(|| {
+        [
+            "/usr/lib/chromium/chromium",
+            "/usr/bin/chromium",
+            "/usr/bin/chromium-browser",
+        ]
+        .iter()
+        .find(|p| std::path::Path::new(p).exists())
+        .map(|p| p.to_string())
+    })
+}
+
+impl Browser {
+    async fn start() -> Browser {
+        let missing = "this test needs Debian's chromium and chromium-driver: \
+                       `make test` installs them (scripts/test-deps.sh), or apt-get install chromium chromium-driver";
+        let binary = chromium_binary().expect(missing);
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let driver = Command::new("chromedriver")
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect(missing);
+        let profile =
+            std::env::temp_dir().join(format!("wp-chromium-{:016x}", rand::random::<u64>()));
+        std::fs::create_dir_all(&profile).unwrap();
+        let http = reqwest::Client::new();
+        let status = format!("http://127.0.0.1:{port}/status");
+        eventually(WAIT, "chromedriver is ready", || async {
+            match http.get(&status).send().await {
+                Ok(r) => r
+                    .json::<Value>()
+                    .await
+                    .is_ok_and(|v| v["value"]["ready"] == true),
+                Err(_) => false,
+            }
+        })
+        .await;
+        let args = [
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--no-first-run",
+            "--disable-dev-shm-usage",
+            "--window-size=1280,1100",
+            &format!("--user-data-dir={}", profile.display()),
+        ];
+        let caps = json!({"capabilities": {"alwaysMatch": {
+            "browserName": "chrome",
+            "goog:chromeOptions": {"binary": binary, "args": args},
+        }}});
+        let res: Value = http
+            .post(format!("http://127.0.0.1:{port}/session"))
+            .json(&caps)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let session = res["value"]["sessionId"]
+            .as_str()
+            .unwrap_or_else(|| panic!("chromedriver did not start Chromium: {res}"))
+            .to_string();
+        Browser {
+            driver,
+            port,
+            session,
+            http,
+            profile,
+        }
+    }
+
+    async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
+        let url = format!(
+            "http://127.0.0.1:{}/session/{}{path}",
+            self.port, self.session
+        );
+        let mut req = self.http.request(method, url);
+        if let Some(body) = body {
+            req = req.json(&body);
+        }
+        let res: Value = req.send().await.unwrap().json().await.unwrap();
+        if res["value"].get("error").is_some() {
+            panic!("WebDriver {path}: {}", res["value"]);
+        }
+        res["value"].clone()
+    }
+
+    async fn goto(&self, url: &str) {
+        self.call(reqwest::Method::POST, "/url", Some(json!({ "url": url })))
+            .await;
+    }
+
+    async fn url(&self) -> String {
+        self.call(reqwest::Method::GET, "/url", None)
+            .await
+            .as_str()
+            .unwrap()
+            .to_string()
+    }
+
+    async fn source(&self) -> String {
+        self.call(reqwest::Method::GET, "/source", None)
+            .await
+            .as_str()
+            .unwrap()
+            .to_string()
+    }
+
+    async fn find(&self, css: &str) -> String {
+        let v = self
+            .call(
+                reqwest::Method::POST,
+                "/element",
+                Some(json!({"using": "css selector", "value": css})),
+            )
+            .await;
+        v[ELEMENT].as_str().unwrap().to_string()
+    }
+
+    async fn click(&self, css: &str) {
+        let el = self.find(css).await;
+        self.call(
+            reqwest::Method::POST,
+            &format!("/element/{el}/click"),
+            Some(json!({})),
+        )
+        .await;
+    }
+
+    async fn type_into(&self, css: &str, text: &str) {
+        let el = self.find(css).await;
+        self.call(
+            reqwest::Method::POST,
+            &format!("/element/{el}/value"),
+            Some(json!({ "text": text })),
+        )
+        .await;
+    }
+
+    async fn delete_cookies(&self) {
+        self.call(reqwest::Method::DELETE, "/cookie", None).await;
+    }
+
+    async fn screenshot(&self, to: &std::path::Path) {
+        let png = self.call(reqwest::Method::GET, "/screenshot", None).await;
+        std::fs::write(to, base64_decode(png.as_str().unwrap())).unwrap();
+    }
+
+    /// Waits until the page's source contains `text`.
+    async fn wait_for_text(&self, text: &str) {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if self.source().await.contains(text) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the page never showed {text:?}: {}",
+                self.source().await
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        // Ends the session (and its Chromium) even when the test panicked:
+        // a plain blocking request, as Drop cannot await.
+        if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", self.port)) {
+            let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+            let _ = write!(
+                s,
+                "DELETE /session/{} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                self.session
+            );
+            let _ = s.read_to_end(&mut Vec::new());
+        }
+        let _ = self.driver.kill();
+        let _ = self.driver.wait();
+        let _ = std::fs::remove_dir_all(&self.profile);
+    }
+}
+
+fn base64_decode(text: &str) -> Vec<u8> {
+    let value = |c: u8| match c {
+        b'A'..=b'Z' => c - b'A',
+        b'a'..=b'z' => c - b'a' + 26,
+        b'0'..=b'9' => c - b'0' + 52,
+        b'+' => 62,
+        b'/' => 63,
+        _ => panic!("not base64: {c}"),
+    };
+    let clean: Vec<u8> = text
+        .bytes()
+        .filter(|c| !c.is_ascii_whitespace() && *c != b'=')
+        .collect();
+    let mut out = Vec::with_capacity(clean.len() * 3 / 4);
+    for chunk in clean.chunks(4) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, c)| n | (u32::from(value(*c)) << (18 - 6 * i)));
+        let bytes = n.to_be_bytes();
+        out.extend_from_slice(&bytes[1..chunk.len()]);
+    }
+    out
+}
+
+/// A page on another origin (another port of the same host: the same
+/// *site*, so the SameSite=Strict cookie goes along) with a form that posts
+/// to the panel's Retry button.
+async fn attacker_page(target: String) -> SocketAddr {
+    let html = format!(
+        r#"<!doctype html><html><body><form method="post" action="{target}"><button id="win" type="submit">Win a prize</button></form></body></html>"#
+    );
+    let app = axum::Router::new().route(
+        "/",
+        get(move || {
+            let html = html.clone();
+            async move { axum::response::Html(html) }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    addr
+}
+
+#[tokio::test]
+async fn a_failed_delivery_is_retried_from_the_panel_in_a_real_browser() {
+    let db = TestDb::new().await;
+    let server = AppServer::start(&db.pool, &operator_config()).await;
+    let pump = RunningPump::start(&db.pool, pump_config());
+    let (consumer, id) = failed_delivery(
+        &db,
+        "deploy",
+        "acme/web/refs/heads/main",
+        json!({"after": "9f2c41d", "pusher": "ada", "paths": ["src/main.rs", "docs/index.md"]}),
+    )
+    .await;
+    let (_docs, other) = failed_delivery(&db, "docs", "acme/docs/refs/heads/main", json!({})).await;
+    let browser = Browser::start().await;
+
+    // Not logged in: the panel sends the browser to the login form.
+    browser
+        .goto(&server.url(&format!("/panel/deliveries/{id}")))
+        .await;
+    assert!(browser.url().await.ends_with("/panel/login"));
+    browser.type_into("input[name=token]", ADMIN_TOKEN).await;
+    browser.click("button[type=submit]").await;
+    browser.wait_for_text("Consumer services").await;
+    assert!(browser.source().await.contains("looks down"));
+
+    // Open the failed delivery and press Retry.
+    browser
+        .goto(&server.url(&format!("/panel/deliveries/{id}")))
+        .await;
+    browser.wait_for_text(r#"class="state failed""#).await;
+    consumer.reply_with(200);
+    let before = consumer.count();
+    browser.click("#retry").await;
+    browser.wait_for_text("Requeued").await;
+    let got = consumer.wait_for(before + 1, WAIT).await;
+    assert_eq!(
+        got.last().unwrap().body["delivery_id"],
+        id,
+        "same delivery id"
+    );
+    eventually(WAIT, "delivered", || async {
+        db.delivery_state(id).await == "delivered"
+    })
+    .await;
+    browser
+        .goto(&server.url(&format!("/panel/deliveries/{id}")))
+        .await;
+    browser.wait_for_text(r#"class="state delivered""#).await;
+    let shot = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs/panel.png");
+    browser.screenshot(&shot).await;
+    assert!(std::fs::metadata(&shot).unwrap().len() > 1000);
+
+    // A form on another origin posting to the Retry button: the browser
+    // sends the session cookie (same site) but its own Origin, and the
+    // panel refuses.
+    let retry_other = server.url(&format!("/panel/deliveries/{other}/retry"));
+    let attacker = attacker_page(retry_other).await;
+    browser.goto(&format!("http://{attacker}/")).await;
+    browser.click("#win").await;
+    browser.wait_for_text("did not come from the panel").await;
+    assert_eq!(db.delivery_state(other).await, "failed");
+    assert_eq!(actions(&db, other).await, 0);
+
+    // The session ends while the page is open: Retry changes nothing.
+    browser
+        .goto(&server.url(&format!("/panel/deliveries/{other}")))
+        .await;
+    browser.wait_for_text(r#"class="state failed""#).await;
+    browser.delete_cookies().await;
+    browser.click("#retry").await;
+    browser.wait_for_text("You are not logged in").await;
+    assert_eq!(db.delivery_state(other).await, "failed");
+    assert_eq!(actions(&db, other).await, 0);
+    pump.stop().await.unwrap();
+}
