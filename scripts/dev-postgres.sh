@@ -76,7 +76,7 @@ CONF
     fi
     if ! as_owner "$bindir/pg_ctl" -D "$data" status >/dev/null 2>&1; then
       as_owner "$bindir/pg_ctl" -D "$data" -l "$data/server.log" -w -t 60 \
-        -o "-p $port -c fsync=$fsync -c synchronous_commit=$fsync -c track_commit_timestamp=on" start >&2 \
+        -o "-p $port -c fsync=$fsync -c synchronous_commit=$fsync -c track_commit_timestamp=on -c shared_preload_libraries=pg_stat_statements" start >&2 \
         || { tail -20 "$data/server.log" >&2; exit 1; }
     fi
     echo "postgres://postgres@127.0.0.1:$port/postgres"

@@ -13,13 +13,23 @@ $$;
 -- The object itself and each of its prefixes that ends in '/':
 -- 'acme/web/main' -> {acme/, acme/web/, acme/web/main}. A watch on any of
 -- them follows the object, and each is an index lookup on watches.object.
+-- (PL/pgSQL rather than SQL: a SQL function that cannot be inlined is
+-- parsed and planned again at every call, which cost emit() 0.2 ms.)
 create or replace function watchpump.object_prefixes(p_object text) returns text[]
-language sql immutable strict parallel safe as $$
-    select array(
-        select left(p_object, i)
-        from generate_series(1, length(p_object) - 1) as i
-        where substr(p_object, i, 1) = '/'
-    ) || p_object
+language plpgsql immutable strict parallel safe as $$
+declare
+    v_prefixes text[] := '{}';
+    v_at integer := 0;
+    v_next integer;
+begin
+    loop
+        v_next := strpos(substr(p_object, v_at + 1), '/');
+        exit when v_next = 0 or v_at + v_next >= length(p_object);
+        v_at := v_at + v_next;
+        v_prefixes := v_prefixes || left(p_object, v_at);
+    end loop;
+    return v_prefixes || p_object;
+end
 $$;
 
 -- Whether a jsonpath is a predicate (it yields one boolean, even for an
@@ -46,12 +56,16 @@ $$;
 create or replace function watchpump.emit(p_object text, p_kind text, p_payload jsonb default '{}')
 returns bigint
 language plpgsql
--- JIT compiles for milliseconds what runs in microseconds here.
+-- JIT compiles for milliseconds what runs in microseconds here, and the
+-- generic plans are right for every call (checked with EXPLAIN): planning
+-- each call again cost more than running it.
 set jit = off
+set plan_cache_mode = force_generic_plan
 as $$
 declare
     v_sequence bigint;
     v_change   bigint;
+    v_deadline timestamptz := now() + watchpump.delivery_window();
 begin
     if p_object is null or p_object = '' then
         raise exception 'watchpump.emit: object must not be empty' using errcode = '22023';
@@ -76,7 +90,7 @@ begin
     -- The CTE's rows are invisible to the UPDATE, so only older ones change.
     with fanned_out as (
         insert into watchpump.deliveries (change_id, watch_id, service_id, object, deadline)
-        select v_change, w.id, w.service_id, p_object, now() + watchpump.delivery_window()
+        select v_change, w.id, w.service_id, p_object, v_deadline
         from watchpump.watches w
         where w.removed_at is null
           and w.object = any (watchpump.object_prefixes(p_object))
@@ -103,8 +117,11 @@ $$;
 -- producers should not pay for it while every pump is busy anyway.
 create or replace function watchpump.wake_sleepers() returns trigger
 language plpgsql
--- JIT compiles for milliseconds what runs in microseconds here.
+-- JIT compiles for milliseconds what runs in microseconds here, and the
+-- generic plans are right for every call (checked with EXPLAIN): planning
+-- each call again cost more than running it.
 set jit = off
+set plan_cache_mode = force_generic_plan
 as $$
 begin
     if exists (select 1 from watchpump.sleepers) and exists (select 1 from inserted) then

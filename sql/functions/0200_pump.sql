@@ -30,8 +30,11 @@ create or replace function watchpump.claim(
     payload      text
 )
 language plpgsql
--- JIT compiles for milliseconds what runs in microseconds here.
+-- JIT compiles for milliseconds what runs in microseconds here, and the
+-- generic plans are right for every call (checked with EXPLAIN): planning
+-- each call again cost more than running it.
 set jit = off
+set plan_cache_mode = force_generic_plan
 as $$
 declare
     v_ids bigint[];
@@ -114,8 +117,11 @@ create or replace function watchpump.complete(
     p_next       timestamptz[]
 ) returns table (delivery_id bigint, service_id bigint, state text)
 language plpgsql
--- JIT compiles for milliseconds what runs in microseconds here.
+-- JIT compiles for milliseconds what runs in microseconds here, and the
+-- generic plans are right for every call (checked with EXPLAIN): planning
+-- each call again cost more than running it.
 set jit = off
+set plan_cache_mode = force_generic_plan
 as $$
 begin
     insert into watchpump.attempts (delivery_id, attempt, started_at, duration_ms, status, error, response_head, pump)
@@ -155,7 +161,7 @@ begin
             select n.id from watchpump.deliveries n
             where r.outcome = 'retry'
               and n.watch_id = r.watch_id and n.object = r.object
-              and n.state in ('pending', 'in_flight') and n.id > r.id
+              and n.state = 'pending' and n.id > r.id
             order by n.id desc
             limit 1
         ) newer on true
@@ -198,8 +204,11 @@ $$;
 -- Put claimed deliveries back (a pump shutting down before it sent them).
 create or replace function watchpump.release(p_pump text, p_ids bigint[]) returns integer
 language plpgsql
--- JIT compiles for milliseconds what runs in microseconds here.
+-- JIT compiles for milliseconds what runs in microseconds here, and the
+-- generic plans are right for every call (checked with EXPLAIN): planning
+-- each call again cost more than running it.
 set jit = off
+set plan_cache_mode = force_generic_plan
 as $$
 declare
     v_count integer;
@@ -220,8 +229,11 @@ $$;
 -- now, instead of each waiting out its own back-off.
 create or replace function watchpump.release_backlog(p_service_id bigint) returns integer
 language plpgsql
--- JIT compiles for milliseconds what runs in microseconds here.
+-- JIT compiles for milliseconds what runs in microseconds here, and the
+-- generic plans are right for every call (checked with EXPLAIN): planning
+-- each call again cost more than running it.
 set jit = off
+set plan_cache_mode = force_generic_plan
 as $$
 declare
     v_count integer;
@@ -239,10 +251,13 @@ $$;
 -- Also keeps this pump's sleeper row fresh and forgets sleepers of pumps that
 -- stopped sweeping (killed without a chance to say so).
 create or replace function watchpump.sweep(p_pump text)
-returns table (service_id bigint, expired_leases integer, failed integer)
+returns table (service_id bigint, service text, expired_leases integer, failed integer)
 language plpgsql
--- JIT compiles for milliseconds what runs in microseconds here.
+-- JIT compiles for milliseconds what runs in microseconds here, and the
+-- generic plans are right for every call (checked with EXPLAIN): planning
+-- each call again cost more than running it.
 set jit = off
+set plan_cache_mode = force_generic_plan
 as $$
 begin
     update watchpump.sleepers set since = now() where pump = p_pump;
@@ -268,8 +283,9 @@ begin
         union all
         select o.service_id, 0, 1 from overdue o
     )
-    select c.service_id, sum(c.expired)::integer, sum(c.failed)::integer
+    select c.service_id, s.name, sum(c.expired)::integer, sum(c.failed)::integer
     from counted c
-    group by c.service_id;
+    join watchpump.services s on s.id = c.service_id
+    group by c.service_id, s.name;
 end
 $$;

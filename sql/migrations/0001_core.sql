@@ -64,7 +64,9 @@ create table watchpump.deliveries (
     id               bigint generated always as identity primary key,
     change_id        bigint not null references watchpump.changes (id),
     watch_id         bigint not null references watchpump.watches (id),
-    service_id       bigint not null references watchpump.services (id),
+    -- The watch's service, copied for the per-service claim (no foreign
+    -- key: the watch's own one covers it, and fan-out pays for every check).
+    service_id       bigint not null,
     object           text not null,
     state            text not null default 'pending'
                      check (state in ('pending', 'in_flight', 'delivered', 'superseded', 'dropped', 'failed')),
@@ -83,14 +85,15 @@ create table watchpump.deliveries (
 -- The claim: due pending deliveries per consumer service, oldest due first.
 create index deliveries_due on watchpump.deliveries (service_id, next_attempt_at)
     where state = 'pending';
--- Supersession: the undelivered deliveries of one (watch, object).
-create index deliveries_open_per_object on watchpump.deliveries (watch_id, object, id)
-    where state in ('pending', 'in_flight');
--- The claim sends one delivery per (watch, object) at a time.
+-- Supersession and the newer-news check: the pending deliveries of one
+-- (watch, object). Only pending ones, so that claiming does not add entries.
+create index deliveries_pending_per_object on watchpump.deliveries (watch_id, object, id)
+    where state = 'pending';
+-- The in-flight deliveries of one (watch, object): the claim sends one at a
+-- time. The sweep also finds expired leases here (few rows are in flight).
 create index deliveries_in_flight_per_object on watchpump.deliveries (watch_id, object)
     where state = 'in_flight';
--- The sweep: leases that ran out, and deadlines that passed.
-create index deliveries_leased on watchpump.deliveries (lease_until) where state = 'in_flight';
+-- The sweep: deadlines that passed.
 create index deliveries_pending_deadline on watchpump.deliveries (deadline) where state = 'pending';
 create index deliveries_change on watchpump.deliveries (change_id);
 

@@ -5,9 +5,11 @@
 //! claims the loop sleeps until a NOTIFY ([`wakeup`]), its sweep timer, a
 //! finished send freeing a slot, or a down consumer's probe time.
 //!
-//! Before it sleeps the pump registers in `watchpump.sleepers` and claims
-//! once more, so that emitters raise NOTIFY only when a pump may be asleep;
-//! a change committed in the gap is picked up by the next sweep at the latest.
+//! While it finds work, and for a short linger after, the pump polls; only
+//! then does it register in `watchpump.sleepers` and claim once more, so
+//! that emitters raise NOTIFY (which serialises their commits) only when a
+//! pump may be asleep. A change committed in the gap between an emitter's
+//! check and its commit is picked up by the next sweep at the latest.
 
 pub mod health;
 pub mod send;
@@ -34,9 +36,8 @@ use wakeup::Signals;
 
 /// Most finished attempts written back in one statement.
 const COMPLETE_BATCH: usize = 1000;
-/// How long the pump may stay awake and unregistered while its sends are in
-/// flight, before it tells emitters to notify it again.
-const AWAKE_DEBOUNCE: Duration = Duration::from_millis(20);
+/// How long the pump waits after a failed claim (database unreachable).
+const CLAIM_ERROR_PAUSE: Duration = Duration::from_millis(250);
 /// Retry times this pump remembers to wake up for; later ones wait for the
 /// sweep.
 const RETRY_TIMERS: usize = 10_000;
@@ -112,6 +113,12 @@ impl Pump {
 
 /// Claims and dispatches until shutdown. Dropping `done` at the end lets the
 /// completer finish once the last send has reported.
+///
+/// After finding work the pump lingers: for `linger` it polls every
+/// `poll_interval` instead of asking emitters to NOTIFY, so that a busy pump
+/// costs producers nothing at commit. Idle for longer, it registers asleep
+/// and waits for a NOTIFY, its sweep, a retry or probe time, or a finished
+/// send.
 async fn claim_loop(
     shared: &Arc<Shared>,
     done: mpsc::UnboundedSender<Finished>,
@@ -120,29 +127,36 @@ async fn claim_loop(
     tokio::pin!(shutdown);
     let mut sweep_tick = tokio::time::interval(shared.cfg.sweep_interval());
     sweep_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut registered_asleep = false;
+    let (linger, poll_interval) = (shared.cfg.linger(), shared.cfg.poll_interval());
+    let mut asleep = false;
+    let mut last_work: Option<Instant> = None;
     loop {
+        let mut pause = None;
         match claim(shared).await {
             Ok(claimed) if !claimed.is_empty() => {
-                registered_asleep = false;
+                asleep = false; // watchpump.claim() removed our sleeper row
+                last_work = Some(Instant::now());
                 dispatch(shared, claimed, &done);
                 continue;
             }
             Ok(_) => {}
             Err(e) => {
-                tracing::warn!(error = %e, "claim failed; retrying after the next wake-up");
-                registered_asleep = false;
+                tracing::warn!(error = %e, "claim failed; trying again shortly");
+                asleep = false;
+                last_work = None;
+                pause = Some(CLAIM_ERROR_PAUSE);
             }
         }
-        let (in_flight, next_probe) = {
-            let health = shared.health.lock().unwrap();
-            (health.total_in_flight(), health.next_probe_at())
-        };
-        let next_retry = next_retry_at(shared);
-        if !registered_asleep && in_flight == 0 {
-            registered_asleep = register_asleep(shared).await;
+        let lingering = !asleep && last_work.is_some_and(|at| at.elapsed() < linger);
+        if pause.is_none() && !asleep && !lingering {
+            asleep = register_asleep(shared).await;
             continue; // one more claim closes the gap before emitters saw us asleep
         }
+        if lingering {
+            pause = Some(poll_interval);
+        }
+        let next_probe = shared.health.lock().unwrap().next_probe_at();
+        let next_retry = next_retry_at(shared);
         tokio::select! {
             _ = &mut shutdown => break,
             _ = shared.signals.wake.notified() => {}
@@ -153,9 +167,7 @@ async fn claim_loop(
             }
             _ = sleep_until(next_probe), if next_probe.is_some() => {}
             _ = sleep_until(next_retry), if next_retry.is_some() => {}
-            _ = tokio::time::sleep(AWAKE_DEBOUNCE), if !registered_asleep => {
-                registered_asleep = register_asleep(shared).await;
-            }
+            _ = tokio::time::sleep(pause.unwrap_or_default()), if pause.is_some() => {}
         }
     }
 }
@@ -223,19 +235,13 @@ fn dispatch(shared: &Arc<Shared>, claimed: Vec<Claimed>, done: &mpsc::UnboundedS
 async fn sweep(shared: &Shared) {
     match store::sweep(&shared.pool, &shared.name).await {
         Ok(swept) => {
-            let health = shared.health.lock().unwrap();
             for s in swept {
                 if s.expired_leases > 0 {
-                    tracing::warn!(
-                        service_id = s.service_id,
-                        n = s.expired_leases,
-                        "leases expired; deliveries are due again"
-                    );
+                    tracing::warn!(service = %s.service, n = s.expired_leases, "leases expired; deliveries are due again");
                 }
                 if s.failed > 0 {
-                    let name = health.name(s.service_id).unwrap_or("unknown").to_string();
-                    tracing::warn!(service = %name, n = s.failed, "deliveries failed: deadline passed");
-                    metrics::counter!(m::DELIVERIES, "service" => name, "outcome" => "failed")
+                    tracing::warn!(service = %s.service, n = s.failed, "deliveries failed: deadline passed");
+                    metrics::counter!(m::DELIVERIES, "service" => s.service, "outcome" => "failed")
                         .increment(s.failed as u64);
                 }
             }

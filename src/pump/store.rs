@@ -38,6 +38,7 @@ pub struct Settled {
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct Swept {
     pub service_id: i64,
+    pub service: String,
     pub expired_leases: i32,
     pub failed: i32,
 }
