@@ -149,6 +149,12 @@ pub struct PumpConfig {
     #[arg(long, env = "WATCHPUMP_LINGER_MS", default_value_t = 50)]
     pub linger_ms: u64,
 
+    /// Linger only while the pump claims at least this many deliveries a
+    /// second; below it, NOTIFY costs producers little and wakes the pump
+    /// sooner than polling.
+    #[arg(long, env = "WATCHPUMP_LINGER_ABOVE_PER_SEC", default_value_t = 500)]
+    pub linger_above_per_sec: u32,
+
     /// How often a lingering pump polls for new deliveries, in microseconds.
     #[arg(long, env = "WATCHPUMP_POLL_US", default_value_t = 1000)]
     pub poll_us: u64,

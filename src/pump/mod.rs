@@ -60,8 +60,11 @@ struct Shared {
 }
 
 impl Pump {
+    /// A pump on the database `pool` connects to. The pump opens its own
+    /// few connections (see [`pump_pool`]); `pool` itself is not used.
     pub fn new(pool: PgPool, cfg: PumpConfig) -> Result<Self> {
         cfg.validate().map_err(Error::Config)?;
+        let pool = pump_pool(&pool);
         let sender = Sender::new(&cfg).map_err(|e| Error::Config(format!("HTTP client: {e}")))?;
         let health = Health::new(
             cfg.service_concurrency,
@@ -111,6 +114,67 @@ impl Pump {
     }
 }
 
+/// Deliveries claimed per second, over roughly the last quarter second.
+#[derive(Debug)]
+struct ClaimRate {
+    window_start: Instant,
+    claimed: usize,
+    per_sec: f64,
+}
+
+impl Default for ClaimRate {
+    fn default() -> Self {
+        ClaimRate {
+            window_start: Instant::now(),
+            claimed: 0,
+            per_sec: 0.0,
+        }
+    }
+}
+
+impl ClaimRate {
+    const WINDOW: Duration = Duration::from_millis(250);
+
+    /// Counts `n` claimed deliveries and returns the current rate.
+    fn add(&mut self, n: usize) -> f64 {
+        self.claimed += n;
+        let elapsed = self.window_start.elapsed();
+        let current = self.claimed as f64 / elapsed.max(Duration::from_millis(1)).as_secs_f64();
+        if elapsed >= Self::WINDOW {
+            self.per_sec = current;
+            self.window_start = Instant::now();
+            self.claimed = 0;
+        }
+        self.per_sec.max(if elapsed >= Self::WINDOW / 4 {
+            current
+        } else {
+            0.0
+        })
+    }
+}
+
+/// Connections of the pump's own, whose transactions commit without waiting
+/// for the WAL to reach disk (`synchronous_commit = off`).
+///
+/// Waiting for the disk was most of a claim's time (a claim is a write), and
+/// it is not needed for safety: a crash can lose at most the last fraction of
+/// a second of claims and outcomes, and a lost claim leaves the delivery
+/// pending, a lost outcome leaves it in flight until its lease expires;
+/// either way it is sent again (deliveries are at least once, and consumers
+/// de-duplicate by delivery id). The producer's own transactions, which
+/// create the deliveries, keep their own setting.
+pub fn pump_pool(pool: &PgPool) -> PgPool {
+    let options = (*pool.connect_options())
+        .clone()
+        .options([("synchronous_commit", "off")])
+        .application_name("watchpump-pump");
+    sqlx::postgres::PgPoolOptions::new()
+        // The claim loop, the completer, the listener, and one to spare.
+        .max_connections(4)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect_lazy_with(options)
+}
+
 /// Claims and dispatches until shutdown. Dropping `done` at the end lets the
 /// completer finish once the last send has reported.
 ///
@@ -128,6 +192,7 @@ async fn claim_loop(
     let mut sweep_tick = tokio::time::interval(shared.cfg.sweep_interval());
     sweep_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let (linger, poll_interval) = (shared.cfg.linger(), shared.cfg.poll_interval());
+    let mut rate = ClaimRate::default();
     let mut asleep = false;
     let mut last_work: Option<Instant> = None;
     loop {
@@ -135,7 +200,11 @@ async fn claim_loop(
         match claim(shared).await {
             Ok(claimed) if !claimed.is_empty() => {
                 asleep = false; // watchpump.claim() removed our sleeper row
-                last_work = Some(Instant::now());
+                                // Poll only when busy: at a trickle, NOTIFY is cheap for
+                                // producers and wakes the pump sooner than a poll would.
+                if rate.add(claimed.len()) >= shared.cfg.linger_above_per_sec as f64 {
+                    last_work = Some(Instant::now());
+                }
                 dispatch(shared, claimed, &done);
                 continue;
             }
