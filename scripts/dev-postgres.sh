@@ -41,7 +41,7 @@ fi
 
 as_owner() {
   if [ "$(id -u)" = 0 ]; then
-    runuser -u postgres -- "$@"
+    (cd / && runuser -u postgres -- "$@")
   else
     "$@"
   fi
@@ -50,13 +50,19 @@ as_owner() {
 case "$cmd" in
   start)
     mkdir -p "$root/target"
+    [ -L "$data" ] && data=$(readlink "$data")
     if [ "$(id -u)" = 0 ]; then
       id postgres >/dev/null 2>&1 || useradd --system --home /var/lib/postgresql postgres
       mkdir -p "$data" && chown postgres "$data" && chmod 700 "$data"
-      # The postgres user must be able to reach the data directory.
+      # The postgres user must reach the data directory; a checkout under a
+      # private folder (such as /root) is not reachable, so the cluster then
+      # lives under /tmp, with a link from target/ for finding it.
       if ! runuser -u postgres -- test -w "$data"; then
-        echo "dev-postgres: $data is not reachable by the postgres user (check the parent folders' permissions)" >&2
-        exit 1
+        rmdir "$data" 2>/dev/null || true
+        data="/tmp/watchpump-$(printf '%s' "$root" | sha256sum | cut -c1-12)/$name"
+        mkdir -p "$data" && chown postgres "$(dirname "$data")" "$data" && chmod 700 "$data"
+        ln -sfn "$data" "$root/target/$name"
+        echo "dev-postgres: $root is not reachable by the postgres user; the cluster lives in $data" >&2
       fi
     else
       mkdir -p "$data"
@@ -82,6 +88,7 @@ CONF
     echo "postgres://postgres@127.0.0.1:$port/postgres"
     ;;
   stop)
+    [ -L "$data" ] && data=$(readlink "$data")
     if [ -f "$data/PG_VERSION" ]; then
       as_owner "$bindir/pg_ctl" -D "$data" -m fast -w stop >&2 || true
     fi
