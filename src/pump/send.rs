@@ -39,20 +39,22 @@ pub struct Finished {
     pub duration: Duration,
 }
 
-/// The body every consumer receives (ADR 0021).
+/// The body every consumer receives (ADR 0021). The panel shows the same
+/// struct, so what it displays is what was sent.
 #[derive(Serialize)]
-struct Body<'a> {
-    delivery_id: i64,
-    change_id: i64,
-    watch_id: i64,
-    producer: &'a str,
-    resource: &'a str,
-    object: &'a str,
-    kind: &'a str,
-    sequence: i64,
-    occurred_at: &'a DateTime<Utc>,
-    attempt: i32,
-    payload: &'a RawValue,
+pub struct Body<'a> {
+    pub delivery_id: i64,
+    pub change_id: i64,
+    pub watch_id: i64,
+    pub producer: &'a str,
+    pub resource: &'a str,
+    pub object: &'a str,
+    pub kind: &'a str,
+    pub sequence: i64,
+    pub occurred_at: &'a DateTime<Utc>,
+    pub attempt: i32,
+    /// The change's payload, embedded as PostgreSQL printed it.
+    pub payload: &'a RawValue,
 }
 
 /// Sends deliveries through one keep-alive connection pool.

@@ -8,7 +8,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::Form;
 use chrono::{DateTime, NaiveDateTime, Utc};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::html::{self, esc};
@@ -268,28 +268,11 @@ fn summary(d: &Delivery, s: &Settings) -> String {
     )
 }
 
-/// The body the pump sends (same fields, same order, the payload embedded
-/// as PostgreSQL prints it), for the last attempt made.
-#[derive(Serialize)]
-struct Body<'a> {
-    delivery_id: i64,
-    change_id: i64,
-    watch_id: i64,
-    producer: &'a str,
-    resource: &'a str,
-    object: &'a str,
-    kind: &'a str,
-    sequence: i64,
-    occurred_at: &'a DateTime<Utc>,
-    attempt: i32,
-    payload: &'a RawValue,
-}
-
 fn request_as_sent(d: &Delivery, sent: &store::Sent, s: &Settings) -> String {
     let attempt = d.attempts.max(1);
     let null = RawValue::from_string("null".into()).expect("null is JSON");
     let payload: Box<RawValue> = RawValue::from_string(sent.payload.clone()).unwrap_or(null);
-    let body = serde_json::to_string(&Body {
+    let body = serde_json::to_string(&crate::pump::send::Body {
         delivery_id: d.delivery_id,
         change_id: d.change_id,
         watch_id: d.watch_id,
