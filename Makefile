@@ -38,11 +38,11 @@ test: ## start a throwaway PostgreSQL and run every test
 	export WATCHPUMP_TEST_DATABASE_URL="$$url"; \
 	if [ "$(NEXTEST)" = yes ]; then cargo nextest run --no-fail-fast; else cargo test --no-fail-fast; fi
 
-bench: ## build in release mode and run the benchmarks against their own PostgreSQL
+bench: ## build in release mode and run the benchmarks (SCENARIOS="trickle bulk" for a subset)
 	@set -euo pipefail; \
 	url=$$(scripts/dev-postgres.sh start pg-bench $(PG_BENCH_PORT) on | tail -1); \
 	cargo build --release --quiet --bin watchpump --example bench; \
-	WATCHPUMP_BENCH_DATABASE_URL="$$url" target/release/examples/bench
+	WATCHPUMP_BENCH_DATABASE_URL="$$url" target/release/examples/bench $(SCENARIOS)
 
 lint: ## rustfmt and clippy, as CI wants them
 	cargo fmt --all -- --check

@@ -30,7 +30,7 @@ async fn main() {
         .expect("WATCHPUMP_BENCH_DATABASE_URL (run `make bench`)");
     let only: Vec<String> = std::env::args().skip(1).collect();
     std::fs::create_dir_all(concat!(env!("CARGO_MANIFEST_DIR"), "/target/bench")).unwrap();
-    let scenarios: Vec<(&str, fn(Bench) -> futures_box::BoxFut)> = vec![
+    let scenarios: Vec<(&str, Scenario)> = vec![
         ("trickle", |b| Box::pin(trickle(b))),
         ("bulk", |b| Box::pin(bulk(b))),
         ("fanout", |b| Box::pin(fanout(b))),
@@ -62,9 +62,8 @@ async fn main() {
     }
 }
 
-mod futures_box {
-    pub type BoxFut = std::pin::Pin<Box<dyn std::future::Future<Output = super::Outcome>>>;
-}
+/// A scenario: given a fresh database, run and report.
+type Scenario = fn(Bench) -> std::pin::Pin<Box<dyn std::future::Future<Output = Outcome>>>;
 
 struct Outcome {
     line: String,
