@@ -289,9 +289,17 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[i]
 }
 
-/// 200 changes/s for 20 s, one watch each, each in its own transaction.
+/// 200 changes/s for 20 s (or WATCHPUMP_BENCH_TRICKLE), one watch each, each
+/// in its own transaction.
 async fn trickle(b: Bench) -> Outcome {
-    let (rate, seconds) = (200u64, 20u64);
+    // WATCHPUMP_BENCH_TRICKLE="rate,seconds" overrides the 200/s x 20 s.
+    let (rate, seconds) = std::env::var("WATCHPUMP_BENCH_TRICKLE")
+        .ok()
+        .and_then(|v| {
+            let (r, s) = v.split_once(',')?;
+            Some((r.trim().parse().ok()?, s.trim().parse().ok()?))
+        })
+        .unwrap_or((200u64, 20u64));
     let consumer = Consumer::start(1).await;
     let services = b.services(&consumer).await;
     b.watch(services[0], "acme/").await;
