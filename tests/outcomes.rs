@@ -347,3 +347,33 @@ async fn a_delivery_past_its_deadline_ends_failed() {
         "{errors:?}"
     );
 }
+
+#[tokio::test]
+async fn an_answer_with_bytes_postgres_cannot_store_is_still_recorded() {
+    let db = TestDb::new().await;
+    let consumer = Receiver::start().await;
+    let (deploy, _) = db.add_service("deploy", &consumer.base_url()).await;
+    db.add_watch(deploy.id, "app", "acme/web/", all()).await;
+    // NUL and invalid UTF-8: PostgreSQL's text refuses the first.
+    consumer.reply_body(b"ok\0\xff\xfe");
+    let pump = RunningPump::start(&db.pool, pump_config());
+    for n in 0..5 {
+        db.emit(&format!("acme/web/refs/heads/b{n}"), "push", json!({}))
+            .await;
+    }
+    eventually(WAIT, "all five delivered and recorded", || async {
+        db.count_state("delivered").await == 5
+    })
+    .await;
+    pump.stop().await.unwrap();
+    let heads: Vec<String> = sqlx::query_scalar("select response_head from watchpump.attempts")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(heads.len(), 5, "one attempt each, no re-sends");
+    assert!(
+        heads.iter().all(|h| h.starts_with("ok\u{FFFD}")),
+        "{heads:?}"
+    );
+    assert_eq!(consumer.count(), 5);
+}

@@ -134,8 +134,8 @@ begin
     -- the arrays once per row (quadratic in the batch size).
     return query
     with reported as materialized (
-        select cur.id, p_outcomes[i] as outcome, p_statuses[i] as status, p_errors[i] as error,
-               p_next[i] as next, cur.deadline, cur.watch_id, cur.object
+        select cur.id, p_attempts[i] as attempt, p_outcomes[i] as outcome, p_statuses[i] as status,
+               p_errors[i] as error, p_next[i] as next, cur.deadline, cur.watch_id, cur.object
         from watchpump.deliveries cur
         cross join lateral array_position(p_ids, cur.id) as i
         where cur.id = any (p_ids)
@@ -146,7 +146,7 @@ begin
           and coalesce(cur.state, '') = 'in_flight' and cur.leased_by = p_pump and cur.attempts = p_attempts[i]
     ),
     decided as materialized (
-        select r.id, r.status, r.error, r.next, newer.id as newer_id,
+        select r.id, r.attempt, r.status, r.error, r.next, newer.id as newer_id,
                case
                    when r.outcome = 'delivered' then 'delivered'
                    when r.outcome = 'gone' then 'dropped'
@@ -177,6 +177,9 @@ begin
         finished_at = case when x.state = 'pending' then null else clock_timestamp() end
     from decided x
     where d.id = x.id
+      -- Checked again on the row as it is now: a pump whose lease ran out
+      -- while this statement ran must not overwrite the new holder's claim.
+      and coalesce(d.state, '') = 'in_flight' and d.leased_by = p_pump and d.attempts = x.attempt
     returning d.id, d.service_id, d.state;
 
     -- 410: the consumer's resource is gone. Drop the watch and what it still
@@ -201,29 +204,7 @@ begin
 end
 $$;
 
--- Put claimed deliveries back (a pump shutting down before it sent them).
-create or replace function watchpump.release(p_pump text, p_ids bigint[]) returns integer
-language plpgsql
--- JIT compiles for milliseconds what runs in microseconds here, and the
--- generic plans are right for every call (checked with EXPLAIN): planning
--- each call again cost more than running it.
-set jit = off
-set plan_cache_mode = force_generic_plan
-as $$
-declare
-    v_count integer;
-begin
-    update watchpump.deliveries d
-    set state = 'pending', attempts = d.attempts - 1, lease_until = null, leased_by = null,
-        next_attempt_at = now()
-    where d.id = any (p_ids) and d.state = 'in_flight' and d.leased_by = p_pump;
-    get diagnostics v_count = row_count;
-    if v_count > 0 then
-        perform pg_notify('watchpump', '');
-    end if;
-    return v_count;
-end
-$$;
+drop function if exists watchpump.release(text, bigint[]);
 
 -- A consumer answered again after being down: its waiting deliveries are due
 -- now, instead of each waiting out its own back-off.
@@ -265,10 +246,25 @@ begin
 
     return query
     with expired as (
+        -- A delivery whose lease ran out goes back to pending, unless newer
+        -- news of the same (watch, object) is waiting: then it is superseded,
+        -- so that one (watch, object) never has two deliveries under way.
         update watchpump.deliveries d
-        set state = 'pending', lease_until = null, leased_by = null, next_attempt_at = now(),
+        set state = case when newer.id is null then 'pending' else 'superseded' end,
+            superseded_by = newer.id,
+            finished_at = case when newer.id is null then null else clock_timestamp() end,
+            lease_until = null, leased_by = null, next_attempt_at = now(),
             last_error = 'lease expired: pump ' || d.leased_by || ' did not report the attempt'
-        where d.state = 'in_flight' and d.lease_until < now()
+        from watchpump.deliveries cur
+        left join lateral (
+            select n.id from watchpump.deliveries n
+            where n.watch_id = cur.watch_id and n.object = cur.object
+              and n.state = 'pending' and n.id > cur.id
+            order by n.id desc
+            limit 1
+        ) newer on true
+        where cur.state = 'in_flight' and cur.lease_until < now()
+          and d.id = cur.id and d.state = 'in_flight' 
         returning d.service_id
     ),
     overdue as (

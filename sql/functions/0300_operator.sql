@@ -175,6 +175,21 @@ begin
             p_delivery_id, v_state
             using errcode = '55000';
     end if;
+    -- Newer news of the same (watch, object) already under way would be
+    -- overtaken by this older one.
+    select n.id into v_superseded_by
+    from watchpump.deliveries d
+    join watchpump.deliveries n
+      on n.watch_id = d.watch_id and n.object = d.object and n.id > d.id
+     and n.state in ('pending', 'in_flight')
+    where d.id = p_delivery_id
+    order by n.id desc
+    limit 1;
+    if found then
+        raise exception 'watchpump.retry: delivery % of the same object, with newer news, is already on its way',
+            v_superseded_by
+            using errcode = '55000', hint = 'nothing to retry: the newer delivery carries the object''s news';
+    end if;
 
     update watchpump.deliveries d
     set state = 'pending', next_attempt_at = now(), deadline = now() + watchpump.delivery_window(),
@@ -190,7 +205,8 @@ end
 $$;
 
 -- Requeue every delivery to `p_service` that failed at or after `p_since`
--- (the "recover" of Svix and Convoy). Returns how many were requeued.
+-- (the "recover" of Svix and Convoy), the newest of each object: older news
+-- of an object stays failed. Returns how many were requeued.
 create or replace function watchpump.retry_failed(p_service text, p_since timestamptz, p_actor text default null)
 returns integer
 language plpgsql as $$
@@ -208,11 +224,26 @@ begin
             using errcode = 'P0002';
     end if;
 
-    with requeued as (
+    -- Only the newest failed delivery of each (watch, object), and only when
+    -- no newer one is under way: older news stays failed rather than
+    -- overtaking newer news of the same object.
+    with candidates as (
+        select d.id, d.watch_id, d.object,
+               row_number() over (partition by d.watch_id, d.object order by d.id desc) as newest_first
+        from watchpump.deliveries d
+        where d.service_id = v_service_id and d.state = 'failed' and d.finished_at >= p_since
+    ),
+    requeued as (
         update watchpump.deliveries d
         set state = 'pending', next_attempt_at = now(), deadline = now() + watchpump.delivery_window(),
             finished_at = null, lease_until = null, leased_by = null
-        where d.service_id = v_service_id and d.state = 'failed' and d.finished_at >= p_since
+        from candidates c
+        where d.id = c.id and c.newest_first = 1
+          and not exists (
+              select 1 from watchpump.deliveries n
+              where n.watch_id = c.watch_id and n.object = c.object and n.id > c.id
+                and n.state in ('pending', 'in_flight')
+          )
         returning d.id, d.last_error
     ),
     recorded as (

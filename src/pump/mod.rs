@@ -189,13 +189,27 @@ async fn claim_loop(
     shutdown: impl Future<Output = ()>,
 ) {
     tokio::pin!(shutdown);
-    let mut sweep_tick = tokio::time::interval(shared.cfg.sweep_interval());
-    sweep_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let (linger, poll_interval) = (shared.cfg.linger(), shared.cfg.poll_interval());
     let mut rate = ClaimRate::default();
     let mut asleep = false;
     let mut last_work: Option<Instant> = None;
+    let mut last_sweep: Option<Instant> = None;
     loop {
+        // A busy pump never reaches the select below: look at shutdown and
+        // the sweep here too.
+        tokio::select! {
+            biased;
+            _ = &mut shutdown => break,
+            _ = shared.signals.sweep.notified() => last_sweep = None,
+            _ = std::future::ready(()) => {}
+        }
+        if last_sweep.is_none_or(|at| at.elapsed() >= shared.cfg.sweep_interval()) {
+            if last_sweep.is_some() {
+                metrics::counter!(m::WAKEUPS, "source" => "sweep").increment(1);
+            }
+            sweep(shared).await;
+            last_sweep = Some(Instant::now());
+        }
         let mut pause = None;
         match claim(shared).await {
             Ok(claimed) if !claimed.is_empty() => {
@@ -226,14 +240,12 @@ async fn claim_loop(
         }
         let next_probe = shared.health.lock().unwrap().next_probe_at();
         let next_retry = next_retry_at(shared);
+        let next_sweep = last_sweep.map(|at| at + shared.cfg.sweep_interval());
         tokio::select! {
             _ = &mut shutdown => break,
             _ = shared.signals.wake.notified() => {}
-            _ = shared.signals.sweep.notified() => sweep(shared).await,
-            _ = sweep_tick.tick() => {
-                metrics::counter!(m::WAKEUPS, "source" => "sweep").increment(1);
-                sweep(shared).await;
-            }
+            _ = shared.signals.sweep.notified() => last_sweep = None,
+            _ = sleep_until(next_sweep), if next_sweep.is_some() => {}
             _ = sleep_until(next_probe), if next_probe.is_some() => {}
             _ = sleep_until(next_retry), if next_retry.is_some() => {}
             _ = tokio::time::sleep(pause.unwrap_or_default()), if pause.is_some() => {}
@@ -387,13 +399,29 @@ async fn complete_batch(shared: &Shared, batch: &[Finished]) {
 }
 
 /// `watchpump.complete()`, retried while the lease still protects the batch.
+/// A batch the database refuses outright (bad data in one row) is written
+/// row by row, so that one bad outcome cannot sink the others.
 async fn write_back(shared: &Shared, batch: &[Finished]) -> Option<Vec<store::Settled>> {
     let started = Instant::now();
     let mut pause = Duration::from_millis(50);
     loop {
         match store::complete(&shared.pool, &shared.name, batch).await {
             Ok(settled) => return Some(settled),
-            Err(e) if started.elapsed() + pause < shared.cfg.lease() => {
+            Err(e) if is_refused_data(&e) && batch.len() > 1 => {
+                tracing::warn!(error = %e, n = batch.len(), "outcomes refused; writing them one by one");
+                let mut settled = Vec::new();
+                for one in batch.chunks(1) {
+                    match store::complete(&shared.pool, &shared.name, one).await {
+                        Ok(rows) => settled.extend(rows),
+                        Err(e) => {
+                            tracing::error!(error = %e, delivery_id = one[0].claimed.delivery_id,
+                            "cannot record this attempt; its lease will expire and it will be sent again")
+                        }
+                    }
+                }
+                return Some(settled);
+            }
+            Err(e) if !is_refused_data(&e) && started.elapsed() + pause < shared.cfg.lease() => {
                 tracing::warn!(error = %e, "cannot record attempts; retrying");
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_secs(5));
@@ -403,6 +431,16 @@ async fn write_back(shared: &Shared, batch: &[Finished]) -> Option<Vec<store::Se
                 return None;
             }
         }
+    }
+}
+
+/// A data error (SQLSTATE class 22 or 23): trying the same again cannot help.
+fn is_refused_data(e: &Error) -> bool {
+    match e {
+        Error::Database(sqlx::Error::Database(d)) => d
+            .code()
+            .is_some_and(|c| c.starts_with("22") || c.starts_with("23")),
+        _ => false,
     }
 }
 

@@ -194,11 +194,7 @@ impl Sender {
                 break;
             }
         }
-        Ok((
-            status,
-            retry_after,
-            String::from_utf8_lossy(&head).into_owned(),
-        ))
+        Ok((status, retry_after, storable_text(&head)))
     }
 
     /// When to try again after failed attempt number `attempt`: exponential
@@ -233,6 +229,12 @@ impl Sender {
     }
 }
 
+/// Bytes as text PostgreSQL can store: invalid UTF-8 and NUL (which `text`
+/// refuses, failing the whole batch of outcomes) become U+FFFD.
+fn storable_text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).replace('\0', "\u{FFFD}")
+}
+
 fn status_class(code: u16) -> &'static str {
     match code {
         500..=599 => "5xx",
@@ -251,7 +253,7 @@ fn describe(e: &reqwest::Error) -> String {
         text.push_str(&cause.to_string());
         source = cause.source();
     }
-    text
+    storable_text(text.as_bytes())
 }
 
 #[cfg(test)]
@@ -292,6 +294,11 @@ mod tests {
         assert!((29_000..=30_000).contains(&at(s.retry(1, Some(Duration::from_secs(30))))));
         assert!(at(s.retry(1, Some(Duration::from_secs(7200)))) <= 60_000);
         assert!(at(s.retry(1, Some(Duration::from_secs(0)))) >= 900);
+    }
+
+    #[test]
+    fn answers_are_stored_without_nul_bytes() {
+        assert_eq!(storable_text(b"a\0b\xff"), "a\u{FFFD}b\u{FFFD}");
     }
 
     #[test]

@@ -141,15 +141,6 @@ pub async fn sweep(pool: &PgPool, pump: &str) -> Result<Vec<Swept>> {
         .await?)
 }
 
-/// Hands claimed deliveries back unsent, due now, for any pump to take.
-pub async fn release(pool: &PgPool, pump: &str, ids: &[i64]) -> Result<i32> {
-    Ok(sqlx::query_scalar("select watchpump.release($1, $2)")
-        .bind(pump)
-        .bind(ids)
-        .fetch_one(pool)
-        .await?)
-}
-
 /// A service answered again: make its waiting deliveries due now.
 pub async fn release_backlog(pool: &PgPool, service_id: i64) -> Result<i32> {
     Ok(sqlx::query_scalar("select watchpump.release_backlog($1)")

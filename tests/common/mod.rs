@@ -162,6 +162,8 @@ pub struct Reply {
     pub status_by_resource: std::collections::HashMap<String, u16>,
     pub delay: Duration,
     pub headers: Vec<(String, String)>,
+    /// The answer's body.
+    pub body: Vec<u8>,
 }
 
 struct ReceiverState {
@@ -192,6 +194,7 @@ impl Receiver {
                 status_by_resource: Default::default(),
                 delay: Duration::ZERO,
                 headers: vec![],
+                body: b"recorded".to_vec(),
             }),
             arrived: Notify::new(),
         });
@@ -234,6 +237,10 @@ impl Receiver {
             .unwrap()
             .status_by_resource
             .insert(resource.into(), status);
+    }
+
+    pub fn reply_body(&self, body: &[u8]) {
+        self.state.reply.lock().unwrap().body = body.to_vec();
     }
 
     pub fn delay_replies(&self, delay: Duration) {
@@ -289,7 +296,7 @@ async fn record(
     uri: axum::http::Uri,
     headers: HeaderMap,
     body: Bytes,
-) -> (StatusCode, HeaderMap, &'static str) {
+) -> (StatusCode, HeaderMap, Vec<u8>) {
     let reply = state.reply.lock().unwrap().clone();
     if !reply.delay.is_zero() {
         tokio::time::sleep(reply.delay).await;
@@ -313,7 +320,7 @@ async fn record(
             v.parse().unwrap(),
         );
     }
-    (StatusCode::from_u16(status).unwrap(), out, "recorded")
+    (StatusCode::from_u16(status).unwrap(), out, reply.body)
 }
 
 /// Polls `check` until it returns true (panics after `limit`).
