@@ -247,37 +247,96 @@ const DELIVERY_COLUMNS: &str = "delivery_id, created_at, service, watch_id, reso
 /// literal too, never a generic-plan guess.
 pub async fn deliveries(pool: &PgPool, filter: &DeliveryFilter) -> Result<Vec<Delivery>> {
     filter.validate()?;
-    let mut q: QueryBuilder<Postgres> = QueryBuilder::new(format!(
-        "select {DELIVERY_COLUMNS} from watchpump.delivery_log where true"
-    ));
-    if let Some(state) = &filter.state {
-        let state = STATES
+    let state = filter.state.as_ref().map(|state| {
+        *STATES
             .iter()
             .find(|s| **s == state.as_str())
-            .expect("validated");
-        q.push(format!(" and state = '{state}'"));
+            .expect("validated")
+    });
+    let service_id = match &filter.service {
+        Some(service) => {
+            let id: Option<i64> =
+                sqlx::query_scalar("select id from watchpump.services where name = $1")
+                    .bind(service)
+                    .fetch_optional(pool)
+                    .await?;
+            match id {
+                Some(id) => Some(id),
+                None => return Ok(Vec::new()),
+            }
+        }
+        None => None,
+    };
+    let limit = filter.limit.unwrap_or(50).clamp(1, MAX_PAGE);
+    let mut q: QueryBuilder<Postgres> = QueryBuilder::new("");
+    match (service_id, state) {
+        // One service, every state: the finished ones through
+        // deliveries_service_finished, pending and in-flight ones (few)
+        // through their own partial indexes, merged newest first. (One
+        // branch for both open states matches neither partial index, and
+        // the planner then walks the whole primary key.)
+        (Some(id), None) => {
+            q.push("select * from ((");
+            page_of(&mut q, filter, Some(id), FINISHED_STATES, limit);
+            q.push(") union all (");
+            for open in ["pending", "in_flight"] {
+                // Name the rows through the state's partial index: left to
+                // itself, the planner walks the primary key backwards
+                // looking for the few open rows of one service.
+                let named = format!(
+                    " and delivery_id = any (array(select d.id from watchpump.deliveries d \
+                     where d.service_id = {id} and d.state = '{open}'))"
+                );
+                page_of(
+                    &mut q,
+                    filter,
+                    Some(id),
+                    &format!("('{open}'){named}"),
+                    limit,
+                );
+                if open == "pending" {
+                    q.push(") union all (");
+                }
+            }
+            q.push(format!(") ) page order by delivery_id desc limit {limit}"));
+        }
+        (id, Some(state)) => page_of(&mut q, filter, id, &format!("('{state}')"), limit),
+        (None, None) => page_of(&mut q, filter, None, "", limit),
     }
-    if let Some(service) = &filter.service {
-        let id: Option<i64> =
-            sqlx::query_scalar("select id from watchpump.services where name = $1")
-                .bind(service)
-                .fetch_optional(pool)
-                .await?;
-        let Some(id) = id else {
-            return Ok(Vec::new());
-        };
+    Ok(q.build_query_as().fetch_all(pool).await?)
+}
+
+const FINISHED_STATES: &str = "('delivered', 'superseded', 'dropped', 'failed')";
+
+/// One `select ... order by delivery_id desc limit` over delivery_log with
+/// the filter's conditions; `states` is a literal list like `('failed')`,
+/// or empty for every state.
+fn page_of(
+    q: &mut QueryBuilder<Postgres>,
+    filter: &DeliveryFilter,
+    service_id: Option<i64>,
+    states: &str,
+    limit: i64,
+) {
+    q.push(format!(
+        "select {DELIVERY_COLUMNS} from watchpump.delivery_log where true"
+    ));
+    if !states.is_empty() {
+        q.push(format!(" and state in {states}"));
+    }
+    if let Some(id) = service_id {
         q.push(format!(" and service_id = {id}"));
     }
     match filter.object.as_deref() {
         Some(prefix) if prefix.ends_with('/') => {
             q.push(" and starts_with(object, ")
-                .push_bind(prefix)
+                .push_bind(prefix.to_string())
                 .push(")");
         }
         Some(object) => {
             // Through the changes' (object, sequence) index.
             q.push(" and change_id in (select c.id from watchpump.changes c where c.object = ")
-                .push_bind(object)
+                .push_bind(object.to_string())
                 .push(")");
         }
         None => {}
@@ -291,9 +350,7 @@ pub async fn deliveries(pool: &PgPool, filter: &DeliveryFilter) -> Result<Vec<De
     if let Some(before) = filter.before {
         q.push(" and delivery_id < ").push_bind(before);
     }
-    let limit = filter.limit.unwrap_or(50).clamp(1, MAX_PAGE);
     q.push(format!(" order by delivery_id desc limit {limit}"));
-    Ok(q.build_query_as().fetch_all(pool).await?)
 }
 
 pub async fn delivery(pool: &PgPool, id: i64) -> Result<Option<Delivery>> {
