@@ -121,6 +121,17 @@ async fn a_rolled_back_change_is_never_sent() {
     assert_eq!(changes, 1, "the rolled-back change left no row");
 }
 
+/// The watches a change was delivered to, by id.
+async fn watches_matched(db: &TestDb, change: i64) -> Vec<i64> {
+    sqlx::query_scalar(
+        "select watch_id from watchpump.deliveries where change_id = $1 order by watch_id",
+    )
+    .bind(change)
+    .fetch_all(&db.pool)
+    .await
+    .unwrap()
+}
+
 #[tokio::test]
 async fn filters_select_exactly_the_matching_watches() {
     let db = TestDb::new().await;
@@ -161,37 +172,19 @@ async fn filters_select_exactly_the_matching_watches() {
             json!({"paths": ["src/a.rs", "docs/x.md"], "forced": false}),
         )
         .await;
-    let matched: Vec<i64> = sqlx::query_scalar(
-        "select watch_id from watchpump.deliveries where change_id = $1 order by watch_id",
-    )
-    .bind(change)
-    .fetch_all(&db.pool)
-    .await
-    .unwrap();
+    let matched = watches_matched(&db, change).await;
     assert_eq!(matched, vec![exact.id, pushes.id, prefix.id, docs.id]);
 
     let change = db
         .emit(main, "tag", json!({"paths": ["src/a.rs"], "forced": true}))
         .await;
-    let matched: Vec<i64> = sqlx::query_scalar(
-        "select watch_id from watchpump.deliveries where change_id = $1 order by watch_id",
-    )
-    .bind(change)
-    .fetch_all(&db.pool)
-    .await
-    .unwrap();
+    let matched = watches_matched(&db, change).await;
     assert_eq!(matched, vec![exact.id, tags.id, prefix.id, forced.id]);
 
     // A predicate whose answer is unknown (a string compared with true) does
     // not match; a path that selects nothing does not either.
     let change = db.emit(main, "tag", json!({"forced": "yes"})).await;
-    let matched: Vec<i64> = sqlx::query_scalar(
-        "select watch_id from watchpump.deliveries where change_id = $1 order by watch_id",
-    )
-    .bind(change)
-    .fetch_all(&db.pool)
-    .await
-    .unwrap();
+    let matched = watches_matched(&db, change).await;
     assert_eq!(matched, vec![exact.id, tags.id, prefix.id]);
     let _ = (other_prefix, partial, other_object);
 }
