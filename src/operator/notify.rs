@@ -20,8 +20,8 @@ use crate::error::Result;
 
 /// `watchpump_notify_warnings_total{service, outcome}`; outcome is `sent`,
 /// `folded` (a failure counted into a warning instead of raising one) or
-/// `logged` (no notify URL). Documented in docs/metrics.md.
-pub const NOTIFY_WARNINGS: &str = "watchpump_notify_warnings_total";
+/// `logged` (no notify URL). Named with the other metrics.
+use crate::metrics::NOTIFY_WARNINGS;
 
 /// Warnings handed to notify in one step at most.
 const SEND_BATCH: i64 = 100;
