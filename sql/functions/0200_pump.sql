@@ -204,8 +204,6 @@ begin
 end
 $$;
 
-drop function if exists watchpump.release(text, bigint[]);
-
 -- A consumer answered again after being down: its waiting deliveries are due
 -- now, instead of each waiting out its own back-off.
 create or replace function watchpump.release_backlog(p_service_id bigint) returns integer

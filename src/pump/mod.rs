@@ -29,7 +29,7 @@ use tokio::time::Instant;
 use crate::config::PumpConfig;
 use crate::error::{Error, Result};
 use crate::metrics as m;
-use health::{Answer, Health, Transition};
+use health::{Health, Transition};
 use send::{Finished, Outcome, Sender};
 use store::Claimed;
 use wakeup::Signals;
@@ -114,42 +114,37 @@ impl Pump {
     }
 }
 
-/// Deliveries claimed per second, over roughly the last quarter second.
+/// Deliveries claimed per second: the busier of the last full quarter
+/// second and the current one so far.
 #[derive(Debug)]
 struct ClaimRate {
     window_start: Instant,
     claimed: usize,
-    per_sec: f64,
-}
-
-impl Default for ClaimRate {
-    fn default() -> Self {
-        ClaimRate {
-            window_start: Instant::now(),
-            claimed: 0,
-            per_sec: 0.0,
-        }
-    }
+    previous_per_sec: f64,
 }
 
 impl ClaimRate {
     const WINDOW: Duration = Duration::from_millis(250);
 
-    /// Counts `n` claimed deliveries and returns the current rate.
-    fn add(&mut self, n: usize) -> f64 {
-        self.claimed += n;
-        let elapsed = self.window_start.elapsed();
-        let current = self.claimed as f64 / elapsed.max(Duration::from_millis(1)).as_secs_f64();
+    fn new(now: Instant) -> Self {
+        ClaimRate {
+            window_start: now,
+            claimed: 0,
+            previous_per_sec: 0.0,
+        }
+    }
+
+    /// Counts `n` deliveries claimed at `now` and returns the rate.
+    fn add(&mut self, n: usize, now: Instant) -> f64 {
+        let elapsed = now.saturating_duration_since(self.window_start);
         if elapsed >= Self::WINDOW {
-            self.per_sec = current;
-            self.window_start = Instant::now();
+            self.previous_per_sec = self.claimed as f64 / elapsed.as_secs_f64();
+            self.window_start = now;
             self.claimed = 0;
         }
-        self.per_sec.max(if elapsed >= Self::WINDOW / 4 {
-            current
-        } else {
-            0.0
-        })
+        self.claimed += n;
+        let current = self.claimed as f64 / Self::WINDOW.as_secs_f64();
+        self.previous_per_sec.max(current)
     }
 }
 
@@ -190,7 +185,7 @@ async fn claim_loop(
 ) {
     tokio::pin!(shutdown);
     let (linger, poll_interval) = (shared.cfg.linger(), shared.cfg.poll_interval());
-    let mut rate = ClaimRate::default();
+    let mut rate = ClaimRate::new(Instant::now());
     let mut asleep = false;
     let mut last_work: Option<Instant> = None;
     let mut last_sweep: Option<Instant> = None;
@@ -213,10 +208,12 @@ async fn claim_loop(
         let mut pause = None;
         match claim(shared).await {
             Ok(claimed) if !claimed.is_empty() => {
-                asleep = false; // watchpump.claim() removed our sleeper row
-                                // Poll only when busy: at a trickle, NOTIFY is cheap for
-                                // producers and wakes the pump sooner than a poll would.
-                if rate.add(claimed.len()) >= shared.cfg.linger_above_per_sec as f64 {
+                // watchpump.claim() removed our sleeper row.
+                asleep = false;
+                // Poll only when busy: at a trickle, NOTIFY is cheap for
+                // producers and wakes the pump sooner than a poll would.
+                if rate.add(claimed.len(), Instant::now()) >= shared.cfg.linger_above_per_sec as f64
+                {
                     last_work = Some(Instant::now());
                 }
                 dispatch(shared, claimed, &done);
@@ -245,10 +242,10 @@ async fn claim_loop(
             _ = &mut shutdown => break,
             _ = shared.signals.wake.notified() => {}
             _ = shared.signals.sweep.notified() => last_sweep = None,
-            _ = sleep_until(next_sweep), if next_sweep.is_some() => {}
-            _ = sleep_until(next_probe), if next_probe.is_some() => {}
-            _ = sleep_until(next_retry), if next_retry.is_some() => {}
-            _ = tokio::time::sleep(pause.unwrap_or_default()), if pause.is_some() => {}
+            _ = sleep_until(next_sweep) => {}
+            _ = sleep_until(next_probe) => {}
+            _ = sleep_until(next_retry) => {}
+            _ = sleep_until(pause.map(|p| Instant::now() + p)) => {}
         }
     }
 }
@@ -264,9 +261,11 @@ fn next_retry_at(shared: &Shared) -> Option<Instant> {
     retries.peek().map(|Reverse(at)| *at)
 }
 
+/// Sleeps until `at`; with no time, never wakes.
 async fn sleep_until(at: Option<Instant>) {
-    if let Some(at) = at {
-        tokio::time::sleep_until(at).await;
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 
@@ -358,12 +357,7 @@ async fn complete_batch(shared: &Shared, batch: &[Finished]) {
             let service = f.claimed.service_name.as_str();
             metrics::histogram!(m::ATTEMPT_DURATION, "service" => service.to_string(), "result" => f.result)
                 .record(f.duration.as_secs_f64());
-            let answer = match f.result {
-                "5xx" | "timeout" | "connect_error" => Answer::Failed,
-                _ if f.status == Some(429) => Answer::Failed,
-                _ => Answer::Answered,
-            };
-            let transition = health.finished(f.claimed.service_id, answer, now);
+            let transition = health.finished(f.claimed.service_id, f.answer(), now);
             match transition {
                 Transition::CameBack => came_back.push(f.claimed.service_id),
                 Transition::WentDown => tracing::warn!(service, "consumer looks down; probing it"),
@@ -378,15 +372,13 @@ async fn complete_batch(shared: &Shared, batch: &[Finished]) {
         for s in &settled {
             let finished = by_id.get(&s.delivery_id).copied();
             record_settled(&health, s, finished);
-            if let (Some(f), "pending") = (finished, s.state.as_str()) {
-                if let (Outcome::Retry { next_attempt_at }, true) =
-                    (f.outcome, retries.len() < RETRY_TIMERS)
-                {
-                    let wait = (next_attempt_at - chrono::Utc::now())
-                        .to_std()
-                        .unwrap_or_default();
-                    retries.push(Reverse(now + wait));
-                }
+            let retry_at = match (finished.map(|f| f.outcome), s.state.as_str()) {
+                (Some(Outcome::Retry { next_attempt_at }), "pending") => Some(next_attempt_at),
+                _ => None,
+            };
+            if let Some(at) = retry_at.filter(|_| retries.len() < RETRY_TIMERS) {
+                let wait = (at - chrono::Utc::now()).to_std().unwrap_or_default();
+                retries.push(Reverse(now + wait));
             }
         }
     }
@@ -461,14 +453,32 @@ fn record_settled(health: &Health, s: &store::Settled, finished: Option<&Finishe
         metrics::histogram!(m::DELIVERY_LATENCY, "service" => service.clone())
             .record(latency.as_secs_f64());
     }
-    if let Some(f) = finished {
-        if let (Outcome::Retry { .. }, "superseded") = (f.outcome, outcome) {
-            tracing::debug!(
-                delivery_id = s.delivery_id,
-                "failed attempt superseded by newer news"
-            );
-        }
-    }
     metrics::counter!(m::DELIVERIES, "service" => service, "outcome" => outcome.to_string())
         .increment(1);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_claim_rate_tells_a_trickle_from_a_busy_pump() {
+        let start = Instant::now();
+        let mut rate = ClaimRate::new(start);
+        // 200 a second, one at a time: a trickle.
+        let mut seen = 0.0;
+        for i in 0..400u64 {
+            seen = rate.add(1, start + Duration::from_millis(5 * i));
+        }
+        assert!(seen < 500.0, "a trickle: {seen}");
+        // 2,000 a second in batches of 20: busy within the first window.
+        let busy = start + Duration::from_secs(3);
+        let mut seen = 0.0;
+        for i in 0..10u64 {
+            seen = rate.add(20, busy + Duration::from_millis(10 * i));
+        }
+        assert!(seen >= 500.0, "busy: {seen}");
+        // Quiet for two seconds: a trickle again.
+        assert!(rate.add(1, busy + Duration::from_secs(2)) < 500.0);
+    }
 }

@@ -39,6 +39,20 @@ pub struct Finished {
     pub duration: Duration,
 }
 
+impl Finished {
+    /// What this attempt says about the consumer's health: a server error,
+    /// a timeout, a refused connection or 429 count against it; any other
+    /// answer means it is up (a 4xx is about this delivery, not the service).
+    pub fn answer(&self) -> crate::pump::health::Answer {
+        use crate::pump::health::Answer;
+        match self.result {
+            "5xx" | "timeout" | "connect_error" => Answer::Failed,
+            _ if self.status == Some(429) => Answer::Failed,
+            _ => Answer::Answered,
+        }
+    }
+}
+
 /// The body every consumer receives (ADR 0021). The panel shows the same
 /// struct, so what it displays is what was sent.
 #[derive(Serialize)]
