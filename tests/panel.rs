@@ -1,6 +1,7 @@
 //! The panel: its refusals over plain HTTP, its pages, and a retry in a real
 //! headless Chromium driven over WebDriver (chromedriver), which also takes
-//! the screenshot in docs/panel.png.
+//! the screenshot in target/panel.png (docs/panel.png with
+//! WATCHPUMP_UPDATE_SCREENSHOT=1).
 
 mod common;
 
@@ -606,7 +607,15 @@ async fn a_failed_delivery_is_retried_from_the_panel_in_a_real_browser() {
         .goto(&server.url(&format!("/panel/deliveries/{id}")))
         .await;
     browser.wait_for_text(r#"class="state delivered""#).await;
-    let shot = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs/panel.png");
+    // Into target/, so that a test run leaves the tree clean;
+    // WATCHPUMP_UPDATE_SCREENSHOT=1 refreshes the README's docs/panel.png.
+    let shot = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(
+        if std::env::var_os("WATCHPUMP_UPDATE_SCREENSHOT").is_some() {
+            "docs/panel.png"
+        } else {
+            "target/panel.png"
+        },
+    );
     browser.screenshot(&shot).await;
     assert!(std::fs::metadata(&shot).unwrap().len() > 1000);
 

@@ -12,7 +12,7 @@
 --
 -- One pump calls this every few seconds, so each part reads a partial index
 -- whose size is the backlog, never the whole delivery history:
--- deliveries_due (pending), deliveries_leased (in_flight) and
+-- deliveries_due (pending), deliveries_in_flight_per_object (in_flight) and
 -- deliveries_failed (0002_operator.sql; failed).
 create or replace function watchpump.backlog_counts()
 returns table (
