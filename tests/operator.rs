@@ -194,6 +194,11 @@ async fn sql_functions_explain_unknown_ids_and_services_and_wrong_states() {
     db.add_watch(svc.id, "app", "acme/web/main", all()).await;
     let first = delivery_of(&db, db.emit("acme/web/main", "push", json!({})).await).await;
     let second = delivery_of(&db, db.emit("acme/web/main", "push", json!({})).await).await;
+    // A pump's claim takes the newest and supersedes the older one.
+    sqlx::query("select * from watchpump.claim('test', '{}', '{}', '{}', 10, '1 minute')")
+        .execute(&db.pool)
+        .await
+        .unwrap();
 
     let (code, message) = sql_error(&db, "select watchpump.retry(987654)").await;
     assert_eq!(code, "P0002");
@@ -208,7 +213,7 @@ async fn sql_functions_explain_unknown_ids_and_services_and_wrong_states() {
 
     let (code, message) = sql_error(&db, &format!("select watchpump.retry({second})")).await;
     assert_eq!(code, "55000");
-    assert!(message.contains("is pending"), "{message}");
+    assert!(message.contains("is in_flight"), "{message}");
 
     let (code, message) = sql_error(&db, "select watchpump.retry_failed('nope', now())").await;
     assert_eq!(code, "P0002");

@@ -57,7 +57,7 @@ async fn an_expired_lease_with_newer_news_waiting_is_superseded_not_requeued() {
 async fn an_expired_lease_alone_is_requeued() {
     let db = TestDb::new().await;
     let (older, newer) = two_deliveries(&db).await;
-    sqlx::query("update watchpump.deliveries set state = 'delivered' where id = $1")
+    sqlx::query("delete from watchpump.deliveries where id = $1")
         .bind(newer)
         .execute(&db.pool)
         .await

@@ -85,28 +85,19 @@ begin
     values (p_object, p_kind, v_sequence, coalesce(p_payload, '{}'))
     returning id into v_change;
 
-    -- One delivery per matching watch; each supersedes the older pending
-    -- deliveries of its (watch, object): only the newest news is sent.
-    -- The CTE's rows are invisible to the UPDATE, so only older ones change.
-    with fanned_out as (
-        insert into watchpump.deliveries (change_id, watch_id, service_id, object, deadline)
-        select v_change, w.id, w.service_id, p_object, v_deadline
-        from watchpump.watches w
-        where w.removed_at is null
-          and w.object = any (watchpump.object_prefixes(p_object))
-          and (w.kinds is null or p_kind = any (w.kinds))
-          and (w.match_path is null or watchpump.payload_matches(p_payload, w.match_path, w.match_is_predicate))
-        order by w.id
-        returning id, watch_id
-    )
-    update watchpump.deliveries d
-    set state = 'superseded', superseded_by = f.id, finished_at = clock_timestamp(),
-        next_attempt_at = d.next_attempt_at
-    from fanned_out f
-    where d.watch_id = f.watch_id
-      and d.object = p_object
-      and d.state = 'pending'
-      and d.id < f.id;
+    -- One delivery per matching watch. Older news of the same (watch,
+    -- object) is superseded by the pump, never here (the order rule,
+    -- 0200_pump.sql): an existing delivery may be in a pump's hands, and a
+    -- producer's transaction must neither wait for a pump nor hold a lock
+    -- one needs.
+    insert into watchpump.deliveries (change_id, watch_id, service_id, object, deadline)
+    select v_change, w.id, w.service_id, p_object, v_deadline
+    from watchpump.watches w
+    where w.removed_at is null
+      and w.object = any (watchpump.object_prefixes(p_object))
+      and (w.kinds is null or p_kind = any (w.kinds))
+      and (w.match_path is null or watchpump.payload_matches(p_payload, w.match_path, w.match_is_predicate))
+    order by w.id;
 
     return v_change;
 end

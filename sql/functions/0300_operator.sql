@@ -144,6 +144,23 @@ language sql stable as $$
     select coalesce(nullif(btrim(p_actor), ''), 'sql:' || session_user)
 $$;
 
+-- Newer news of a delivery's (watch, object) that was sent or is on its
+-- way: requeueing the delivery would send older news after it, which the
+-- order rule (0200_pump.sql) forbids. The newest such delivery, if any.
+create or replace function watchpump.newer_news(p_delivery_id bigint)
+returns table (delivery_id bigint, state text)
+language sql stable as $$
+    select n.id, n.state
+    from watchpump.deliveries d
+    join watchpump.changes dc on dc.id = d.change_id
+    join watchpump.changes nc on nc.object = dc.object and nc.sequence > dc.sequence
+    join watchpump.deliveries n on n.change_id = nc.id and n.watch_id = d.watch_id
+    where d.id = p_delivery_id
+      and (n.state in ('pending', 'in_flight', 'delivered', 'failed') or n.attempts > 0)
+    order by n.id desc
+    limit 1
+$$;
+
 -- Requeue a failed or dropped delivery: pending, due now, a fresh deadline,
 -- the same id (the consumer still de-duplicates by it). Records who did it
 -- and wakes the pumps. Returns the state the delivery had.
@@ -156,6 +173,7 @@ declare
     v_state         text;
     v_error         text;
     v_superseded_by bigint;
+    v_newer_state   text;
 begin
     select d.state, d.last_error, d.superseded_by
     into v_state, v_error, v_superseded_by
@@ -175,20 +193,18 @@ begin
             p_delivery_id, v_state
             using errcode = '55000';
     end if;
-    -- Newer news of the same (watch, object) already under way would be
+    -- Newer news of the same (watch, object), sent or on its way, would be
     -- overtaken by this older one.
-    select n.id into v_superseded_by
-    from watchpump.deliveries d
-    join watchpump.deliveries n
-      on n.watch_id = d.watch_id and n.object = d.object and n.id > d.id
-     and n.state in ('pending', 'in_flight')
-    where d.id = p_delivery_id
-    order by n.id desc
-    limit 1;
-    if found then
+    select n.delivery_id, n.state into v_superseded_by, v_newer_state
+    from watchpump.newer_news(p_delivery_id) n;
+    if found and v_newer_state in ('pending', 'in_flight') then
         raise exception 'watchpump.retry: delivery % of the same object, with newer news, is already on its way',
             v_superseded_by
             using errcode = '55000', hint = 'nothing to retry: the newer delivery carries the object''s news';
+    elsif found then
+        raise exception 'watchpump.retry: delivery % of the same object, with newer news, was already sent (it is %)',
+            v_superseded_by, v_newer_state
+            using errcode = '55000', hint = 'retry the newer delivery instead';
     end if;
 
     update watchpump.deliveries d
@@ -225,8 +241,8 @@ begin
     end if;
 
     -- Only the newest failed delivery of each (watch, object), and only when
-    -- no newer one is under way: older news stays failed rather than
-    -- overtaking newer news of the same object.
+    -- no newer one was sent or is under way (newer_news()): older news stays
+    -- failed rather than overtaking newer news of the same object.
     with candidates as (
         select d.id, d.watch_id, d.object,
                row_number() over (partition by d.watch_id, d.object order by d.id desc) as newest_first
@@ -239,11 +255,7 @@ begin
             finished_at = null, lease_until = null, leased_by = null
         from candidates c
         where d.id = c.id and c.newest_first = 1
-          and not exists (
-              select 1 from watchpump.deliveries n
-              where n.watch_id = c.watch_id and n.object = c.object and n.id > c.id
-                and n.state in ('pending', 'in_flight')
-          )
+          and not exists (select 1 from watchpump.newer_news(c.id))
         returning d.id, d.last_error
     ),
     recorded as (

@@ -161,7 +161,12 @@ impl ClaimRate {
 pub fn pump_pool(pool: &PgPool) -> PgPool {
     let options = (*pool.connect_options())
         .clone()
-        .options([("synchronous_commit", "off")])
+        // claim() decides the order rule with a fresh snapshot per statement.
+        .options([
+            ("synchronous_commit", "off"),
+            // (PostgreSQL reads the space escaped; sqlx does not escape it.)
+            ("default_transaction_isolation", r"read\ committed"),
+        ])
         .application_name("watchpump-pump");
     sqlx::postgres::PgPoolOptions::new()
         // The claim loop, the completer, the listener, and one to spare.

@@ -170,6 +170,10 @@ struct ReceiverState {
     received: Mutex<Vec<Received>>,
     reply: Mutex<Reply>,
     arrived: Notify,
+    /// Requests that have arrived, answered or not (held ones included).
+    arrivals: std::sync::atomic::AtomicUsize,
+    /// While true, requests wait after arriving, before they are answered.
+    hold: tokio::sync::watch::Sender<bool>,
 }
 
 /// A real HTTP consumer on loopback that records every request.
@@ -197,6 +201,8 @@ impl Receiver {
                 body: b"recorded".to_vec(),
             }),
             arrived: Notify::new(),
+            arrivals: std::sync::atomic::AtomicUsize::new(0),
+            hold: tokio::sync::watch::channel(false).0,
         });
         let app = Router::new()
             .route("/{*path}", post(record))
@@ -256,6 +262,38 @@ impl Receiver {
             .push((name.into(), value.into()));
     }
 
+    /// Holds every request from now on until [`Receiver::release`]: the
+    /// request has arrived, but its answer waits (and is decided on release).
+    pub fn hold(&self) {
+        self.state.hold.send_replace(true);
+    }
+
+    /// Lets held requests be answered, with the reply configured now.
+    pub fn release(&self) {
+        self.state.hold.send_replace(false);
+    }
+
+    /// Waits until at least `n` requests have arrived, held ones included.
+    pub async fn wait_for_arrivals(&self, n: usize, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        loop {
+            let notified = self.state.arrived.notified();
+            let arrived = self
+                .state
+                .arrivals
+                .load(std::sync::atomic::Ordering::SeqCst);
+            if arrived >= n {
+                return;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            assert!(
+                !left.is_zero(),
+                "{arrived} of {n} requests arrived within {limit:?}"
+            );
+            let _ = tokio::time::timeout(left, notified).await;
+        }
+    }
+
     pub fn received(&self) -> Vec<Received> {
         self.state.received.lock().unwrap().clone()
     }
@@ -297,6 +335,11 @@ async fn record(
     headers: HeaderMap,
     body: Bytes,
 ) -> (StatusCode, HeaderMap, Vec<u8>) {
+    state
+        .arrivals
+        .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    state.arrived.notify_waiters();
+    let _ = state.hold.subscribe().wait_for(|held| !*held).await;
     let reply = state.reply.lock().unwrap().clone();
     if !reply.delay.is_zero() {
         tokio::time::sleep(reply.delay).await;
