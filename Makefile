@@ -5,9 +5,11 @@ SHELL := /bin/bash
 PG_RUN_PORT  ?= 54329
 PG_TEST_PORT ?= 54330
 PG_BENCH_PORT ?= 54331
+PG_CHAOS_PORT ?= 54332
+CHANGES ?= 20000
 NEXTEST := $(shell cargo nextest --version >/dev/null 2>&1 && echo yes)
 
-.PHONY: help build run test bench lint fmt pg-stop
+.PHONY: help build run test chaos bench lint fmt pg-stop
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -38,6 +40,11 @@ test: ## start a throwaway PostgreSQL and run every test
 	export WATCHPUMP_TEST_DATABASE_URL="$$url"; \
 	if [ "$(NEXTEST)" = yes ]; then cargo nextest run --no-fail-fast; else cargo test --no-fail-fast; fi
 
+chaos: ## the chaos suite: pumps killed, PostgreSQL restarted, consumers failing (CHANGES=100000 for more)
+	@set -euo pipefail; \
+	export WATCHPUMP_CHAOS_CHANGES=$(CHANGES) WATCHPUMP_CHAOS_PG_PORT=$(PG_CHAOS_PORT); \
+	cargo test --release --test chaos -- --ignored --exact chaos --nocapture 2>&1 | grep -v '^$$'
+
 bench: ## build in release mode and run the benchmarks (SCENARIOS="trickle bulk" for a subset)
 	@set -euo pipefail; \
 	url=$$(scripts/dev-postgres.sh start pg-bench $(PG_BENCH_PORT) on | tail -1); \
@@ -55,3 +62,4 @@ pg-stop: ## stop the project-local PostgreSQL clusters
 	scripts/dev-postgres.sh stop pg
 	scripts/dev-postgres.sh stop pg-test
 	scripts/dev-postgres.sh stop pg-bench
+	scripts/dev-postgres.sh stop pg-chaos

@@ -4,6 +4,7 @@
 #
 #   scripts/dev-postgres.sh start NAME PORT [fsync=on|off]
 #   scripts/dev-postgres.sh stop  NAME
+#   scripts/dev-postgres.sh restart NAME   (a fast restart, for the chaos suite)
 #
 # The cluster lives in target/NAME. It uses the installed PostgreSQL binaries
 # (installing Debian's postgresql package when none are found), trusts local
@@ -87,6 +88,10 @@ CONF
     fi
     echo "postgres://postgres@127.0.0.1:$port/postgres"
     ;;
+  restart)
+    [ -L "$data" ] && data=$(readlink "$data")
+    as_owner "$bindir/pg_ctl" -D "$data" -l "$data/server.log" -m fast -w -t 60 restart >&2
+    ;;
   stop)
     [ -L "$data" ] && data=$(readlink "$data")
     if [ -f "$data/PG_VERSION" ]; then
@@ -94,7 +99,7 @@ CONF
     fi
     ;;
   *)
-    echo "usage: dev-postgres.sh start|stop NAME [PORT] [fsync]" >&2
+    echo "usage: dev-postgres.sh start|stop|restart NAME [PORT] [fsync]" >&2
     exit 2
     ;;
 esac

@@ -1,0 +1,446 @@
+//! The chaos suite: several pump processes on one database while pumps are
+//! SIGKILLed and restarted, their LISTEN connections terminated, PostgreSQL
+//! restarted, consumers answer 2xx, 410 and 500, hang past the request
+//! timeout or refuse connections, and producers commit and roll back.
+//! Afterwards the consumers turn healthy, the pumps drain the queue and are
+//! stopped with SIGTERM, and the run is judged from what the consumers
+//! recorded and from the database ([`verdict`]).
+//!
+//! `make test` runs a short form (a few seconds); `make chaos` the full one
+//! (`make chaos CHANGES=100000` for a longer run). Every run prints one
+//! summary line and fails on any violation. The cluster is a project-local
+//! one of its own (`target/pg-chaos`), because the suite restarts it.
+//!
+//! Settings (environment, all optional): `WATCHPUMP_CHAOS_CHANGES` (producer
+//! transactions), `WATCHPUMP_CHAOS_SEED`, `WATCHPUMP_CHAOS_PG_PORT`.
+
+mod cluster;
+mod consumers;
+mod producers;
+mod pumps;
+mod verdict;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use cluster::Cluster;
+use consumers::{Behaviour, Consumers};
+use producers::Ledger;
+use pumps::Pumps;
+use verdict::WatchDef;
+
+/// How one run is shaped.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Producer transactions, committed or rolled back.
+    pub transactions: usize,
+    pub producers: usize,
+    pub pumps: usize,
+    /// Repositories × objects per repository: the objects producers change.
+    pub repos: usize,
+    pub objects_per_repo: usize,
+    pub rollback_ratio: f64,
+    /// Pause between pump kills, drawn uniformly from this range.
+    pub kill_every: (Duration, Duration),
+    pub listener_kill_every: (Duration, Duration),
+    /// Fractions of the transactions after which PostgreSQL is restarted.
+    pub pg_restarts_at: Vec<f64>,
+    pub seed: u64,
+    /// The pumps' request timeout; a consumer that hangs waits longer.
+    pub request_timeout: Duration,
+    pub lease: Duration,
+    /// How long the pumps get to drain the queue once consumers are healthy.
+    pub settle_limit: Duration,
+}
+
+impl Settings {
+    fn full() -> Settings {
+        let transactions = env_number("WATCHPUMP_CHAOS_CHANGES").unwrap_or(20_000) as usize;
+        Settings {
+            transactions,
+            producers: 6,
+            pumps: 3,
+            repos: 10,
+            objects_per_repo: 20,
+            rollback_ratio: 0.08,
+            kill_every: (Duration::from_millis(1500), Duration::from_millis(4000)),
+            listener_kill_every: (Duration::from_millis(1000), Duration::from_millis(3000)),
+            pg_restarts_at: if transactions >= 50_000 {
+                vec![0.3, 0.7]
+            } else {
+                vec![0.5]
+            },
+            seed: env_number("WATCHPUMP_CHAOS_SEED").unwrap_or_else(rand::random),
+            request_timeout: Duration::from_millis(1000),
+            lease: Duration::from_millis(2500),
+            settle_limit: Duration::from_secs(120),
+        }
+    }
+
+    fn short() -> Settings {
+        Settings {
+            transactions: 1000,
+            kill_every: (Duration::from_millis(500), Duration::from_millis(1200)),
+            listener_kill_every: (Duration::from_millis(400), Duration::from_millis(1000)),
+            pg_restarts_at: vec![0.5],
+            ..Settings::full()
+        }
+    }
+}
+
+fn env_number(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
+}
+
+#[test]
+fn a_short_chaos_run_loses_nothing_and_keeps_every_object_in_order() {
+    run(Settings::short());
+}
+
+/// `make chaos` (and `make chaos CHANGES=100000`).
+#[test]
+#[ignore = "long; run by `make chaos`"]
+fn chaos() {
+    run(Settings::full());
+}
+
+fn run(settings: Settings) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let summary = runtime.block_on(run_async(settings));
+    println!("{}", summary.line());
+    assert!(
+        summary.violations.is_empty(),
+        "chaos found {} violations; the first ones:\n{}",
+        summary.violations.len(),
+        summary
+            .violations
+            .iter()
+            .take(20)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
+
+/// Everything the run counted, for the summary line.
+#[derive(Debug, Default)]
+pub struct Summary {
+    pub seed: u64,
+    pub transactions: usize,
+    pub committed_changes: usize,
+    pub rolled_back_changes: usize,
+    pub in_doubt: usize,
+    pub deliveries: i64,
+    pub requests: usize,
+    pub kills: usize,
+    pub graceful_stops: usize,
+    pub listener_kills: usize,
+    pub pg_restarts: usize,
+    pub duplicates: usize,
+    pub seconds: f64,
+    /// Seconds producing (under chaos), settling, and stopping the pumps.
+    pub phases: (f64, f64, f64),
+    pub violations: Vec<String>,
+}
+
+impl Summary {
+    fn line(&self) -> String {
+        format!(
+            "chaos: seed {}, {} transactions ({} changes committed, {} rolled back, {} in doubt) in {:.1} s \
+             ({:.1} s of chaos, {:.1} s to settle, {:.1} s to stop); \
+             {} deliveries, {} requests; {} pump kills, {} graceful stops, {} listener kills, {} PostgreSQL restarts; \
+             {} duplicates after kills; {} violations",
+            self.seed,
+            self.transactions,
+            self.committed_changes,
+            self.rolled_back_changes,
+            self.in_doubt,
+            self.seconds,
+            self.phases.0,
+            self.phases.1,
+            self.phases.2,
+            self.deliveries,
+            self.requests,
+            self.kills,
+            self.graceful_stops,
+            self.listener_kills,
+            self.pg_restarts,
+            self.duplicates,
+            self.violations.len()
+        )
+    }
+}
+
+async fn run_async(settings: Settings) -> Summary {
+    let started = Instant::now();
+    let mut rng = StdRng::seed_from_u64(settings.seed);
+    let cluster = Cluster::start();
+    let url = cluster.fresh_database("chaos").await;
+    let pool = watchpump::server::connect(&url, settings.producers as u32 + 4)
+        .await
+        .expect("connect to the chaos database");
+    watchpump::schema::migrate(&pool).await.unwrap();
+
+    let consumers = Consumers::start(
+        &[
+            Behaviour::Healthy,
+            Behaviour::Flaky,
+            Behaviour::Gone,
+            Behaviour::Hangs,
+            Behaviour::Flaps,
+            Behaviour::Mixed,
+        ],
+        settings.request_timeout,
+        settings.seed,
+    )
+    .await;
+    let watches = register(&pool, &consumers, &settings, &mut rng).await;
+
+    let pumps = Arc::new(tokio::sync::Mutex::new(Pumps::new(&url, &settings)));
+    pumps.lock().await.start(settings.pumps);
+
+    // The chaos, until the producers are done.
+    let done = Arc::new(AtomicBool::new(false));
+    let progress = Arc::new(AtomicUsize::new(0));
+    let killer = tokio::spawn(kill_pumps(
+        pumps.clone(),
+        settings.clone(),
+        rng.gen(),
+        done.clone(),
+    ));
+    let listener_killer = tokio::spawn(kill_listeners(
+        pool.clone(),
+        settings.clone(),
+        rng.gen(),
+        done.clone(),
+    ));
+    let restarter = tokio::spawn(restart_postgres(
+        cluster.clone(),
+        pumps.clone(),
+        settings.clone(),
+        progress.clone(),
+        done.clone(),
+    ));
+    let ledger: Ledger = producers::run(&pool, &settings, progress.clone(), rng.gen()).await;
+    done.store(true, Ordering::SeqCst);
+    let kills = killer.await.unwrap();
+    let listener_kills = listener_killer.await.unwrap();
+    let pg_restarts = restarter.await.unwrap();
+
+    // Healthy consumers, a full set of pumps, and time to drain.
+    consumers.heal();
+    let mut summary = Summary {
+        seed: settings.seed,
+        transactions: ledger.transactions,
+        listener_kills,
+        pg_restarts,
+        ..Summary::default()
+    };
+    let mut pumps = Arc::try_unwrap(pumps)
+        .unwrap_or_else(|_| panic!("the chaos tasks hold no pumps any more"))
+        .into_inner();
+    pumps.reap();
+    pumps.top_up(settings.pumps);
+    let produced = started.elapsed().as_secs_f64();
+    if let Err(left) = verdict::settled(&pool, settings.settle_limit).await {
+        summary.violations.push(left);
+    }
+    let settled = started.elapsed().as_secs_f64();
+    summary.violations.extend(pumps.stop_all_gracefully().await);
+    summary.phases = (
+        produced,
+        settled - produced,
+        started.elapsed().as_secs_f64() - settled,
+    );
+    summary.kills = kills + pumps.kills;
+    summary.graceful_stops = pumps.graceful_stops;
+    summary.violations.extend(pumps.unexpected.iter().cloned());
+
+    let ledger = ledger.resolve_in_doubt(&pool).await;
+    summary.committed_changes = ledger.committed.len();
+    summary.rolled_back_changes = ledger.rolled_back.len();
+    summary.in_doubt = ledger.in_doubt_count;
+    let requests = consumers.requests();
+    summary.requests = requests.len();
+    let judged = verdict::judge(
+        &pool,
+        &ledger,
+        &watches,
+        &requests,
+        settings.request_timeout,
+    )
+    .await;
+    summary.deliveries = judged.deliveries;
+    summary.duplicates = judged.duplicates;
+    summary.violations.extend(judged.violations);
+    summary.seconds = started.elapsed().as_secs_f64();
+    pool.close().await;
+    summary
+}
+
+/// Registers one consumer service per behaviour and its watches: a prefix
+/// watch on a repository each, `acme/` for two of them, and a few exact
+/// objects (some following pushes only).
+async fn register(
+    pool: &sqlx::PgPool,
+    consumers: &Consumers,
+    settings: &Settings,
+    rng: &mut StdRng,
+) -> Vec<WatchDef> {
+    let mut defs = Vec::new();
+    for (i, consumer) in consumers.services.iter().enumerate() {
+        let (service, _) = watchpump::services::add(
+            pool,
+            &format!("{}-{i}", consumer.behaviour.name()),
+            &format!("http://{}", consumer.addr),
+        )
+        .await
+        .unwrap();
+        let mut wanted: Vec<(String, String, Option<Vec<String>>)> = vec![(
+            format!("repo-{i}"),
+            format!("acme/r{}/", rng.gen_range(0..settings.repos)),
+            None,
+        )];
+        if i < 2 {
+            wanted.push((format!("all-{i}"), "acme/".into(), None));
+        }
+        for n in 0..4 {
+            let object = random_object(rng, settings);
+            let kinds = (n % 2 == 0).then(|| vec!["push".to_string()]);
+            let resource = if consumer.behaviour == Behaviour::Gone && n < 2 {
+                format!("gone-{n}")
+            } else {
+                format!("app-{n}")
+            };
+            wanted.push((resource, object, kinds));
+        }
+        for (resource, object, kinds) in wanted {
+            let new = watchpump::watches::NewWatch {
+                resource: resource.clone(),
+                object: object.clone(),
+                filters: watchpump::watches::Filters {
+                    kinds: kinds.clone(),
+                    match_path: None,
+                },
+            };
+            let (watch, _) = watchpump::watches::create(pool, service.id, &new)
+                .await
+                .unwrap();
+            defs.push(WatchDef {
+                id: watch.id,
+                object,
+                kinds,
+            });
+        }
+    }
+    defs
+}
+
+pub fn random_object(rng: &mut impl Rng, settings: &Settings) -> String {
+    format!(
+        "acme/r{}/o{}",
+        rng.gen_range(0..settings.repos),
+        rng.gen_range(0..settings.objects_per_repo)
+    )
+}
+
+fn pause_in(rng: &mut StdRng, range: (Duration, Duration)) -> Duration {
+    let (low, high) = (range.0.as_millis() as u64, range.1.as_millis() as u64);
+    Duration::from_millis(rng.gen_range(low..=high.max(low)))
+}
+
+/// SIGKILLs a random pump now and then (one time in four a SIGTERM, which
+/// must end in exit 0) and starts a replacement. Returns the kills.
+async fn kill_pumps(
+    pumps: Arc<tokio::sync::Mutex<Pumps>>,
+    settings: Settings,
+    seed: u64,
+    done: Arc<AtomicBool>,
+) -> usize {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut kills = 0;
+    while !done.load(Ordering::SeqCst) {
+        tokio::time::sleep(pause_in(&mut rng, settings.kill_every)).await;
+        if done.load(Ordering::SeqCst) {
+            break;
+        }
+        let mut pumps = pumps.lock().await;
+        pumps.reap();
+        if rng.gen_bool(0.25) {
+            pumps.stop_one_gracefully(&mut rng).await;
+        } else {
+            pumps.kill_one(&mut rng);
+            kills += 1;
+        }
+        pumps.top_up(settings.pumps);
+    }
+    kills
+}
+
+/// Terminates the pumps' LISTEN connections now and then. Returns how many.
+async fn kill_listeners(
+    pool: sqlx::PgPool,
+    settings: Settings,
+    seed: u64,
+    done: Arc<AtomicBool>,
+) -> usize {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut killed = 0;
+    while !done.load(Ordering::SeqCst) {
+        tokio::time::sleep(pause_in(&mut rng, settings.listener_kill_every)).await;
+        let terminated: Result<Vec<bool>, _> = sqlx::query_scalar(
+            "select pg_terminate_backend(pid) from pg_stat_activity
+             where datname = current_database() and query ilike 'listen%' and pid <> pg_backend_pid()",
+        )
+        .fetch_all(&pool)
+        .await;
+        killed += terminated.map_or(0, |t| t.into_iter().filter(|ok| *ok).count());
+    }
+    killed
+}
+
+/// Restarts PostgreSQL (fast mode) as the producers pass each fraction of
+/// their transactions. Pumps are not killed or started meanwhile.
+async fn restart_postgres(
+    cluster: Cluster,
+    pumps: Arc<tokio::sync::Mutex<Pumps>>,
+    settings: Settings,
+    progress: Arc<AtomicUsize>,
+    done: Arc<AtomicBool>,
+) -> usize {
+    let mut restarts = 0;
+    let mut marks: Vec<usize> = settings
+        .pg_restarts_at
+        .iter()
+        .map(|f| (f * settings.transactions as f64) as usize)
+        .collect();
+    marks.reverse();
+    while let Some(&mark) = marks.last() {
+        if done.load(Ordering::SeqCst) {
+            break;
+        }
+        if progress.load(Ordering::SeqCst) >= mark {
+            let _held = pumps.lock().await;
+            let cluster = cluster.clone();
+            tokio::task::spawn_blocking(move || cluster.restart())
+                .await
+                .unwrap();
+            restarts += 1;
+            marks.pop();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    restarts
+}
+
+/// Requests per (watch, object), in the order they reached the consumer.
+pub type ByStream<'a> = HashMap<(i64, String), Vec<&'a consumers::Request>>;

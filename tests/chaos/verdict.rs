@@ -1,0 +1,247 @@
+//! Judging a chaos run, from what the consumers recorded and what the
+//! database says:
+//!
+//! - nothing committed is lost: every committed change has a delivery for
+//!   every live watch it matches, and the newest change of every (watch,
+//!   object) was answered 2xx, unless its watch was dropped (410);
+//! - nothing rolled back is sent;
+//! - no two requests of one (watch, object) overlap at the consumer;
+//! - sequences never go backwards per (watch, object), neither among all
+//!   requests in arrival order nor among 2xx answers;
+//! - nothing is left pending, in flight or failed once consumers are healthy.
+//!
+//! The expected deliveries are computed here from the watches' own
+//! definitions, not read back from the SQL that made them.
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use sqlx::PgPool;
+
+use crate::consumers::Request;
+use crate::producers::Ledger;
+use crate::ByStream;
+
+/// A watch as the suite registered it.
+#[derive(Debug, Clone)]
+pub struct WatchDef {
+    pub id: i64,
+    /// Exact, or a prefix ending in '/'.
+    pub object: String,
+    pub kinds: Option<Vec<String>>,
+}
+
+impl WatchDef {
+    fn matches(&self, object: &str, kind: &str) -> bool {
+        let object_matches = if self.object.ends_with('/') {
+            object.starts_with(&self.object)
+        } else {
+            object == self.object
+        };
+        object_matches
+            && self
+                .kinds
+                .as_ref()
+                .is_none_or(|k| k.iter().any(|x| x == kind))
+    }
+}
+
+/// Waits until no delivery is pending or in flight.
+pub async fn settled(pool: &PgPool, limit: Duration) -> Result<(), String> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let (pending, in_flight): (i64, i64) = sqlx::query_as(
+            "select coalesce(sum(pending), 0)::int8, coalesce(sum(in_flight), 0)::int8 from watchpump.backlog",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        if pending == 0 && in_flight == 0 {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "not settled {limit:?} after consumers turned healthy: {pending} pending, {in_flight} in flight"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+pub struct Judged {
+    pub deliveries: i64,
+    pub duplicates: usize,
+    pub violations: Vec<String>,
+}
+
+pub async fn judge(
+    pool: &PgPool,
+    ledger: &Ledger,
+    watches: &[WatchDef],
+    requests: &[Request],
+    request_timeout: Duration,
+) -> Judged {
+    let _ = request_timeout;
+    let mut violations = Vec::new();
+    let committed: HashSet<i64> = ledger.committed.iter().map(|c| c.id).collect();
+    let rolled_back: HashSet<i64> = ledger.rolled_back.iter().map(|c| c.id).collect();
+
+    for r in requests {
+        if rolled_back.contains(&r.change_id) {
+            violations.push(format!(
+                "rolled-back change {} was sent (delivery {})",
+                r.change_id, r.delivery_id
+            ));
+        } else if !committed.contains(&r.change_id) {
+            violations.push(format!(
+                "unknown change {} was sent (delivery {})",
+                r.change_id, r.delivery_id
+            ));
+        }
+    }
+
+    let mut streams: ByStream = HashMap::new();
+    for r in requests {
+        streams
+            .entry((r.watch_id, r.object.clone()))
+            .or_default()
+            .push(r);
+    }
+    for ((watch, object), list) in &mut streams {
+        list.sort_by_key(|r| r.arrived);
+        violations.extend(order_violations(*watch, object, list));
+    }
+
+    let (rows, dropped) = database_view(pool, &ledger.committed).await;
+    let deliveries = rows.len() as i64;
+    violations.extend(lost(ledger, watches, &dropped, &rows, &streams));
+    for (change, watch, state) in &rows {
+        if state != "delivered" && state != "superseded" && state != "dropped" {
+            violations.push(format!(
+                "delivery of change {change} to watch {watch} ended {state}, not delivered, superseded or dropped"
+            ));
+        }
+    }
+
+    let mut answered: HashMap<i64, usize> = HashMap::new();
+    for r in requests.iter().filter(|r| (200..300).contains(&r.status)) {
+        *answered.entry(r.delivery_id).or_default() += 1;
+    }
+    let duplicates = answered.values().map(|n| n - 1).sum();
+    Judged {
+        deliveries,
+        duplicates,
+        violations,
+    }
+}
+
+/// Overlapping requests and sequences going backwards, for one stream of
+/// requests in arrival order.
+fn order_violations(watch: i64, object: &str, list: &[&Request]) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut busy_until: Option<&Request> = None;
+    let mut newest_sent: Option<&Request> = None;
+    let mut newest_answered: Option<&Request> = None;
+    for r in list {
+        if let Some(prev) = busy_until.filter(|p| r.arrived < p.ended) {
+            found.push(format!(
+                "watch {watch}, {object}: delivery {} (sequence {}) arrived while delivery {} (sequence {}) was still being answered",
+                r.delivery_id, r.sequence, prev.delivery_id, prev.sequence
+            ));
+        }
+        if busy_until.is_none_or(|p| r.ended > p.ended) {
+            busy_until = Some(r);
+        }
+        if let Some(prev) = newest_sent.filter(|p| r.sequence < p.sequence) {
+            found.push(format!(
+                "watch {watch}, {object}: sequence {} (delivery {}) was sent after sequence {} (delivery {})",
+                r.sequence, r.delivery_id, prev.sequence, prev.delivery_id
+            ));
+        }
+        if newest_sent.is_none_or(|p| r.sequence > p.sequence) {
+            newest_sent = Some(r);
+        }
+    }
+    let mut ok: Vec<&&Request> = list
+        .iter()
+        .filter(|r| (200..300).contains(&r.status))
+        .collect();
+    ok.sort_by_key(|r| r.ended);
+    for r in ok {
+        if let Some(prev) = newest_answered.filter(|p| r.sequence < p.sequence) {
+            found.push(format!(
+                "watch {watch}, {object}: sequence {} (delivery {}) was answered 2xx after sequence {} (delivery {})",
+                r.sequence, r.delivery_id, prev.sequence, prev.delivery_id
+            ));
+        }
+        if newest_answered.is_none_or(|p| r.sequence > p.sequence) {
+            newest_answered = Some(r);
+        }
+    }
+    found
+}
+
+/// The deliveries of committed changes as (change, watch, state), and the
+/// watches that were dropped.
+async fn database_view(
+    pool: &PgPool,
+    committed: &[crate::producers::Change],
+) -> (Vec<(i64, i64, String)>, HashSet<i64>) {
+    let ids: Vec<i64> = committed.iter().map(|c| c.id).collect();
+    let rows: Vec<(i64, i64, String)> = sqlx::query_as(
+        "select change_id, watch_id, state from watchpump.delivery_log where change_id = any($1)",
+    )
+    .bind(&ids)
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    let dropped: Vec<i64> =
+        sqlx::query_scalar("select watch_id from watchpump.watch_list where not live")
+            .fetch_all(pool)
+            .await
+            .unwrap();
+    (rows, dropped.into_iter().collect())
+}
+
+/// Committed changes without their deliveries, and newest news that never
+/// got a 2xx.
+fn lost(
+    ledger: &Ledger,
+    watches: &[WatchDef],
+    dropped: &HashSet<i64>,
+    rows: &[(i64, i64, String)],
+    streams: &ByStream,
+) -> Vec<String> {
+    let mut found = Vec::new();
+    let have: HashSet<(i64, i64)> = rows.iter().map(|(c, w, _)| (*c, *w)).collect();
+    let mut newest: HashMap<(i64, &str), i64> = HashMap::new();
+    for change in &ledger.committed {
+        for w in watches.iter().filter(|w| !dropped.contains(&w.id)) {
+            if !w.matches(&change.object, &change.kind) {
+                continue;
+            }
+            if !have.contains(&(change.id, w.id)) {
+                found.push(format!(
+                    "committed change {} ({} of {}) has no delivery for watch {}",
+                    change.id, change.kind, change.object, w.id
+                ));
+            }
+            let n = newest.entry((w.id, change.object.as_str())).or_default();
+            *n = (*n).max(change.id);
+        }
+    }
+    for ((watch, object), change) in newest {
+        let answered = streams
+            .get(&(watch, object.to_string()))
+            .is_some_and(|list| {
+                list.iter()
+                    .any(|r| r.change_id == change && (200..300).contains(&r.status))
+            });
+        if !answered {
+            found.push(format!(
+                "the newest change {change} of watch {watch}, {object} was never answered 2xx"
+            ));
+        }
+    }
+    found
+}
