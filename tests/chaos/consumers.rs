@@ -6,7 +6,9 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -52,12 +54,16 @@ pub struct Request {
     pub delivery_id: i64,
     pub change_id: i64,
     pub sequence: i64,
+    pub attempt: i64,
     /// The answer, or 0 when the pump went away before it.
     pub status: u16,
-    pub arrived: Instant,
-    /// When the answer was sent or the pump went away; for a request that
-    /// hung past the pump's request timeout, the moment the pump gave up.
-    pub ended: Instant,
+    /// Wall clock, the same the pumps record attempts with.
+    pub arrived: DateTime<Utc>,
+    /// When the answer was sent or the handler was dropped. A request that
+    /// hung past the pump's request timeout ends when the pump gave up,
+    /// which only the pump knows: the verdict reads it from its attempts.
+    pub ended: DateTime<Utc>,
+    pub hung: bool,
 }
 
 struct Shared {
@@ -186,29 +192,23 @@ fn decide(shared: &Shared, resource: &str) -> Answer {
 }
 
 /// Records the request when the handler ends, answered or dropped because
-/// the pump closed the connection (a killed pump, a timeout).
+/// the pump closed the connection (a killed pump).
 struct Recording {
     shared: Arc<Shared>,
     request: Option<Request>,
-    hung: bool,
 }
 
 impl Drop for Recording {
     fn drop(&mut self) {
         if let Some(mut r) = self.request.take() {
-            r.ended = Instant::now();
-            if self.hung {
-                // The pump gave up at its request timeout, whenever the
-                // server noticed.
-                r.ended = r.ended.min(r.arrived + self.shared.request_timeout);
-            }
+            r.ended = Utc::now();
             self.shared.log.lock().unwrap().push(r);
         }
     }
 }
 
 async fn receive(State(shared): State<Arc<Shared>>, body: Bytes) -> StatusCode {
-    let arrived = Instant::now();
+    let arrived = Utc::now();
     let Ok(d) = serde_json::from_slice::<serde_json::Value>(&body) else {
         return StatusCode::BAD_REQUEST;
     };
@@ -222,16 +222,17 @@ async fn receive(State(shared): State<Arc<Shared>>, body: Bytes) -> StatusCode {
             delivery_id: field("delivery_id"),
             change_id: field("change_id"),
             sequence: field("sequence"),
+            attempt: field("attempt"),
             status: 0,
             arrived,
             ended: arrived,
+            hung: false,
         }),
-        hung: false,
     };
     let status = match answer {
         Answer::Status(status) => status,
         Answer::Hang => {
-            recording.hung = true;
+            recording.request.as_mut().unwrap().hung = true;
             tokio::time::sleep(shared.request_timeout + Duration::from_millis(300)).await;
             // The pump has given up by now: as far as it knows, no answer.
             recording.request.as_mut().unwrap().status = 0;

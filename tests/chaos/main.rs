@@ -271,14 +271,7 @@ async fn run_async(settings: Settings) -> Summary {
     summary.in_doubt = ledger.in_doubt_count;
     let requests = consumers.requests();
     summary.requests = requests.len();
-    let judged = verdict::judge(
-        &pool,
-        &ledger,
-        &watches,
-        &requests,
-        settings.request_timeout,
-    )
-    .await;
+    let judged = verdict::judge(&pool, &ledger, &watches, &requests).await;
     summary.deliveries = judged.deliveries;
     summary.duplicates = judged.duplicates;
     summary.violations.extend(judged.violations);

@@ -16,6 +16,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
+use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 
 use crate::consumers::Request;
@@ -79,9 +80,8 @@ pub async fn judge(
     ledger: &Ledger,
     watches: &[WatchDef],
     requests: &[Request],
-    request_timeout: Duration,
 ) -> Judged {
-    let _ = request_timeout;
+    let requests = &ended_where_the_pump_gave_up(pool, requests).await;
     let mut violations = Vec::new();
     let committed: HashSet<i64> = ledger.committed.iter().map(|c| c.id).collect();
     let rolled_back: HashSet<i64> = ledger.rolled_back.iter().map(|c| c.id).collect();
@@ -133,6 +133,42 @@ pub async fn judge(
         duplicates,
         violations,
     }
+}
+
+/// A request that hung past the pump's request timeout ended, as far as
+/// the pump is concerned, when the pump gave up on it: its recorded
+/// attempt's start plus duration. (The consumer cannot tell: hyper keeps a
+/// handler running after the client has gone.)
+async fn ended_where_the_pump_gave_up(pool: &PgPool, requests: &[Request]) -> Vec<Request> {
+    let hung: Vec<(i64, i64)> = requests
+        .iter()
+        .filter(|r| r.hung)
+        .map(|r| (r.delivery_id, r.attempt))
+        .collect();
+    let (ids, attempts): (Vec<i64>, Vec<i32>) = hung.iter().map(|(d, a)| (*d, *a as i32)).unzip();
+    let gave_up: HashMap<(i64, i64), DateTime<Utc>> = sqlx::query_as::<_, (i64, i32, DateTime<Utc>)>(
+        "select a.delivery_id, a.attempt, a.started_at + a.duration_ms * interval '1 millisecond'
+         from unnest($1::int8[], $2::int4[]) as h (delivery_id, attempt)
+         join watchpump.attempts a on a.delivery_id = h.delivery_id and a.attempt = h.attempt",
+    )
+    .bind(&ids)
+    .bind(&attempts)
+    .fetch_all(pool)
+    .await
+    .unwrap()
+    .into_iter()
+    .map(|(d, a, at)| ((d, i64::from(a)), at))
+    .collect();
+    requests
+        .iter()
+        .map(|r| {
+            let mut r = r.clone();
+            if let Some(at) = gave_up.get(&(r.delivery_id, r.attempt)).filter(|_| r.hung) {
+                r.ended = r.ended.min(*at);
+            }
+            r
+        })
+        .collect()
 }
 
 /// Overlapping requests and sequences going backwards, for one stream of
