@@ -1,8 +1,17 @@
 #!/usr/bin/env bash
 # Installs what the test suite needs beyond Rust and PostgreSQL, when missing:
 # prometheus/promtool (metrics checks), chromium and chromium-driver (the
-# panel's browser test, tests/panel.rs). Says clearly what it could not install.
+# panel's browser test, tests/panel.rs), and Python's standardwebhooks (the
+# signing interop test). Says clearly what it could not install.
 set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+# Python's standardwebhooks, the independent implementation the signing
+# interop test (tests/signing_interop.rs) checks our signatures against.
+if [ ! -x "$root/target/py/bin/python" ] || ! "$root/target/py/bin/python" -c 'import standardwebhooks' 2>/dev/null; then
+  echo "test-deps: installing Python's standardwebhooks into target/py" >&2
+  python3 -m venv "$root/target/py" >&2 && "$root/target/py/bin/pip" install -q standardwebhooks==1.1.0 >&2 \
+    || { echo "test-deps: could not install standardwebhooks from PyPI" >&2; exit 1; }
+fi
 need=()
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 command -v chromium >/dev/null 2>&1 || [ -x /usr/lib/chromium/chromium ] || need+=(chromium)

@@ -14,6 +14,8 @@
 //!   every time; the durable logic (emit, claim, complete, sweep) is SQL there.
 //! - [`emit()`](emit::emit): the producer's call, in the producer's transaction.
 //! - [`services`]: the registry of consumer services and their hashed tokens.
+//! - [`signing`]: Standard Webhooks signatures on every delivery, and their
+//!   verification for consumers.
 //! - [`pump`]: the delivery engine. [`pump::Pump::run`] is the loop:
 //!   wake-ups ([`pump::wakeup`]: NOTIFY and sweep), claims
 //!   ([`pump::store`]), per-consumer health ([`pump::health`]), HTTP sends
@@ -39,6 +41,7 @@ pub mod pump;
 pub mod schema;
 pub mod server;
 pub mod services;
+pub mod signing;
 pub mod watches;
 
 pub use emit::emit;
