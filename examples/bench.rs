@@ -99,11 +99,11 @@ impl Bench {
     async fn services(&self, consumer: &Consumer) -> Vec<i64> {
         let mut ids = Vec::new();
         for (i, addr) in consumer.addrs.iter().enumerate() {
-            let (s, _) =
+            let s =
                 watchpump::services::add(&self.pool, &format!("svc{i}"), &format!("http://{addr}"))
                     .await
                     .unwrap();
-            ids.push(s.id);
+            ids.push(s.service.id);
         }
         ids
     }
@@ -545,9 +545,10 @@ async fn recovery(b: Bench) -> Outcome {
     let placeholder = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = placeholder.local_addr().unwrap();
     drop(placeholder); // refuse connections on addr
-    let (service, _) = watchpump::services::add(&b.pool, "deploy", &format!("http://{addr}"))
+    let service = watchpump::services::add(&b.pool, "deploy", &format!("http://{addr}"))
         .await
-        .unwrap();
+        .unwrap()
+        .service;
     b.watch(service.id, "acme/").await;
     let pump = b.pump(&[
         ("WATCHPUMP_RETRY_INITIAL_MS", "300000"),

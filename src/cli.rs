@@ -41,6 +41,77 @@ pub fn main() -> ExitCode {
     }
 }
 
+/// `watchpump services ...`: each prints what it did.
+async fn run_services(pool: &sqlx::PgPool, command: ServicesCommand) -> Result<()> {
+    match command {
+        ServicesCommand::Add {
+            name,
+            base_url,
+            json,
+        } => {
+            let new = services::add(pool, &name, &base_url).await?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({"name": new.service.name, "token": new.token,
+                                       "signing_secret": new.signing_secret})
+                );
+            } else {
+                println!(
+                    "service {} ({}) registered.\n\
+                     deliveries to it are signed (Standard Webhooks) with: {}\n\
+                     its token, shown only this once:\n{}",
+                    new.service.name, new.service.base_url, new.signing_secret, new.token
+                );
+            }
+        }
+        ServicesCommand::List => {
+            for s in services::list(pool).await? {
+                println!("{}\t{}\t{}", s.name, s.base_url, s.created_at.to_rfc3339());
+            }
+        }
+        ServicesCommand::RotateSecret { name, overlap } => {
+            let overlap = services::parse_duration(&overlap)?;
+            let (secret, until) = services::rotate_secret(pool, &name, overlap).await?;
+            println!(
+                "service {name} has a new signing secret; the old one also signs until {}:\n{secret}",
+                until.to_rfc3339()
+            );
+        }
+        ServicesCommand::RotateToken { name, grace } => {
+            let grace = services::parse_duration(&grace)?;
+            let (token, until) = services::rotate_token(pool, &name, grace).await?;
+            println!(
+                "service {name} has a new token; the old one works until {}. The new token, shown only this once:\n{token}",
+                until.to_rfc3339()
+            );
+        }
+        ServicesCommand::SetUrl { name, base_url } => {
+            let s = services::set_url(pool, &name, &base_url).await?;
+            println!(
+                "service {} now receives deliveries at {}",
+                s.name, s.base_url
+            );
+        }
+        ServicesCommand::Remove { name, yes } => {
+            let service = services::find(pool, &name).await?;
+            if !yes {
+                return Err(Error::Invalid(format!(
+                    "not removing service {}: its token would stop working, its watches be removed and \
+                     their undelivered deliveries dropped; run again with --yes to do so",
+                    service.name
+                )));
+            }
+            let removal = services::remove(pool, &name, "cli").await?;
+            println!(
+                "service {name} removed: {} watches removed, {} undelivered deliveries dropped",
+                removal.watches, removal.deliveries
+            );
+        }
+    }
+    Ok(())
+}
+
 async fn run(cli: Cli) -> Result<()> {
     let url = cli
         .database_url
@@ -56,21 +127,10 @@ async fn run(cli: Cli) -> Result<()> {
             }
         }
         Command::Serve(cfg) => server::serve(&url, cfg, server::shutdown_signal()).await?,
-        Command::Services(ServicesCommand::Add { name, base_url }) => {
+        Command::Services(command) => {
             let pool = server::connect(&url, 2).await?;
             schema::migrate(&pool).await?;
-            let (service, token) = services::add(&pool, &name, &base_url).await?;
-            println!(
-                "service {} ({}) registered; its token, shown only this once:",
-                service.name, service.base_url
-            );
-            println!("{token}");
-        }
-        Command::Services(ServicesCommand::List) => {
-            let pool = server::connect(&url, 2).await?;
-            for s in services::list(&pool).await? {
-                println!("{}\t{}\t{}", s.name, s.base_url, s.created_at.to_rfc3339());
-            }
+            run_services(&pool, command).await?;
         }
         Command::Emit {
             object,

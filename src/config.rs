@@ -42,7 +42,8 @@ pub enum Command {
 
 #[derive(Debug, Subcommand)]
 pub enum ServicesCommand {
-    /// Register a consumer service; prints its token once, on the last line.
+    /// Register a consumer service; prints its signing secret, and its token
+    /// once, on the last line.
     Add {
         /// Service name: a-z, 0-9, '-' and '_'.
         name: String,
@@ -50,9 +51,38 @@ pub enum ServicesCommand {
         /// <base-url>/api/v1/<producer>/events.
         #[arg(long)]
         base_url: String,
+        /// Print one JSON object {"name", "token", "signing_secret"} instead.
+        #[arg(long)]
+        json: bool,
     },
-    /// List the registered consumer services.
+    /// List the registered consumer services (never their credentials).
     List,
+    /// Give a service a new signing secret; the old one keeps signing next
+    /// to it (both signatures are sent) until the overlap ends.
+    RotateSecret {
+        name: String,
+        /// How long the old secret keeps signing: 90s, 30m, 24h, 7d.
+        #[arg(long, default_value = "24h")]
+        overlap: String,
+    },
+    /// Give a service a new token; the old one keeps working for the grace
+    /// period. Prints the new token on the last line.
+    RotateToken {
+        name: String,
+        /// How long the old token keeps working: 90s, 30m, 24h, 7d.
+        #[arg(long, default_value = "24h")]
+        grace: String,
+    },
+    /// Point a service at a new base URL.
+    SetUrl { name: String, base_url: String },
+    /// Remove a service: its token stops working, its watches are removed
+    /// and their undelivered deliveries dropped.
+    Remove {
+        name: String,
+        /// Confirm: without it nothing is removed.
+        #[arg(long)]
+        yes: bool,
+    },
 }
 
 /// `watchpump serve`: the pump plus the HTTP listeners.

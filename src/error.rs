@@ -8,6 +8,9 @@ pub enum Error {
     Database(#[from] sqlx::Error),
     #[error("invalid input: {0}")]
     Invalid(String),
+    /// A named thing (a service, a delivery) does not exist.
+    #[error("{0}")]
+    NotFound(String),
     #[error("configuration: {0}")]
     Config(String),
     #[error("{0}")]

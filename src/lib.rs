@@ -16,6 +16,8 @@
 //! - [`services`]: the registry of consumer services and their hashed tokens.
 //! - [`signing`]: Standard Webhooks signatures on every delivery, and their
 //!   verification for consumers.
+//! - [`message`]: what a consumer receives (URL, headers, body), for the
+//!   pump that sends it and the panel that shows it.
 //! - [`pump`]: the delivery engine. [`pump::Pump::run`] is the loop:
 //!   wake-ups ([`pump::wakeup`]: NOTIFY and sweep), claims
 //!   ([`pump::store`]), per-consumer health ([`pump::health`]), HTTP sends
@@ -35,6 +37,7 @@ pub mod cli;
 pub mod config;
 pub mod emit;
 pub mod error;
+pub mod message;
 pub mod metrics;
 pub mod operator;
 pub mod pump;

@@ -30,10 +30,12 @@ macro_rules! sql_file {
 const MIGRATIONS: &[SqlFile] = &[
     sql_file!("migrations", "0001_core"),
     sql_file!("migrations", "0002_operator"),
+    sql_file!("migrations", "0003_service_lifecycle"),
 ];
 
 /// `create or replace` definitions, re-applied when their text changes.
 const FUNCTIONS: &[SqlFile] = &[
+    sql_file!("functions", "0050_registry"),
     sql_file!("functions", "0100_emit"),
     sql_file!("functions", "0200_pump"),
     sql_file!("functions", "0300_operator"),
@@ -59,7 +61,14 @@ pub async fn migrate(pool: &PgPool) -> Result<Vec<String>> {
     sqlx::query("select pg_advisory_unlock(hashtext('watchpump.migrate'))")
         .execute(&mut *conn)
         .await?;
-    applied
+    let applied = applied?;
+    // Data that needs Rust: signing secrets for services registered before
+    // signing existed (0003_service_lifecycle.sql).
+    let given = crate::services::ensure_signing_secrets(pool).await?;
+    if !given.is_empty() {
+        tracing::info!(services = ?given, "gave services their signing secret; `watchpump services rotate-secret NAME` shows a new one to hand to each team");
+    }
+    Ok(applied)
 }
 
 async fn apply_all(conn: &mut PgConnection) -> Result<Vec<String>> {

@@ -1,11 +1,18 @@
-//! The registry of consumer services: where to deliver to, and who is
-//! calling the watches API.
+//! The registry of consumer services: where to deliver to, how deliveries
+//! to each are signed, and who is calling the watches API.
 //!
 //! A service token reads `wps_<service id>_<64 hex digits>`. Only the SHA-256
 //! of its secret part is stored; a caller is looked up by the id and its
 //! secret compared in constant time, so neither the database nor a timing
-//! measurement gives the token away.
+//! measurement gives the token away. The signing secret (`whsec_...`, see
+//! [`crate::signing`]) is stored as is: signing needs the key itself.
+//!
+//! Both can be rotated with an overlap: the old token keeps working, and the
+//! old secret keeps signing next to the new one, until the overlap ends.
 
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
 use rand::RngCore;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
@@ -13,6 +20,7 @@ use sqlx::PgPool;
 use subtle::ConstantTimeEq;
 
 use crate::error::{Error, Result};
+use crate::signing::SigningSecret;
 
 /// A consumer service as the producer knows it.
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]
@@ -20,27 +28,67 @@ pub struct Service {
     pub id: i64,
     pub name: String,
     pub base_url: String,
-    pub created_at: chrono::DateTime<chrono::Utc>,
+    pub created_at: DateTime<Utc>,
+}
+
+/// A service just registered, with the credentials shown only this once.
+#[derive(Debug)]
+pub struct Registered {
+    pub service: Service,
+    /// The service's token, for `Authorization: Bearer` on the watches API.
+    pub token: String,
+    /// The secret deliveries to the service are signed with (`whsec_...`).
+    pub signing_secret: String,
+}
+
+/// What a pump needs to sign deliveries to one service, as of `version`.
+#[derive(Debug, Clone)]
+pub struct Keys {
+    pub version: i32,
+    pub current: SigningSecret,
+    /// The secret before the last rotation, signing too until the time given.
+    pub previous: Option<(SigningSecret, DateTime<Utc>)>,
+}
+
+impl Keys {
+    /// The secrets that sign at `now`.
+    pub fn signing_at(&self, now: DateTime<Utc>) -> Vec<&SigningSecret> {
+        let mut secrets = vec![&self.current];
+        if let Some((old, until)) = &self.previous {
+            if now < *until {
+                secrets.push(old);
+            }
+        }
+        secrets
+    }
+}
+
+/// What removing a service took with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, sqlx::FromRow)]
+pub struct Removal {
+    pub watches: i32,
+    pub deliveries: i32,
 }
 
 const TOKEN_PREFIX: &str = "wps_";
+const COLUMNS: &str = "id, name, base_url, created_at";
 
-/// Registers a consumer service and returns it with its new token, which is
-/// shown this once and stored only as a hash.
-pub async fn add(pool: &PgPool, name: &str, base_url: &str) -> Result<(Service, String)> {
+/// Registers a consumer service and returns it with its new token and
+/// signing secret, which are shown this once (only the token's hash is
+/// stored).
+pub async fn add(pool: &PgPool, name: &str, base_url: &str) -> Result<Registered> {
     validate_name(name)?;
     let base_url = normalize_base_url(base_url)?;
-    let mut secret = [0u8; 32];
-    rand::rngs::OsRng.fill_bytes(&mut secret);
-    let secret = hex::encode(secret);
-    let hash = Sha256::digest(secret.as_bytes()).to_vec();
-    let service: Service = sqlx::query_as(
-        "insert into watchpump.services (name, base_url, token_hash) values ($1, $2, $3)
-         returning id, name, base_url, created_at",
-    )
+    let (secret, hash) = new_token_secret();
+    let signing_secret = SigningSecret::generate().to_whsec();
+    let service: Service = sqlx::query_as(&format!(
+        "insert into watchpump.services (name, base_url, token_hash, signing_secret)
+         values ($1, $2, $3, $4) returning {COLUMNS}"
+    ))
     .bind(name)
     .bind(&base_url)
     .bind(hash)
+    .bind(&signing_secret)
     .fetch_one(pool)
     .await
     .map_err(|e| match e {
@@ -50,48 +98,217 @@ pub async fn add(pool: &PgPool, name: &str, base_url: &str) -> Result<(Service, 
         other => Error::Database(other),
     })?;
     let token = format!("{TOKEN_PREFIX}{}_{secret}", service.id);
-    Ok((service, token))
+    Ok(Registered {
+        service,
+        token,
+        signing_secret,
+    })
 }
 
-/// Every registered service, by name.
+/// Every live service, by name.
 pub async fn list(pool: &PgPool) -> Result<Vec<Service>> {
-    Ok(sqlx::query_as(
-        "select id, name, base_url, created_at from watchpump.services order by name",
-    )
+    Ok(sqlx::query_as(&format!(
+        "select {COLUMNS} from watchpump.services where removed_at is null order by name"
+    ))
     .fetch_all(pool)
     .await?)
 }
 
+/// The live service called `name`.
+pub async fn find(pool: &PgPool, name: &str) -> Result<Service> {
+    sqlx::query_as(&format!(
+        "select {COLUMNS} from watchpump.services where name = $1 and removed_at is null"
+    ))
+    .bind(name)
+    .fetch_optional(pool)
+    .await?
+    .ok_or_else(|| no_such_service(name))
+}
+
+fn no_such_service(name: &str) -> Error {
+    Error::NotFound(format!("there is no service {name:?}"))
+}
+
 /// The service a bearer token belongs to, or `None` for any token that is
-/// malformed, unknown or wrong.
+/// malformed, unknown, wrong, or of a removed service. During a token
+/// rotation's grace period the previous token works too.
 pub async fn authenticate(pool: &PgPool, token: &str) -> Result<Option<Service>> {
     let Some((id, secret)) = parse_token(token) else {
         return Ok(None);
     };
-    let row: Option<(Vec<u8>, Service)> = sqlx::query_as::<
-        _,
-        (Vec<u8>, i64, String, String, chrono::DateTime<chrono::Utc>),
-    >(
-        "select token_hash, id, name, base_url, created_at from watchpump.services where id = $1",
+    let row: Option<(Vec<u8>, Option<Vec<u8>>, i64, String, String, DateTime<Utc>)> =
+        sqlx::query_as(
+            "select token_hash,
+                    case when previous_token_until > now() then previous_token_hash end,
+                    id, name, base_url, created_at
+             from watchpump.services where id = $1 and removed_at is null",
+        )
+        .bind(id)
+        .fetch_optional(pool)
+        .await?;
+    let Some((current, previous, id, name, base_url, created_at)) = row else {
+        return Ok(None);
+    };
+    let presented = Sha256::digest(secret.as_bytes());
+    // Both comparisons always run, so the time taken says nothing about
+    // which one matched.
+    let matches_current = presented.as_slice().ct_eq(&current);
+    let matches_previous = presented
+        .as_slice()
+        .ct_eq(previous.as_deref().unwrap_or(&[0u8; 32]))
+        & subtle::Choice::from(u8::from(previous.is_some()));
+    Ok(
+        bool::from(matches_current | matches_previous).then_some(Service {
+            id,
+            name,
+            base_url,
+            created_at,
+        }),
+    )
+}
+
+/// The signing keys of service `id`, whatever its state.
+pub async fn keys(pool: &PgPool, id: i64) -> Result<Keys> {
+    let (version, current, previous, until): (
+        i32,
+        Option<String>,
+        Option<String>,
+        Option<DateTime<Utc>>,
+    ) = sqlx::query_as(
+        "select version, signing_secret, previous_signing_secret, previous_secret_until
+         from watchpump.services where id = $1",
     )
     .bind(id)
     .fetch_optional(pool)
     .await?
-    .map(|(hash, id, name, base_url, created_at)| {
-        (
-            hash,
-            Service {
-                id,
-                name,
-                base_url,
-                created_at,
-            },
+    .ok_or_else(|| Error::NotFound(format!("there is no service with id {id}")))?;
+    let parse = |s: &str| {
+        SigningSecret::parse(s)
+            .map_err(|e| Error::Config(format!("the signing secret of service {id}: {e}")))
+    };
+    let current = parse(current.as_deref().ok_or_else(|| {
+        Error::Config(format!(
+            "service {id} has no signing secret: run `watchpump migrate`"
+        ))
+    })?)?;
+    let previous = match (previous, until) {
+        (Some(old), Some(until)) => Some((parse(&old)?, until)),
+        _ => None,
+    };
+    Ok(Keys {
+        version,
+        current,
+        previous,
+    })
+}
+
+/// Gives every service without a signing secret one (services registered
+/// before signing existed). Returns their names.
+pub async fn ensure_signing_secrets(pool: &PgPool) -> Result<Vec<String>> {
+    let missing: Vec<(i64, String)> =
+        sqlx::query_as("select id, name from watchpump.services where signing_secret is null")
+            .fetch_all(pool)
+            .await?;
+    for (id, _) in &missing {
+        sqlx::query(
+            "update watchpump.services set signing_secret = $2, version = version + 1
+             where id = $1 and signing_secret is null",
         )
-    });
-    let presented = Sha256::digest(secret.as_bytes());
-    Ok(row.and_then(|(stored, service)| {
-        bool::from(presented.as_slice().ct_eq(&stored)).then_some(service)
-    }))
+        .bind(id)
+        .bind(SigningSecret::generate().to_whsec())
+        .execute(pool)
+        .await?;
+    }
+    Ok(missing.into_iter().map(|(_, name)| name).collect())
+}
+
+/// A new signing secret for `name`; the old one keeps signing (next to the
+/// new one) for `overlap`. Returns the new secret and when the old one stops.
+pub async fn rotate_secret(
+    pool: &PgPool,
+    name: &str,
+    overlap: Duration,
+) -> Result<(String, DateTime<Utc>)> {
+    let secret = SigningSecret::generate().to_whsec();
+    let until: Option<DateTime<Utc>> = sqlx::query_scalar(
+        "update watchpump.services
+         set previous_signing_secret = signing_secret,
+             previous_secret_until = now() + make_interval(secs => $3),
+             signing_secret = $2, version = version + 1
+         where name = $1 and removed_at is null
+         returning previous_secret_until",
+    )
+    .bind(name)
+    .bind(&secret)
+    .bind(overlap.as_secs_f64())
+    .fetch_optional(pool)
+    .await?;
+    let until = until.ok_or_else(|| no_such_service(name))?;
+    Ok((secret, until))
+}
+
+/// A new token for `name`; the old one keeps working for `grace`. Returns
+/// the new token and when the old one stops working.
+pub async fn rotate_token(
+    pool: &PgPool,
+    name: &str,
+    grace: Duration,
+) -> Result<(String, DateTime<Utc>)> {
+    let (secret, hash) = new_token_secret();
+    let row: Option<(i64, DateTime<Utc>)> = sqlx::query_as(
+        "update watchpump.services
+         set previous_token_hash = token_hash,
+             previous_token_until = now() + make_interval(secs => $3),
+             token_hash = $2, version = version + 1
+         where name = $1 and removed_at is null
+         returning id, previous_token_until",
+    )
+    .bind(name)
+    .bind(hash)
+    .bind(grace.as_secs_f64())
+    .fetch_optional(pool)
+    .await?;
+    let (id, until) = row.ok_or_else(|| no_such_service(name))?;
+    Ok((format!("{TOKEN_PREFIX}{id}_{secret}"), until))
+}
+
+/// Points `name` at a new base URL (checked as [`add`] checks it).
+pub async fn set_url(pool: &PgPool, name: &str, base_url: &str) -> Result<Service> {
+    let base_url = normalize_base_url(base_url)?;
+    sqlx::query_as(&format!(
+        "update watchpump.services set base_url = $2, version = version + 1
+         where name = $1 and removed_at is null returning {COLUMNS}"
+    ))
+    .bind(name)
+    .bind(&base_url)
+    .fetch_optional(pool)
+    .await?
+    .ok_or_else(|| no_such_service(name))
+}
+
+/// Removes `name`: its token stops working, its watches are removed and
+/// their undelivered deliveries dropped (`watchpump.remove_service()`).
+pub async fn remove(pool: &PgPool, name: &str, actor: &str) -> Result<Removal> {
+    sqlx::query_as("select watches, deliveries from watchpump.remove_service($1, $2)")
+        .bind(name)
+        .bind(actor)
+        .fetch_one(pool)
+        .await
+        .map_err(|e| match e {
+            sqlx::Error::Database(ref d) if d.code().as_deref() == Some("P0002") => {
+                no_such_service(name)
+            }
+            other => Error::Database(other),
+        })
+}
+
+/// A random token secret and its stored hash.
+fn new_token_secret() -> (String, Vec<u8>) {
+    let mut secret = [0u8; 32];
+    rand::rngs::OsRng.fill_bytes(&mut secret);
+    let secret = hex::encode(secret);
+    let hash = Sha256::digest(secret.as_bytes()).to_vec();
+    (secret, hash)
 }
 
 fn parse_token(token: &str) -> Option<(i64, &str)> {
@@ -117,20 +334,73 @@ fn validate_name(name: &str) -> Result<()> {
     }
 }
 
-/// An absolute http(s) URL without query or fragment, without trailing '/'.
+/// An absolute http(s) URL without credentials, query or fragment, without
+/// trailing '/'. Credentials are refused: the URL is shown in listings and
+/// logs, and the producer's token is the only credential a delivery carries.
 pub fn normalize_base_url(raw: &str) -> Result<String> {
-    let invalid = |why: &str| Error::Invalid(format!("base URL {raw:?} {why}"));
-    let url = reqwest::Url::parse(raw).map_err(|e| invalid(&format!("is not a URL: {e}")))?;
+    let url = reqwest::Url::parse(raw).map_err(|e| {
+        Error::Invalid(format!(
+            "base URL {:?} is not a URL: {e}",
+            without_credentials(raw)
+        ))
+    })?;
+    let invalid =
+        |why: &str| Error::Invalid(format!("base URL {:?} {why}", without_credentials(raw)));
     if url.scheme() != "http" && url.scheme() != "https" {
         return Err(invalid("must use http or https"));
     }
     if url.host_str().is_none() {
         return Err(invalid("has no host"));
     }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(invalid(
+            "must not carry credentials (user:password@): deliveries authenticate with the producer's token and a signature",
+        ));
+    }
     if url.query().is_some() || url.fragment().is_some() {
         return Err(invalid("must not have a query or fragment"));
     }
     Ok(url.as_str().trim_end_matches('/').to_string())
+}
+
+/// `raw` with anything between `://` and an `@` before the path masked, for
+/// error messages about URLs that carry credentials.
+fn without_credentials(raw: &str) -> String {
+    match raw.split_once("://") {
+        Some((scheme, rest)) => {
+            let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+            match rest[..authority_end].rfind('@') {
+                Some(at) => format!("{scheme}://***@{}", &rest[at + 1..]),
+                None => raw.to_string(),
+            }
+        }
+        None => raw.to_string(),
+    }
+}
+
+/// Parses an overlap or grace period: `90s`, `30m`, `24h`, `7d`.
+pub fn parse_duration(text: &str) -> Result<Duration> {
+    let text = text.trim();
+    let invalid = || {
+        Error::Invalid(format!(
+            "{text:?} is not a duration: write a number and a unit, e.g. 90s, 30m, 24h or 7d"
+        ))
+    };
+    let unit_at = text
+        .find(|c: char| !c.is_ascii_digit())
+        .ok_or_else(invalid)?;
+    let n: u64 = text[..unit_at].parse().map_err(|_| invalid())?;
+    let seconds = match &text[unit_at..] {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => return Err(invalid()),
+    };
+    n.checked_mul(seconds)
+        .filter(|s| *s <= 365 * 86_400)
+        .map(Duration::from_secs)
+        .ok_or_else(|| Error::Invalid(format!("{text:?} is longer than a year")))
 }
 
 #[cfg(test)]
@@ -165,11 +435,33 @@ mod tests {
     }
 
     #[test]
+    fn base_urls_with_credentials_are_refused_without_repeating_them() {
+        for raw in ["http://user:pw@host:9000", "https://token@host/x"] {
+            let message = normalize_base_url(raw).unwrap_err().to_string();
+            assert!(message.contains("credentials"), "{message}");
+            assert!(
+                !message.contains("pw") && !message.contains("token@"),
+                "{message}"
+            );
+        }
+    }
+
+    #[test]
     fn names_are_checked() {
         assert!(validate_name("deploy").is_ok());
         assert!(validate_name("docs-2_x").is_ok());
         assert!(validate_name("").is_err());
         assert!(validate_name("Deploy").is_err());
         assert!(validate_name("-x").is_err());
+    }
+
+    #[test]
+    fn durations_read_as_people_write_them() {
+        assert_eq!(parse_duration("90s").unwrap(), Duration::from_secs(90));
+        assert_eq!(parse_duration("24h").unwrap(), Duration::from_secs(86_400));
+        assert_eq!(parse_duration("7d").unwrap(), Duration::from_secs(604_800));
+        for bad in ["", "h", "10", "1.5h", "-1h", "10 h", "400d"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
     }
 }

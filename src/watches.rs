@@ -273,36 +273,22 @@ pub async fn get(pool: &PgPool, service_id: i64, id: i64) -> Result<Option<Watch
 }
 
 /// Removes one of the service's own watches, dropping its deliveries that
-/// were not sent yet. Returns false when the service has no such watch.
+/// were not sent yet (`watchpump.remove_watch()`). Returns false when the
+/// service has no such watch.
 pub async fn remove(pool: &PgPool, service_id: i64, id: i64, reason: &str) -> Result<bool> {
-    let mut tx = pool.begin().await?;
-    let found: Option<(Option<DateTime<Utc>>,)> = sqlx::query_as(
-        "select removed_at from watchpump.watches where service_id = $1 and id = $2 for update",
-    )
-    .bind(service_id)
-    .bind(id)
-    .fetch_optional(&mut *tx)
-    .await?;
-    match found {
-        None => return Ok(false),
-        Some((Some(_),)) => return Ok(true),
-        Some((None,)) => {}
+    let found: Option<i64> =
+        sqlx::query_scalar("select id from watchpump.watches where service_id = $1 and id = $2")
+            .bind(service_id)
+            .bind(id)
+            .fetch_optional(pool)
+            .await?;
+    if found.is_none() {
+        return Ok(false);
     }
-    sqlx::query(
-        "update watchpump.watches set removed_at = now(), removed_reason = $2 where id = $1",
-    )
-    .bind(id)
-    .bind(reason)
-    .execute(&mut *tx)
-    .await?;
-    sqlx::query(
-        "update watchpump.deliveries set state = 'dropped', finished_at = now(), last_error = $2
-         where watch_id = $1 and state = 'pending'",
-    )
-    .bind(id)
-    .bind(format!("watch removed: {reason}"))
-    .execute(&mut *tx)
-    .await?;
-    tx.commit().await?;
+    sqlx::query("select count(*) from watchpump.remove_watch($1, $2)")
+        .bind(id)
+        .bind(reason)
+        .execute(pool)
+        .await?;
     Ok(true)
 }

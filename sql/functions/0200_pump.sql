@@ -89,6 +89,8 @@ create or replace function watchpump.claim(
     service_id   bigint,
     service_name text,
     base_url     text,
+    -- services.version: pumps cache each service's signing keys by it.
+    service_version integer,
     attempt      integer,
     resource     text,
     object       text,
@@ -109,6 +111,7 @@ declare
     v_objects   text[];
     v_probes    boolean[];
     v_ids       bigint[];
+    v_cleaned   bigint;
 begin
     -- The rule needs a fresh snapshot per statement.
     if current_setting('transaction_isolation') <> 'read committed' then
@@ -116,14 +119,23 @@ begin
             current_setting('transaction_isolation') using errcode = '25000';
     end if;
 
-    -- 1. The (watch, object)s with news due, per service within its free
-    --    slots, that this pump may decide about now (stream_lock()).
-    with due as materialized (
-        select distinct on (d.watch_id, d.object) d.watch_id, d.object, coalesce(f.probe, false) as probe
+    -- 1. Due (or probed) pending deliveries per service, oldest due first:
+    --    up to its free slots of them, plus up to 256 more to clean up.
+    --    A row with a newer pending sibling is stale (left behind while a
+    --    pump was behind or its consumer down): it is superseded here, as
+    --    the scan passes it, so that stale rows never pile up ahead of the
+    --    news. The newest of each (watch, object) that nothing of it is in
+    --    flight is a candidate, and this pump decides about it now if it
+    --    gets its lock (stream_lock()).
+    with scanned as materialized (
+        select d.id, d.watch_id, d.object, d.service_id, d.next_attempt_at,
+               coalesce(f.probe, false) as probe, greatest(coalesce(f.free, p_default_free), 0) as free,
+               (select max(n.id) from watchpump.deliveries n
+                where n.watch_id = d.watch_id and n.object = d.object and n.state = 'pending') as newest
         from watchpump.services s
         left join unnest(p_service_ids, p_free, p_probe) as f (id, free, probe) on f.id = s.id
         cross join lateral (
-            select d.watch_id, d.object
+            select d.id, d.watch_id, d.object, d.service_id, d.next_attempt_at
             from watchpump.deliveries d
             where d.service_id = s.id
               and d.state = 'pending'
@@ -136,13 +148,36 @@ begin
                   offset 0
               )
             order by d.next_attempt_at
-            limit greatest(coalesce(f.free, p_default_free), 0)
+            limit case when coalesce(f.free, p_default_free) > 0
+                       then coalesce(f.free, p_default_free) + case when coalesce(f.probe, false) then 0 else 256 end
+                       else 0 end
         ) d
+        where s.removed_at is null
+    ),
+    stale as (
+        select d.id, x.newest
+        from scanned x
+        join watchpump.deliveries d on d.id = x.id and d.state = 'pending'
+        where x.id < x.newest
+        for update of d skip locked
+    ),
+    cleaned as (
+        update watchpump.deliveries d
+        set state = 'superseded', superseded_by = s.newest, finished_at = clock_timestamp()
+        from stale s
+        where d.id = s.id
+        returning d.id
+    ),
+    candidates as materialized (
+        select x.watch_id, x.object, x.probe,
+               row_number() over (partition by x.service_id order by x.next_attempt_at) as nth, x.free
+        from scanned x
+        where x.id = x.newest
     )
     select coalesce(array_agg(k.watch_id), '{}'), coalesce(array_agg(k.object), '{}'),
-           coalesce(array_agg(k.probe), '{}')
-    into v_watch_ids, v_objects, v_probes
-    from (select * from due) k
+           coalesce(array_agg(k.probe), '{}'), (select count(*) from cleaned)
+    into v_watch_ids, v_objects, v_probes, v_cleaned
+    from (select * from candidates c where c.nth <= c.free) k
     where watchpump.stream_lock(k.watch_id, k.object);
     if cardinality(v_watch_ids) = 0 then
         return;
@@ -201,7 +236,7 @@ begin
         where d.id = any (v_ids)
         returning d.id, d.change_id, d.watch_id, d.service_id, d.attempts
     )
-    select c.id, c.change_id, c.watch_id, c.service_id, s.name, s.base_url, c.attempts,
+    select c.id, c.change_id, c.watch_id, c.service_id, s.name, s.base_url, s.version, c.attempts,
            w.resource, ch.object, ch.kind, ch.sequence, ch.occurred_at, ch.payload::text
     from claimed c
     join watchpump.changes ch on ch.id = c.change_id
@@ -337,20 +372,10 @@ begin
     -- had waiting.
     if 'gone' = any (p_outcomes) then
         return query
-        with gone_watches as (
-            update watchpump.watches w
-            set removed_at = clock_timestamp(), removed_reason = 'gone: the consumer answered 410'
-            from watchpump.deliveries d
-            where d.id = any (v_ids) and d.state = 'dropped' and d.last_status = 410
-              and w.id = d.watch_id and w.removed_at is null
-            returning w.id
-        )
-        update watchpump.deliveries d
-        set state = 'dropped', last_error = 'watch removed: the consumer answered 410',
-            finished_at = clock_timestamp()
-        where d.watch_id in (select g.id from gone_watches g)
-          and d.state = 'pending'
-        returning d.id, d.service_id, d.state;
+        select r.delivery_id, r.service_id, 'dropped'::text
+        from (select distinct d.watch_id from watchpump.deliveries d
+              where d.id = any (v_ids) and d.state = 'dropped' and d.last_status = 410) g
+        cross join lateral watchpump.remove_watch(g.watch_id, 'gone: the consumer answered 410') r;
     end if;
 end
 $$;

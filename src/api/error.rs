@@ -65,6 +65,7 @@ impl From<crate::Error> for ApiError {
     fn from(e: crate::Error) -> Self {
         match e {
             crate::Error::Invalid(message) => ApiError::Invalid(message),
+            crate::Error::NotFound(message) => ApiError::NotFound(message),
             other => ApiError::Internal(other),
         }
     }

@@ -5,7 +5,8 @@
 //!
 //! - [`store`]: the reads and actions both front ends share.
 //! - [`auth`]: admin token, panel sessions, Origin check.
-//! - [`admin`]: `/api/v1/admin/...`, JSON, `Authorization: Bearer <admin token>`.
+//! - [`admin`]: `/api/v1/admin/...`, JSON, `Authorization: Bearer <admin token>`;
+//!   [`admin_services`] is its part for the service lifecycle.
 //! - [`panel`]: `/panel`, server-rendered HTML, no JavaScript.
 //! - [`notify`]: folds failed deliveries into warnings and sends them.
 //! - [`prune`]: deletes finished rows past retention, in small batches.
@@ -13,6 +14,7 @@
 //! - [`config`]: the knobs, part of `watchpump serve`.
 
 pub mod admin;
+pub mod admin_services;
 pub mod auth;
 pub mod config;
 pub mod notify;
@@ -131,6 +133,7 @@ fn mask_service_tokens(text: &str) -> String {
 pub fn router(state: OperatorState) -> Router {
     Router::new()
         .merge(admin::routes())
+        .merge(admin_services::routes())
         .merge(panel::routes())
         .with_state(state)
 }

@@ -29,6 +29,7 @@ use tokio::time::Instant;
 use crate::config::PumpConfig;
 use crate::error::{Error, Result};
 use crate::metrics as m;
+use crate::services::{self, Keys};
 use health::{Health, Transition};
 use send::{Finished, Outcome, Sender};
 use store::Claimed;
@@ -57,6 +58,8 @@ struct Shared {
     /// When retries this pump scheduled fall due, soonest first, so that a
     /// retry goes out on time rather than at the next sweep.
     retries: Mutex<BinaryHeap<Reverse<Instant>>>,
+    /// Each service's signing keys, as of the version claim() reported.
+    keys: Mutex<HashMap<i64, Arc<Keys>>>,
 }
 
 impl Pump {
@@ -79,6 +82,7 @@ impl Pump {
             health: Mutex::new(health),
             signals: Arc::new(Signals::default()),
             retries: Mutex::new(BinaryHeap::new()),
+            keys: Mutex::new(HashMap::new()),
             cfg,
         };
         Ok(Pump {
@@ -213,6 +217,7 @@ async fn claim_loop(
         let mut pause = None;
         match claim(shared).await {
             Ok(claimed) if !claimed.is_empty() => {
+                let claimed = with_keys(shared, claimed).await;
                 // watchpump.claim() removed our sleeper row.
                 asleep = false;
                 // Poll only when busy: at a trickle, NOTIFY is cheap for
@@ -299,18 +304,57 @@ async fn claim(shared: &Shared) -> Result<Vec<Claimed>> {
     Ok(claimed)
 }
 
-fn dispatch(shared: &Arc<Shared>, claimed: Vec<Claimed>, done: &mpsc::UnboundedSender<Finished>) {
+/// Pairs each claimed delivery with its service's signing keys, loading
+/// those a service's version says changed. A service whose keys cannot be
+/// read (the database is gone) has its deliveries left to their lease.
+async fn with_keys(shared: &Shared, claimed: Vec<Claimed>) -> Vec<(Claimed, Arc<Keys>)> {
+    let stale: Vec<i64> = {
+        let keys = shared.keys.lock().unwrap();
+        let mut stale: Vec<i64> = claimed
+            .iter()
+            .filter(|c| {
+                keys.get(&c.service_id)
+                    .is_none_or(|k| k.version != c.service_version)
+            })
+            .map(|c| c.service_id)
+            .collect();
+        stale.sort_unstable();
+        stale.dedup();
+        stale
+    };
+    for id in stale {
+        match services::keys(&shared.pool, id).await {
+            Ok(k) => {
+                shared.keys.lock().unwrap().insert(id, Arc::new(k));
+            }
+            Err(e) => {
+                tracing::error!(error = %e, service_id = id, "cannot read the service's signing keys; its deliveries wait for their lease")
+            }
+        }
+    }
+    let keys = shared.keys.lock().unwrap();
+    claimed
+        .into_iter()
+        .filter_map(|c| keys.get(&c.service_id).cloned().map(|k| (c, k)))
+        .collect()
+}
+
+fn dispatch(
+    shared: &Arc<Shared>,
+    claimed: Vec<(Claimed, Arc<Keys>)>,
+    done: &mpsc::UnboundedSender<Finished>,
+) {
     metrics::histogram!(m::CLAIMED_BATCH_SIZE).record(claimed.len() as f64);
     let now = Instant::now();
     let mut health = shared.health.lock().unwrap();
-    for delivery in claimed {
+    for (delivery, keys) in claimed {
         let in_flight = health.claimed(delivery.service_id, &delivery.service_name, now);
         metrics::gauge!(m::IN_FLIGHT, "service" => delivery.service_name.clone())
             .set(in_flight as f64);
         let sender = shared.sender.clone();
         let done = done.clone();
         tokio::spawn(async move {
-            let finished = sender.send(delivery).await;
+            let finished = sender.send(delivery, &keys).await;
             let _ = done.send(finished);
         });
     }

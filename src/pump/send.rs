@@ -5,11 +5,11 @@ use std::time::Duration;
 
 use backoff::backoff::Backoff;
 use chrono::{DateTime, Utc};
-use serde::Serialize;
-use serde_json::value::RawValue;
 
 use crate::config::PumpConfig;
+use crate::message;
 use crate::pump::store::Claimed;
+use crate::services::Keys;
 
 /// How many bytes of a consumer's answer are kept with the attempt.
 const RESPONSE_HEAD_BYTES: usize = 512;
@@ -53,24 +53,6 @@ impl Finished {
     }
 }
 
-/// The body every consumer receives (ADR 0021). The panel shows the same
-/// struct, so what it displays is what was sent.
-#[derive(Serialize)]
-pub struct Body<'a> {
-    pub delivery_id: i64,
-    pub change_id: i64,
-    pub watch_id: i64,
-    pub producer: &'a str,
-    pub resource: &'a str,
-    pub object: &'a str,
-    pub kind: &'a str,
-    pub sequence: i64,
-    pub occurred_at: &'a DateTime<Utc>,
-    pub attempt: i32,
-    /// The change's payload, embedded as PostgreSQL printed it.
-    pub payload: &'a RawValue,
-}
-
 /// Sends deliveries through one keep-alive connection pool.
 #[derive(Debug, Clone)]
 pub struct Sender {
@@ -101,20 +83,12 @@ impl Sender {
         })
     }
 
-    /// The URL deliveries to a consumer go to.
-    pub fn events_url(&self, base_url: &str) -> String {
-        format!(
-            "{}/api/v1/{}/events",
-            base_url.trim_end_matches('/'),
-            self.producer
-        )
-    }
-
-    /// Makes one attempt. Never fails: every failure is an outcome.
-    pub async fn send(&self, claimed: Claimed) -> Finished {
+    /// Makes one attempt, signed with `keys`. Never fails: every failure
+    /// is an outcome.
+    pub async fn send(&self, claimed: Claimed, keys: &Keys) -> Finished {
         let started = Utc::now();
         let clock = std::time::Instant::now();
-        let answer = self.post(&claimed).await;
+        let answer = self.post(&claimed, keys, started).await;
         let duration = clock.elapsed();
         let (outcome, result, status, error, response_head) = match answer {
             Ok((status, retry_after, head)) => {
@@ -157,17 +131,12 @@ impl Sender {
     async fn post(
         &self,
         c: &Claimed,
+        keys: &Keys,
+        now: DateTime<Utc>,
     ) -> Result<(reqwest::StatusCode, Option<Duration>, String), reqwest::Error> {
         // The payload is jsonb text from PostgreSQL: embedded as is, unparsed.
-        let null: Box<RawValue>;
-        let payload: &RawValue = match serde_json::from_str(&c.payload) {
-            Ok(raw) => raw,
-            Err(_) => {
-                null = RawValue::from_string("null".to_owned()).expect("null is JSON");
-                &null
-            }
-        };
-        let body = serde_json::to_vec(&Body {
+        let payload = message::payload(&c.payload);
+        let body = message::Body {
             delivery_id: c.delivery_id,
             change_id: c.change_id,
             watch_id: c.watch_id,
@@ -178,19 +147,24 @@ impl Sender {
             sequence: c.sequence,
             occurred_at: &c.occurred_at,
             attempt: c.attempt,
-            payload,
-        })
-        .expect("a delivery body always serialises");
-        let mut response = self
+            payload: &payload,
+        }
+        .to_bytes();
+        let headers = message::headers(
+            &self.authorization,
+            c.delivery_id,
+            c.attempt,
+            now.timestamp(),
+            &body,
+            &keys.signing_at(now),
+        );
+        let mut request = self
             .client
-            .post(self.events_url(&c.base_url))
-            .header(reqwest::header::AUTHORIZATION, &self.authorization)
-            .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .header("Watchpump-Delivery", c.delivery_id.to_string())
-            .header("Watchpump-Attempt", c.attempt.to_string())
-            .body(body)
-            .send()
-            .await?;
+            .post(message::events_url(&c.base_url, &self.producer));
+        for (name, value) in headers {
+            request = request.header(name, value);
+        }
+        let mut response = request.body(body).send().await?;
         let status = response.status();
         let retry_after = response
             .headers()
@@ -313,13 +287,5 @@ mod tests {
     #[test]
     fn answers_are_stored_without_nul_bytes() {
         assert_eq!(storable_text(b"a\0b\xff"), "a\u{FFFD}b\u{FFFD}");
-    }
-
-    #[test]
-    fn events_url_names_the_producer() {
-        assert_eq!(
-            sender().events_url("http://h:1/base/"),
-            "http://h:1/base/api/v1/git/events"
-        );
     }
 }

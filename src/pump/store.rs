@@ -17,6 +17,8 @@ pub struct Claimed {
     pub service_id: i64,
     pub service_name: String,
     pub base_url: String,
+    /// The service's version: signing keys are cached by it.
+    pub service_version: i32,
     pub attempt: i32,
     pub resource: String,
     pub object: String,

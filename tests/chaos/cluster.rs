@@ -53,6 +53,16 @@ impl Cluster {
         );
     }
 
+    pub async fn drop_database(&self, name: &str) {
+        let admin = watchpump::server::connect(&self.admin_url, 1)
+            .await
+            .expect("connect to the chaos cluster");
+        let _ = sqlx::query(&format!("drop database if exists {name} with (force)"))
+            .execute(&admin)
+            .await;
+        admin.close().await;
+    }
+
     /// Drops and creates database `name`; returns its URL.
     pub async fn fresh_database(&self, name: &str) -> String {
         let admin = watchpump::server::connect(&self.admin_url, 1)

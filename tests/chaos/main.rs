@@ -184,7 +184,10 @@ async fn run_async(settings: Settings) -> Summary {
     let started = Instant::now();
     let mut rng = StdRng::seed_from_u64(settings.seed);
     let cluster = Cluster::start();
-    let url = cluster.fresh_database("chaos").await;
+    // A database of this run's own: a short run in `make test` and a long
+    // `make chaos` may share the cluster (though not its restarts).
+    let database = format!("chaos_{}", std::process::id());
+    let url = cluster.fresh_database(&database).await;
     let pool = watchpump::server::connect(&url, settings.producers as u32 + 4)
         .await
         .expect("connect to the chaos database");
@@ -277,6 +280,11 @@ async fn run_async(settings: Settings) -> Summary {
     summary.violations.extend(judged.violations);
     summary.seconds = started.elapsed().as_secs_f64();
     pool.close().await;
+    if summary.violations.is_empty() {
+        cluster.drop_database(&database).await;
+    } else {
+        eprintln!("the run's database is kept for a look: {url}");
+    }
     summary
 }
 
@@ -291,13 +299,14 @@ async fn register(
 ) -> Vec<WatchDef> {
     let mut defs = Vec::new();
     for (i, consumer) in consumers.services.iter().enumerate() {
-        let (service, _) = watchpump::services::add(
+        let service = watchpump::services::add(
             pool,
             &format!("{}-{i}", consumer.behaviour.name()),
             &format!("http://{}", consumer.addr),
         )
         .await
-        .unwrap();
+        .unwrap()
+        .service;
         let mut wanted: Vec<(String, String, Option<Vec<String>>)> = vec![(
             format!("repo-{i}"),
             format!("acme/r{}/", rng.gen_range(0..settings.repos)),

@@ -60,6 +60,15 @@ pub async fn settled(pool: &PgPool, limit: Duration) -> Result<(), String> {
         if pending == 0 && in_flight == 0 {
             return Ok(());
         }
+        if std::env::var_os("WATCHPUMP_CHAOS_DEBUG").is_some() {
+            let rows: Vec<(String, i64, i64, i64)> = sqlx::query_as(
+                "select service, pending, due_now, in_flight from watchpump.backlog where pending + in_flight > 0",
+            )
+            .fetch_all(pool)
+            .await
+            .unwrap();
+            eprintln!("settling: {rows:?}");
+        }
         if Instant::now() > deadline {
             return Err(format!(
                 "not settled {limit:?} after consumers turned healthy: {pending} pending, {in_flight} in flight"

@@ -51,9 +51,10 @@ impl TestDb {
     }
 
     pub async fn add_service(&self, name: &str, base_url: &str) -> (Service, String) {
-        watchpump::services::add(&self.pool, name, base_url)
+        let registered = watchpump::services::add(&self.pool, name, base_url)
             .await
-            .unwrap()
+            .unwrap();
+        (registered.service, registered.token)
     }
 
     pub async fn add_watch(
@@ -151,6 +152,8 @@ pub struct Received {
     pub path: String,
     pub headers: HeaderMap,
     pub body: serde_json::Value,
+    /// The body's exact bytes, as signed.
+    pub raw: Vec<u8>,
     pub at: Instant,
 }
 
@@ -344,6 +347,7 @@ async fn record(
     if !reply.delay.is_zero() {
         tokio::time::sleep(reply.delay).await;
     }
+    let raw = body.to_vec();
     let body: serde_json::Value = serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
     let status = body["resource"]
         .as_str()
@@ -353,6 +357,7 @@ async fn record(
         path: uri.path().to_string(),
         headers,
         body,
+        raw,
         at: Instant::now(),
     });
     state.arrived.notify_waiters();

@@ -2,6 +2,7 @@
 //! delivery with the request as sent and every attempt, and the retry
 //! actions.
 
+use crate::message;
 use axum::extract::rejection::{FormRejection, PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
@@ -9,7 +10,6 @@ use axum::response::{IntoResponse, Redirect, Response};
 use axum::Form;
 use chrono::{DateTime, NaiveDateTime, Utc};
 use serde::Deserialize;
-use serde_json::value::RawValue;
 
 use super::html::{self, esc};
 use super::{PanelError, SameOrigin, Session, ACTOR};
@@ -270,9 +270,8 @@ fn summary(d: &Delivery, s: &Settings) -> String {
 
 fn request_as_sent(d: &Delivery, sent: &store::Sent, s: &Settings) -> String {
     let attempt = d.attempts.max(1);
-    let null = RawValue::from_string("null".into()).expect("null is JSON");
-    let payload: Box<RawValue> = RawValue::from_string(sent.payload.clone()).unwrap_or(null);
-    let body = serde_json::to_string(&crate::pump::send::Body {
+    let payload = message::payload(&sent.payload);
+    let body = message::Body {
         delivery_id: d.delivery_id,
         change_id: d.change_id,
         watch_id: d.watch_id,
@@ -284,22 +283,15 @@ fn request_as_sent(d: &Delivery, sent: &store::Sent, s: &Settings) -> String {
         occurred_at: &sent.occurred_at,
         attempt,
         payload: &payload,
-    })
-    .expect("a delivery body always serialises");
-    let url = format!(
-        "{}/api/v1/{}/events",
-        sent.base_url.trim_end_matches('/'),
-        s.producer
-    );
+    }
+    .to_bytes();
+    let url = message::events_url(&sent.base_url, &s.producer);
     let when = if d.attempts == 0 {
         "as it will be sent"
     } else {
         "as sent on the last attempt"
     };
-    let request = format!(
-        "POST {url}\nAuthorization: Bearer {MASK}\nContent-Type: application/json\nWatchpump-Delivery: {}\nWatchpump-Attempt: {attempt}\n\n{body}",
-        d.delivery_id
-    );
+    let request = message::render(&url, d.delivery_id, attempt, &body, MASK);
     format!(
         r#"<h2>Request <span class="muted">({when}; tokens masked)</span></h2><pre id="request">{}</pre>"#,
         esc(&s.mask(&request))

@@ -1,0 +1,156 @@
+//! `/api/v1/admin/services`: the service lifecycle through the admin API,
+//! doing what `watchpump services ...` does: register, list, rotate the
+//! signing secret or the token (the old one keeps working for an overlap),
+//! move to a new URL, remove. Credentials appear only in the answer that
+//! creates them.
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::routing::{get, post, put};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::api::error::ApiError;
+use crate::operator::admin::{Admin, ACTOR};
+use crate::operator::OperatorState;
+use crate::services;
+
+pub fn routes() -> Router<OperatorState> {
+    Router::new()
+        .route("/api/v1/admin/services", get(list).post(add))
+        .route(
+            "/api/v1/admin/services/{name}",
+            axum::routing::delete(remove),
+        )
+        .route(
+            "/api/v1/admin/services/{name}/rotate-secret",
+            post(rotate_secret),
+        )
+        .route(
+            "/api/v1/admin/services/{name}/rotate-token",
+            post(rotate_token),
+        )
+        .route("/api/v1/admin/services/{name}/url", put(set_url))
+}
+
+async fn list(_: Admin, State(state): State<OperatorState>) -> Result<Json<Value>, ApiError> {
+    let services = services::list(&state.pool).await?;
+    Ok(Json(json!({ "services": services })))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewService {
+    name: String,
+    base_url: String,
+}
+
+/// 201 with the service, its token and its signing secret: the only time
+/// either is shown.
+async fn add(
+    _: Admin,
+    State(state): State<OperatorState>,
+    body: Result<Json<NewService>, JsonRejection>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let Json(new) = body?;
+    let registered = services::add(&state.pool, &new.name, &new.base_url).await?;
+    tracing::info!(service = %registered.service.name, "service registered through the admin API");
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({
+            "service": registered.service,
+            "token": registered.token,
+            "signing_secret": registered.signing_secret,
+        })),
+    ))
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Overlap {
+    /// How long the old credential keeps working: 90s, 30m, 24h, 7d.
+    overlap: Option<String>,
+}
+
+/// An optional JSON body `{"overlap": "24h"}`; no body means 24 hours.
+fn overlap(body: &[u8]) -> Result<std::time::Duration, ApiError> {
+    let given = if body.iter().all(u8::is_ascii_whitespace) {
+        Overlap::default()
+    } else {
+        serde_json::from_slice::<Overlap>(body).map_err(|e| {
+            ApiError::BadRequest(format!(
+                "the body must be empty or {{\"overlap\": \"24h\"}}: {e}"
+            ))
+        })?
+    };
+    Ok(services::parse_duration(
+        given.overlap.as_deref().unwrap_or("24h"),
+    )?)
+}
+
+async fn rotate_secret(
+    _: Admin,
+    State(state): State<OperatorState>,
+    Path(name): Path<String>,
+    body: axum::body::Bytes,
+) -> Result<Json<Value>, ApiError> {
+    let overlap = overlap(&body)?;
+    let (secret, until) = services::rotate_secret(&state.pool, &name, overlap).await?;
+    tracing::info!(service = %name, "signing secret rotated through the admin API");
+    Ok(Json(json!({
+        "service": name,
+        "signing_secret": secret,
+        "previous_secret_signs_until": until,
+    })))
+}
+
+async fn rotate_token(
+    _: Admin,
+    State(state): State<OperatorState>,
+    Path(name): Path<String>,
+    body: axum::body::Bytes,
+) -> Result<Json<Value>, ApiError> {
+    let grace = overlap(&body)?;
+    let (token, until) = services::rotate_token(&state.pool, &name, grace).await?;
+    tracing::info!(service = %name, "token rotated through the admin API");
+    Ok(Json(json!({
+        "service": name,
+        "token": token,
+        "previous_token_works_until": until,
+    })))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewUrl {
+    base_url: String,
+}
+
+async fn set_url(
+    _: Admin,
+    State(state): State<OperatorState>,
+    Path(name): Path<String>,
+    body: Result<Json<NewUrl>, JsonRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Json(new) = body?;
+    let service = services::set_url(&state.pool, &name, &new.base_url).await?;
+    tracing::info!(service = %name, base_url = %service.base_url, "service moved through the admin API");
+    Ok(Json(json!({ "service": service })))
+}
+
+/// Removes the service, its watches and their undelivered deliveries.
+async fn remove(
+    _: Admin,
+    State(state): State<OperatorState>,
+    Path(name): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let removal = services::remove(&state.pool, &name, ACTOR).await?;
+    tracing::info!(service = %name, watches = removal.watches, dropped = removal.deliveries, "service removed through the admin API");
+    Ok(Json(json!({
+        "service": name,
+        "watches_removed": removal.watches,
+        "deliveries_dropped": removal.deliveries,
+    })))
+}

@@ -1,0 +1,412 @@
+//! Signed deliveries and the service lifecycle: every delivery carries
+//! Standard Webhooks headers that verify with the service's own secret (and
+//! with Python's reference library); secrets and tokens rotate with an
+//! overlap; a service moves to a new URL; a removed service's token stops
+//! working and its undelivered deliveries are dropped. Through the library,
+//! the CLI and the admin API.
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+use serde_json::{json, Value};
+use watchpump::signing::{self, SigningSecret};
+
+const WAIT: Duration = Duration::from_secs(20);
+const OBJECT: &str = "acme/web/refs/heads/main";
+const BIN: &str = env!("CARGO_BIN_EXE_watchpump");
+
+fn header(r: &Received, name: &str) -> String {
+    r.headers
+        .get(name)
+        .unwrap_or_else(|| panic!("no {name} header"))
+        .to_str()
+        .unwrap()
+        .to_string()
+}
+
+/// Verifies a received request's signature with `secrets`, now.
+fn verifies(r: &Received, secrets: &[&SigningSecret]) -> Result<(), signing::VerifyError> {
+    signing::verify(
+        secrets,
+        &header(r, "webhook-id"),
+        &header(r, "webhook-timestamp"),
+        &header(r, "webhook-signature"),
+        &r.raw,
+        chrono::Utc::now().timestamp(),
+        signing::DEFAULT_TOLERANCE_SECS,
+    )
+}
+
+/// Python's standardwebhooks verifies a request exactly as received.
+fn python_verifies(r: &Received, secret: &str) -> String {
+    let python = std::env::var("STANDARDWEBHOOKS_PYTHON").unwrap_or_else(|_| {
+        concat!(env!("CARGO_MANIFEST_DIR"), "/target/py/bin/python").to_string()
+    });
+    let script = r#"
+import json, sys
+from standardwebhooks import Webhook
+secret, headers = sys.argv[1], json.loads(sys.argv[2])
+body = sys.stdin.buffer.read()
+try:
+    Webhook(secret).verify(body, headers)
+    print("ok")
+except Exception as e:
+    print("rejected: %s" % e)
+"#;
+    let headers = json!({
+        "webhook-id": header(r, "webhook-id"),
+        "webhook-timestamp": header(r, "webhook-timestamp"),
+        "webhook-signature": header(r, "webhook-signature"),
+    });
+    let mut child = Command::new(python)
+        .args(["-c", script, secret, &headers.to_string()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("target/py/bin/python (make test installs standardwebhooks there)");
+    use std::io::Write;
+    child.stdin.take().unwrap().write_all(&r.raw).unwrap();
+    let out = child.wait_with_output().unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+#[tokio::test]
+async fn every_delivery_is_signed_with_the_services_own_secret() {
+    let db = TestDb::new().await;
+    let consumer = Receiver::start().await;
+    let deploy = watchpump::services::add(&db.pool, "deploy", &consumer.base_url())
+        .await
+        .unwrap();
+    let other = watchpump::services::add(&db.pool, "other", "http://127.0.0.1:9")
+        .await
+        .unwrap();
+    db.add_watch(deploy.service.id, "app", OBJECT, all()).await;
+    let pump = RunningPump::start(&db.pool, pump_config());
+    db.emit(OBJECT, "push", json!({"paths": ["src/ä.rs"], "n": 1}))
+        .await;
+    let got = consumer.wait_for(1, WAIT).await;
+    pump.stop().await.unwrap();
+
+    let r = &got[0];
+    assert_eq!(header(r, "webhook-id"), r.body["delivery_id"].to_string());
+    let mine = SigningSecret::parse(&deploy.signing_secret).unwrap();
+    let theirs = SigningSecret::parse(&other.signing_secret).unwrap();
+    assert_eq!(verifies(r, &[&mine]), Ok(()));
+    assert_eq!(
+        verifies(r, &[&theirs]),
+        Err(signing::VerifyError::NoMatchingSignature),
+        "another consumer's secret cannot verify it"
+    );
+    assert_eq!(python_verifies(r, &deploy.signing_secret), "ok");
+    assert_ne!(python_verifies(r, &other.signing_secret), "ok");
+    assert_eq!(
+        header(r, "authorization"),
+        format!("Bearer {PRODUCER_TOKEN}")
+    );
+}
+
+#[tokio::test]
+async fn a_rotated_secret_signs_beside_the_old_one_until_the_overlap_ends() {
+    let db = TestDb::new().await;
+    let consumer = Receiver::start().await;
+    let deploy = watchpump::services::add(&db.pool, "deploy", &consumer.base_url())
+        .await
+        .unwrap();
+    db.add_watch(deploy.service.id, "app", "acme/", all()).await;
+    let pump = RunningPump::start(&db.pool, pump_config());
+    let old = SigningSecret::parse(&deploy.signing_secret).unwrap();
+
+    let (new, _) = watchpump::services::rotate_secret(&db.pool, "deploy", Duration::from_secs(2))
+        .await
+        .unwrap();
+    let new = SigningSecret::parse(&new).unwrap();
+    db.emit("acme/a", "push", json!({})).await;
+    let during = consumer.wait_for(1, WAIT).await.remove(0);
+    assert_eq!(header(&during, "webhook-signature").split(' ').count(), 2);
+    assert_eq!(
+        verifies(&during, &[&old]),
+        Ok(()),
+        "the old secret still verifies"
+    );
+    assert_eq!(verifies(&during, &[&new]), Ok(()), "the new one does too");
+
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    db.emit("acme/b", "push", json!({})).await;
+    let after = consumer.wait_for(2, WAIT).await.remove(1);
+    pump.stop().await.unwrap();
+    assert_eq!(header(&after, "webhook-signature").split(' ').count(), 1);
+    assert_eq!(verifies(&after, &[&new]), Ok(()));
+    assert!(verifies(&after, &[&old]).is_err(), "the overlap is over");
+}
+
+#[tokio::test]
+async fn a_rotated_token_keeps_the_old_one_working_for_its_grace_only() {
+    let db = TestDb::new().await;
+    let deploy = watchpump::services::add(&db.pool, "deploy", "http://127.0.0.1:9")
+        .await
+        .unwrap();
+    let (new, _) = watchpump::services::rotate_token(&db.pool, "deploy", Duration::from_secs(1))
+        .await
+        .unwrap();
+    let auth = |t: String| {
+        let pool = db.pool.clone();
+        async move {
+            watchpump::services::authenticate(&pool, &t)
+                .await
+                .unwrap()
+                .is_some()
+        }
+    };
+    assert!(auth(new.clone()).await);
+    assert!(
+        auth(deploy.token.clone()).await,
+        "the old token works during the grace"
+    );
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert!(auth(new).await);
+    assert!(!auth(deploy.token).await, "the old token works no more");
+}
+
+#[tokio::test]
+async fn a_service_moved_to_a_new_url_gets_its_next_deliveries_there() {
+    let db = TestDb::new().await;
+    let (before, after) = (Receiver::start().await, Receiver::start().await);
+    let (deploy, _) = db.add_service("deploy", &before.base_url()).await;
+    db.add_watch(deploy.id, "app", "acme/", all()).await;
+    let pump = RunningPump::start(&db.pool, pump_config());
+    db.emit("acme/a", "push", json!({})).await;
+    before.wait_for(1, WAIT).await;
+    watchpump::services::set_url(&db.pool, "deploy", &after.base_url())
+        .await
+        .unwrap();
+    db.emit("acme/b", "push", json!({})).await;
+    after.wait_for(1, WAIT).await;
+    pump.stop().await.unwrap();
+    assert_eq!(before.count(), 1);
+}
+
+#[tokio::test]
+async fn a_removed_service_loses_its_token_its_watches_and_its_waiting_deliveries() {
+    let db = TestDb::new().await;
+    let (deploy, token) = db.add_service("deploy", "http://127.0.0.1:9").await;
+    let watch = db.add_watch(deploy.id, "app", OBJECT, all()).await;
+    let change = db.emit(OBJECT, "push", json!({})).await;
+    let delivery = delivery_of(&db, change).await;
+
+    let removal = watchpump::services::remove(&db.pool, "deploy", "test")
+        .await
+        .unwrap();
+    assert_eq!((removal.watches, removal.deliveries), (1, 1));
+    assert!(watchpump::services::authenticate(&db.pool, &token)
+        .await
+        .unwrap()
+        .is_none());
+    assert_eq!(db.delivery_state(delivery).await, "dropped");
+    let (reason, error): (String, String) = sqlx::query_as(
+        "select w.removed_reason, d.last_error from watchpump.watch_list w
+         join watchpump.delivery_log d on d.watch_id = w.watch_id where w.watch_id = $1",
+    )
+    .bind(watch.id)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert!(reason.contains("service deploy removed"), "{reason}");
+    assert!(error.contains("service deploy removed"), "{error}");
+    // The name is free again; the new service is another one.
+    let again = watchpump::services::add(&db.pool, "deploy", "http://127.0.0.1:9")
+        .await
+        .unwrap();
+    assert_ne!(again.service.id, deploy.id);
+}
+
+fn cli(db: &TestDb, args: &[&str]) -> std::process::Output {
+    Command::new(BIN)
+        .args(args)
+        .env("DATABASE_URL", &db.url)
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).to_string()
+}
+
+#[tokio::test]
+async fn the_cli_runs_the_lifecycle_and_refuses_bad_input_changing_nothing() {
+    let db = TestDb::new().await;
+    let out = cli(
+        &db,
+        &[
+            "services",
+            "add",
+            "deploy",
+            "--base-url",
+            "http://127.0.0.1:9",
+            "--json",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let added: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(added["name"], "deploy");
+    assert!(added["token"].as_str().unwrap().starts_with("wps_"));
+    assert!(added["signing_secret"]
+        .as_str()
+        .unwrap()
+        .starts_with("whsec_"));
+
+    let out = cli(
+        &db,
+        &["services", "rotate-secret", "deploy", "--overlap", "1h"],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let secret = text(&out.stdout).lines().last().unwrap().to_string();
+    assert!(secret.starts_with("whsec_") && secret != added["signing_secret"]);
+
+    let out = cli(&db, &["services", "rotate-token", "deploy"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let token = text(&out.stdout).lines().last().unwrap().to_string();
+    assert!(watchpump::services::authenticate(&db.pool, &token)
+        .await
+        .unwrap()
+        .is_some());
+
+    let out = cli(
+        &db,
+        &["services", "set-url", "deploy", "http://127.0.0.1:10/x/"],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("http://127.0.0.1:10/x"));
+
+    // Bad input: a clear message, a non-zero exit, nothing changed.
+    for (args, says) in [
+        (
+            vec!["services", "rotate-secret", "deploy", "--overlap", "soon"],
+            "not a duration",
+        ),
+        (
+            vec!["services", "rotate-token", "nobody"],
+            "no service \"nobody\"",
+        ),
+        (
+            vec!["services", "set-url", "deploy", "http://u:pw@127.0.0.1:9"],
+            "credentials",
+        ),
+        (
+            vec!["services", "add", "x", "--base-url", "http://u:pw@h"],
+            "credentials",
+        ),
+        (vec!["services", "remove", "deploy"], "--yes"),
+    ] {
+        let out = cli(&db, &args);
+        assert!(!out.status.success(), "{args:?} should fail");
+        assert!(
+            text(&out.stderr).contains(says),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+        assert!(
+            !text(&out.stderr).contains("pw"),
+            "credentials never repeated"
+        );
+    }
+    assert_eq!(
+        watchpump::services::find(&db.pool, "deploy")
+            .await
+            .unwrap()
+            .base_url,
+        "http://127.0.0.1:10/x"
+    );
+    let listed = text(&cli(&db, &["services", "list"]).stdout);
+    assert!(
+        listed.starts_with("deploy\t") && !listed.contains("wps_") && !listed.contains("whsec_")
+    );
+
+    let out = cli(&db, &["services", "remove", "deploy", "--yes"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("service deploy removed"));
+    assert_eq!(text(&cli(&db, &["services", "list"]).stdout), "");
+}
+
+#[tokio::test]
+async fn the_admin_api_runs_the_lifecycle_with_json_errors() {
+    let db = TestDb::new().await;
+    let app = AppServer::start(&db.pool, &operator_config()).await;
+    let http = reqwest::Client::new();
+    let admin = |r: reqwest::RequestBuilder| r.bearer_auth(ADMIN_TOKEN);
+
+    let r = admin(http.post(app.url("/api/v1/admin/services")))
+        .json(&json!({"name": "deploy", "base_url": "http://127.0.0.1:9"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let added: Value = r.json().await.unwrap();
+    assert!(added["signing_secret"]
+        .as_str()
+        .unwrap()
+        .starts_with("whsec_"));
+
+    let r = admin(http.post(app.url("/api/v1/admin/services/deploy/rotate-secret")))
+        .json(&json!({"overlap": "1h"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let rotated: Value = r.json().await.unwrap();
+    assert_ne!(rotated["signing_secret"], added["signing_secret"]);
+
+    let r = admin(http.post(app.url("/api/v1/admin/services/deploy/rotate-token")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+
+    for (request, status) in [
+        (
+            admin(http.put(app.url("/api/v1/admin/services/deploy/url")))
+                .json(&json!({"base_url": "http://user:pw@127.0.0.1:9"})),
+            422,
+        ),
+        (
+            admin(http.post(app.url("/api/v1/admin/services/deploy/rotate-token")))
+                .json(&json!({"overlap": "forever"})),
+            422,
+        ),
+        (
+            admin(http.delete(app.url("/api/v1/admin/services/nobody"))),
+            404,
+        ),
+        (http.delete(app.url("/api/v1/admin/services/deploy")), 401),
+    ] {
+        let r = request.send().await.unwrap();
+        assert_eq!(r.status(), status);
+        let body: Value = r.json().await.unwrap();
+        assert!(body["error"]["message"].is_string(), "{body}");
+    }
+    assert_eq!(
+        watchpump::services::find(&db.pool, "deploy")
+            .await
+            .unwrap()
+            .base_url,
+        "http://127.0.0.1:9",
+        "nothing changed"
+    );
+
+    let r = admin(http.delete(app.url("/api/v1/admin/services/deploy")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let listed: Value = admin(http.get(app.url("/api/v1/admin/services")))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(listed["services"], json!([]));
+}
