@@ -32,9 +32,11 @@ async fn main() {
     std::fs::create_dir_all(concat!(env!("CARGO_MANIFEST_DIR"), "/target/bench")).unwrap();
     let scenarios: Vec<(&str, Scenario)> = vec![
         ("trickle", |b| Box::pin(trickle(b))),
+        ("bulk-1", |b| Box::pin(bulk_one(b))),
         ("bulk", |b| Box::pin(bulk(b))),
         ("fanout", |b| Box::pin(fanout(b))),
         ("producer_cost", |b| Box::pin(producer_cost(b))),
+        ("producer", |b| Box::pin(producer(b))),
         ("supersession", |b| Box::pin(supersession(b))),
         ("recovery", |b| Box::pin(recovery(b))),
     ];
@@ -346,6 +348,50 @@ async fn trickle(b: Bench) -> Outcome {
     }
 }
 
+/// The peer comparison's first row: 20,000 changes to distinct objects, one
+/// watch, one consumer, emitted in one transaction with no pump running;
+/// then the pump process starts, and the clock runs from its start to the
+/// last arrival.
+async fn bulk_one(b: Bench) -> Outcome {
+    let consumer = Consumer::start(1).await;
+    let services = b.services(&consumer).await;
+    b.watch(services[0], "acme/").await;
+    let total = 20_000;
+    let mut tx = b.pool.begin().await.unwrap();
+    for n in 0..total {
+        watchpump::emit(
+            &mut tx,
+            &format!("acme/repo/refs/heads/b{n}"),
+            "push",
+            &json!({"after": "9f2c1e", "paths": ["src/main.rs"]}),
+        )
+        .await
+        .unwrap();
+    }
+    tx.commit().await.unwrap();
+    let start = Instant::now();
+    let pump = b.pump(&[]);
+    let all = consumer.wait_for(total, Duration::from_secs(120)).await;
+    let elapsed = start.elapsed().as_secs_f64();
+    // The last outcomes are written after the last arrival; let them land
+    // before reading the pump's CPU time.
+    while b.count("delivered").await < total as i64 && start.elapsed() < Duration::from_secs(130) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (cpu, rss) = (pump.cpu_seconds(), pump.peak_rss_mib());
+    pump.stop();
+    let rate = total as f64 / elapsed;
+    let cpu_us = cpu * 1e6 / total as f64;
+    Outcome {
+        line: format!(
+            "{total} deliveries, 1 service: {rate:.0} deliveries/s from pump start to last arrival ({elapsed:.2} s), pump CPU {cpu_us:.0} µs/delivery, peak RSS {rss:.1} MiB{}",
+            if all { "" } else { " INCOMPLETE" }
+        ),
+        json: json!({"deliveries": total, "services": 1, "seconds": elapsed, "deliveries_per_s": rate,
+                     "pump_cpu_s": cpu, "pump_cpu_us_per_delivery": cpu_us, "pump_peak_rss_mib": rss}),
+    }
+}
+
 /// 50,000 pending deliveries across 10 services, then the pump starts.
 async fn bulk(b: Bench) -> Outcome {
     let consumer = Consumer::start(10).await;
@@ -433,6 +479,41 @@ async fn fanout(b: Bench) -> Outcome {
             if all { "" } else { " INCOMPLETE" }
         ),
         json: json!({"watches": 1000, "emit_ms": emit_ms, "all_delivered_ms": all_ms}),
+    }
+}
+
+/// The peer comparison's third and fourth rows: 8 connections for 10 s
+/// each, a transaction being one insert into the producer's own table,
+/// alone, then with `emit()`, without a pump and with one running and
+/// delivering.
+async fn producer(b: Bench) -> Outcome {
+    let consumer = Consumer::start(1).await;
+    let services = b.services(&consumer).await;
+    b.watch(services[0], "acme/").await;
+    sqlx::query("create table producer_pushes (id bigserial primary key, repo text, ref text, after text, at timestamptz default now())")
+        .execute(&b.pool)
+        .await
+        .unwrap();
+    let seconds = 10;
+    let plain = commits_per_second(&b.pool, seconds, false).await;
+    let without_pump = commits_per_second(&b.pool, seconds, true).await;
+    let pump = b.pump(&[]);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let with_pump = commits_per_second(&b.pool, seconds, true).await;
+    let cpu = pump.cpu_seconds();
+    consumer.wait_for(1, Duration::from_secs(5)).await;
+    pump.stop();
+    Outcome {
+        line: format!(
+            "8 connections x {seconds}s: plain insert {plain:.0} commits/s; insert + emit {without_pump:.0} without the pump ({:.2} of plain), {with_pump:.0} with it running ({:.2}); consumer received {}",
+            without_pump / plain,
+            with_pump / plain,
+            consumer.received()
+        ),
+        json: json!({"connections": 8, "seconds": seconds, "plain_commits_per_s": plain,
+                     "emit_commits_per_s_without_pump": without_pump, "emit_commits_per_s_with_pump": with_pump,
+                     "ratio_without_pump": without_pump / plain, "ratio_with_pump": with_pump / plain,
+                     "pump_cpu_s": cpu, "received": consumer.received()}),
     }
 }
 

@@ -31,6 +31,7 @@ const MIGRATIONS: &[SqlFile] = &[
     sql_file!("migrations", "0001_core"),
     sql_file!("migrations", "0002_operator"),
     sql_file!("migrations", "0003_service_lifecycle"),
+    sql_file!("migrations", "0004_storage_v2"),
 ];
 
 /// `create or replace` definitions, re-applied when their text changes.

@@ -41,16 +41,19 @@ pub struct Registered {
     pub signing_secret: String,
 }
 
-/// What a pump needs to sign deliveries to one service, as of `version`.
+/// What a pump needs to send to one service, as of `version`: where, under
+/// which name (logs, metrics), and the keys that sign.
 #[derive(Debug, Clone)]
-pub struct Keys {
+pub struct Destination {
     pub version: i32,
+    pub name: String,
+    pub base_url: String,
     pub current: SigningSecret,
     /// The secret before the last rotation, signing too until the time given.
     pub previous: Option<(SigningSecret, DateTime<Utc>)>,
 }
 
-impl Keys {
+impl Destination {
     /// The secrets that sign at `now`.
     pub fn signing_at(&self, now: DateTime<Utc>) -> Vec<&SigningSecret> {
         let mut secrets = vec![&self.current];
@@ -167,15 +170,17 @@ pub async fn authenticate(pool: &PgPool, token: &str) -> Result<Option<Service>>
     )
 }
 
-/// The signing keys of service `id`, whatever its state.
-pub async fn keys(pool: &PgPool, id: i64) -> Result<Keys> {
-    let (version, current, previous, until): (
+/// Where and how deliveries to service `id` go, whatever its state.
+pub async fn destination(pool: &PgPool, id: i64) -> Result<Destination> {
+    let (version, name, base_url, current, previous, until): (
         i32,
+        String,
+        String,
         Option<String>,
         Option<String>,
         Option<DateTime<Utc>>,
     ) = sqlx::query_as(
-        "select version, signing_secret, previous_signing_secret, previous_secret_until
+        "select version, name, base_url, signing_secret, previous_signing_secret, previous_secret_until
          from watchpump.services where id = $1",
     )
     .bind(id)
@@ -195,8 +200,10 @@ pub async fn keys(pool: &PgPool, id: i64) -> Result<Keys> {
         (Some(old), Some(until)) => Some((parse(&old)?, until)),
         _ => None,
     };
-    Ok(Keys {
+    Ok(Destination {
         version,
+        name,
+        base_url,
         current,
         previous,
     })

@@ -452,13 +452,7 @@ async fn delete_own_watch_is_204_drops_its_pending_deliveries_and_shows_it_remov
     // One of them was delivered already: it stays delivered.
     let delivered = doomed_deliveries[0].0;
     let pending = doomed_deliveries[1].0;
-    sqlx::query(
-        "update watchpump.deliveries set state = 'delivered', finished_at = now() where id = $1",
-    )
-    .bind(delivered)
-    .execute(&db.pool)
-    .await
-    .unwrap();
+    set_state(db, &[delivered], "delivered", None).await;
 
     let resp = api
         .call(

@@ -41,12 +41,7 @@ async fn one_services_deliveries_in_every_state_come_newest_first_in_pages() {
     // Four states among deploy's twelve, interleaved by id.
     let states = ["delivered", "pending", "failed", "in_flight"];
     for (i, id) in ids.iter().enumerate() {
-        sqlx::query("update watchpump.deliveries set state = $2, finished_at = case when $2 in ('delivered', 'failed') then now() end, leased_by = case when $2 = 'in_flight' then 'p' end, lease_until = case when $2 = 'in_flight' then now() + interval '1 hour' end where id = $1")
-            .bind(id)
-            .bind(states[i % 4])
-            .execute(&db.pool)
-            .await
-            .unwrap();
+        set_state(&db, &[*id], states[i % 4], None).await;
     }
 
     let mut seen = Vec::new();

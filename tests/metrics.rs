@@ -169,12 +169,13 @@ async fn run_scenario(db: &TestDb, ok: &Receiver, flaky: &Receiver, slow: &Recei
     flaky.reply_with(500);
     let retried = delivery_of(db, db.emit("acme/flaky/a", "push", json!({})).await).await;
     until(WAIT, "two failed attempts", || async {
-        let attempts: i64 =
-            sqlx::query_scalar("select count(*) from watchpump.attempts where delivery_id = $1")
-                .bind(retried)
-                .fetch_one(&db.pool)
-                .await
-                .unwrap();
+        let attempts: i64 = sqlx::query_scalar(
+            "select coalesce(sum(repeats), 0)::int8 from watchpump.attempts where delivery_id = $1",
+        )
+        .bind(retried)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
         check(attempts >= 2, format!("{attempts} attempts"))
     })
     .await;
@@ -207,7 +208,7 @@ async fn run_scenario(db: &TestDb, ok: &Receiver, flaky: &Receiver, slow: &Recei
     wait_state(db, older, "in_flight").await;
     let newer = delivery_of(db, db.emit("acme/slow/x", "push", json!({"n": 2})).await).await;
     wait_state(db, newer, "in_flight").await;
-    sqlx::query("update watchpump.deliveries set deadline = now() where id = $1")
+    sqlx::query("update watchpump.queue set deadline = now() where id = $1")
         .bind(newer)
         .execute(&db.pool)
         .await
@@ -223,7 +224,7 @@ async fn run_scenario(db: &TestDb, ok: &Receiver, flaky: &Receiver, slow: &Recei
         .await
         .unwrap();
     sqlx::query(
-        "update watchpump.deliveries
+        "update watchpump.queue
          set deadline = now() - interval '1 second', next_attempt_at = now() + interval '1 hour'
          where change_id = $1",
     )
@@ -244,7 +245,7 @@ async fn run_scenario(db: &TestDb, ok: &Receiver, flaky: &Receiver, slow: &Recei
         .await
         .unwrap();
     sqlx::query(
-        "update watchpump.deliveries set next_attempt_at = now() + interval '1 hour'
+        "update watchpump.queue set next_attempt_at = now() + interval '1 hour'
          where change_id = $1",
     )
     .bind(waiting)
@@ -262,20 +263,21 @@ async fn assert_counters_match_database(pool: &PgPool, scrape: &Scrape) {
     // A delivery the pump settled has the same xmin as its last attempt:
     // watchpump.complete() wrote both in one transaction. Every attempt the
     // pump reported either settled its delivery or scheduled a retry.
-    // Deliveries superseded by emit() or dropped as the siblings of a 410
-    // were settled in another transaction.
+    // Deliveries superseded by a claim (stale news) or dropped as the
+    // siblings of a 410 were settled in another transaction.
     let rows: Vec<Settled> = sqlx::query_as(
         "with d as (
              select d.service_id, d.state,
-                    d.state not in ('pending', 'in_flight') and exists (
+                    exists (
                         select 1 from watchpump.attempts a
-                        where a.delivery_id = d.id and a.attempt = d.attempts and a.xmin = d.xmin
+                        where a.delivery_id = d.id and a.attempt + a.repeats - 1 = d.attempts
+                          and a.xmin = d.xmin
                     ) as settled_by_attempt
-             from watchpump.deliveries d
+             from watchpump.settled d
          )
          select s.name as service,
                 count(d.state) filter (where d.state = 'delivered') as delivered,
-                (select count(*) from watchpump.attempts a
+                (select coalesce(sum(a.repeats), 0) from watchpump.attempts a
                  join watchpump.deliveries x on x.id = a.delivery_id
                  where x.service_id = s.id)
                   - count(d.state) filter (where d.settled_by_attempt) as retries,
@@ -339,7 +341,7 @@ async fn assert_counters_match_database(pool: &PgPool, scrape: &Scrape) {
                      when a.error ilike '%timed out%' then 'timeout'
                      else 'connect_error'
                 end,
-                count(*)
+                sum(a.repeats)::int8
          from watchpump.attempts a
          join watchpump.deliveries d on d.id = a.delivery_id
          join watchpump.services s on s.id = d.service_id
@@ -398,12 +400,11 @@ async fn make_backlog(pool: &PgPool) {
     }
     sqlx::raw_sql(
         "select watchpump.emit('acme/flaky/tomorrow', 'push');
-         update watchpump.deliveries set next_attempt_at = now() + interval '1 day'
+         update watchpump.queue set next_attempt_at = now() + interval '1 day'
          where object = 'acme/flaky/tomorrow';
          select watchpump.emit('acme/slow/ghost', 'push');
-         update watchpump.deliveries
-         set state = 'in_flight', attempts = 1, leased_by = 'a-pump-that-died',
-             lease_until = now() + interval '1 hour'
+         update watchpump.queue
+         set attempts = 1, leased_by = 'a-pump-that-died', lease_until = now() + interval '1 hour'
          where object = 'acme/slow/ghost';",
     )
     .execute(pool)
@@ -746,7 +747,7 @@ async fn the_sweep_counts_failures_for_their_service() {
         .await
         .unwrap();
     sqlx::query(
-        "update watchpump.deliveries
+        "update watchpump.queue
          set deadline = now() - interval '1 second', next_attempt_at = now() + interval '1 hour'
          where change_id = $1",
     )

@@ -127,7 +127,10 @@ async fn the_views_show_backlog_log_watches_and_history_of_real_rows() {
     .await
     .unwrap();
     assert_eq!(events.first().map(String::as_str), Some("created"));
-    assert_eq!(events.get(1).map(String::as_str), Some("attempt 1"));
+    assert!(
+        events.get(1).is_some_and(|e| e.starts_with("attempt 1")),
+        "{events:?}"
+    );
     assert_eq!(events.last().map(String::as_str), Some("failed"));
 }
 
@@ -236,9 +239,11 @@ async fn retry_failed_requeues_only_that_services_failures_since_the_time() {
         db.emit(&format!("acme/o{i}"), "push", json!({})).await;
     }
     // a: o0 failed 2 hours ago, o1 and o2 10 minutes ago; b: all three now.
+    let all = ids_where(&db, "true").await;
+    set_state(&db, &all, "failed", None).await;
     sqlx::query(
-        "update watchpump.deliveries d
-         set state = 'failed', last_error = 'HTTP 503',
+        "update watchpump.settled d
+         set last_error = 'HTTP 503',
              finished_at = now() - case when d.object = 'acme/o0' and d.service_id = $1
                                         then interval '2 hours' else interval '10 minutes' end",
     )
@@ -566,10 +571,8 @@ async fn five_hundred_failures_fold_into_one_warning_with_the_count() {
         .execute(&db.pool)
         .await
         .unwrap();
-        sqlx::query("update watchpump.deliveries set state = 'failed', finished_at = now() where state = 'pending'")
-            .execute(&db.pool)
-            .await
-            .unwrap();
+        let pending = ids_where(&db, "state = 'pending'").await;
+        set_state(&db, &pending, "failed", None).await;
         worker.step().await.unwrap();
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -604,10 +607,8 @@ async fn a_warning_is_stored_and_retried_until_notify_takes_it() {
     let (svc, _) = db.add_service("deploy", "http://127.0.0.1:9").await;
     db.add_watch(svc.id, "r", "acme/", all()).await;
     db.emit("acme/x", "push", json!({})).await;
-    sqlx::query("update watchpump.deliveries set state = 'failed', finished_at = now()")
-        .execute(&db.pool)
-        .await
-        .unwrap();
+    let all = ids_where(&db, "true").await;
+    set_state(&db, &all, "failed", None).await;
 
     let worker = worker(&db, Some(&notify));
     worker.step().await.unwrap();
@@ -645,10 +646,8 @@ async fn without_a_notify_url_the_warning_is_logged() {
     let (svc, _) = db.add_service("deploy", "http://127.0.0.1:9").await;
     db.add_watch(svc.id, "r", "acme/", all()).await;
     db.emit("acme/x", "push", json!({})).await;
-    sqlx::query("update watchpump.deliveries set state = 'failed', finished_at = now()")
-        .execute(&db.pool)
-        .await
-        .unwrap();
+    let all = ids_where(&db, "true").await;
+    set_state(&db, &all, "failed", None).await;
     let step = worker(&db, None).step().await.unwrap();
     assert_eq!(step.handed.len(), 1);
     assert_eq!(step.handed[0].state, "logged");
@@ -675,17 +674,8 @@ async fn pruning_removes_only_rows_past_retention_and_keeps_failed_ones() {
     }
     db.emit("elsewhere/unwatched", "push", json!({})).await;
     for (name, state, days) in cases {
-        sqlx::query(
-            "update watchpump.deliveries set state = $2, attempts = 1,
-                    finished_at = now() - make_interval(days => $3)
-             where object = $1",
-        )
-        .bind(format!("acme/{name}"))
-        .bind(state)
-        .bind(days)
-        .execute(&db.pool)
-        .await
-        .unwrap();
+        let ids = ids_where(&db, &format!("object = 'acme/{name}'")).await;
+        set_state(&db, &ids, state, days).await;
     }
     sqlx::query(
         "select watchpump.retry(id) from watchpump.deliveries where object = 'acme/failed-31-days-retried'",
@@ -784,10 +774,8 @@ async fn one_pump_at_a_time_runs_the_operator_task_and_another_takes_over() {
     let (svc, _) = db.add_service("deploy", "http://127.0.0.1:9").await;
     db.add_watch(svc.id, "r", "acme/", all()).await;
     db.emit("acme/x", "push", json!({})).await;
-    sqlx::query("update watchpump.deliveries set state = 'failed', finished_at = now()")
-        .execute(&db.pool)
-        .await
-        .unwrap();
+    let all = ids_where(&db, "true").await;
+    set_state(&db, &all, "failed", None).await;
     notify.wait_for(1, WAIT).await;
 
     stop_a.send(()).unwrap();

@@ -282,12 +282,12 @@ async fn retry_all_failed_since_a_time_from_the_service_page() {
     for i in 0..3 {
         db.emit(&format!("acme/o{i}"), "push", json!({})).await;
     }
-    sqlx::query(
-        "update watchpump.deliveries set state = 'failed', finished_at = now() - interval '1 hour'",
-    )
-    .execute(&db.pool)
-    .await
-    .unwrap();
+    let all = ids_where(&db, "true").await;
+    set_state(&db, &all, "failed", None).await;
+    sqlx::query("update watchpump.settled set finished_at = now() - interval '1 hour'")
+        .execute(&db.pool)
+        .await
+        .unwrap();
     let cookie = log_in(&server).await;
     let since = (chrono::Utc::now() - chrono::Duration::hours(2)).format("%Y-%m-%dT%H:%M");
     let res = client()

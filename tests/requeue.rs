@@ -1,6 +1,6 @@
-//! Whatever puts a delivery back in the queue (an expired lease, an
-//! operator's retry) never lets older news of an object overtake newer news
-//! already on its way: one (watch, object) has one delivery under way.
+//! Whatever puts a delivery back in play (an expired lease, an operator's
+//! retry) never lets older news of an object overtake newer news already on
+//! its way: one (watch, object) has one delivery under way.
 
 mod common;
 
@@ -19,8 +19,8 @@ async fn two_deliveries(db: &TestDb) -> (i64, i64) {
         .fetch_one(&db.pool)
         .await
         .unwrap();
-    // The older one is taken by a pump that then vanishes...
-    sqlx::query("update watchpump.deliveries set state = 'in_flight', attempts = 1, leased_by = 'gone', lease_until = now() - interval '1 second' where id = $1")
+    // The older one is taken by a pump that then vanishes (its lease ran out)...
+    sqlx::query("update watchpump.queue set attempts = 1, leased_by = 'gone', lease_until = now() - interval '1 second' where id = $1")
         .bind(older)
         .execute(&db.pool)
         .await
@@ -35,14 +35,26 @@ async fn two_deliveries(db: &TestDb) -> (i64, i64) {
     (older, newer)
 }
 
+/// One claim by a pump named "test"; returns (delivery id, the pump whose
+/// lease ran out) of what it claimed.
+async fn claim(db: &TestDb) -> Vec<(i64, Option<String>)> {
+    sqlx::query_as(
+        "select delivery_id, expired_lease_of from watchpump.claim('test', '{}', '{}', '{}', 10, '1 minute')",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap()
+}
+
 #[tokio::test]
-async fn an_expired_lease_with_newer_news_waiting_is_superseded_not_requeued() {
+async fn an_expired_lease_with_newer_news_waiting_is_superseded_not_sent_again() {
     let db = TestDb::new().await;
     let (older, newer) = two_deliveries(&db).await;
-    sqlx::query("select * from watchpump.sweep('test')")
-        .execute(&db.pool)
-        .await
-        .unwrap();
+    assert_eq!(
+        claim(&db).await,
+        vec![(newer, None)],
+        "only the newer one is sent"
+    );
     let (state, by): (String, Option<i64>) =
         sqlx::query_as("select state, superseded_by from watchpump.deliveries where id = $1")
             .bind(older)
@@ -50,34 +62,33 @@ async fn an_expired_lease_with_newer_news_waiting_is_superseded_not_requeued() {
             .await
             .unwrap();
     assert_eq!((state.as_str(), by), ("superseded", Some(newer)));
-    assert_eq!(db.delivery_state(newer).await, "pending");
+    assert_eq!(db.delivery_state(newer).await, "in_flight");
 }
 
 #[tokio::test]
-async fn an_expired_lease_alone_is_requeued() {
+async fn an_expired_lease_alone_is_sent_again_naming_the_pump_that_lost_it() {
     let db = TestDb::new().await;
     let (older, newer) = two_deliveries(&db).await;
-    sqlx::query("delete from watchpump.deliveries where id = $1")
+    sqlx::query("delete from watchpump.queue where id = $1")
         .bind(newer)
         .execute(&db.pool)
         .await
         .unwrap();
-    sqlx::query("select * from watchpump.sweep('test')")
-        .execute(&db.pool)
-        .await
-        .unwrap();
-    assert_eq!(db.delivery_state(older).await, "pending");
+    assert_eq!(claim(&db).await, vec![(older, Some("gone".to_string()))]);
+    let attempts: i32 =
+        sqlx::query_scalar("select attempts from watchpump.deliveries where id = $1")
+            .bind(older)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(attempts, 2);
 }
 
 #[tokio::test]
 async fn retry_refuses_older_news_while_newer_is_on_its_way() {
     let db = TestDb::new().await;
     let (older, newer) = two_deliveries(&db).await;
-    sqlx::query("update watchpump.deliveries set state = 'failed', leased_by = null, lease_until = null, finished_at = now() where id = $1")
-        .bind(older)
-        .execute(&db.pool)
-        .await
-        .unwrap();
+    set_state(&db, &[older], "failed", None).await;
     let err = sqlx::query("select watchpump.retry($1)")
         .bind(older)
         .execute(&db.pool)
@@ -94,11 +105,7 @@ async fn retry_failed_requeues_only_the_newest_failed_delivery_of_each_object() 
     let (older, newer) = two_deliveries(&db).await;
     let other = db.emit("acme/web/refs/heads/dev", "push", json!({})).await;
     let _ = other; // no watch on dev: no delivery
-    sqlx::query("update watchpump.deliveries set state = 'failed', leased_by = null, lease_until = null, finished_at = now() where id = any($1)")
-        .bind(vec![older, newer])
-        .execute(&db.pool)
-        .await
-        .unwrap();
+    set_state(&db, &[older, newer], "failed", None).await;
     let requeued: i32 =
         sqlx::query_scalar("select watchpump.retry_failed('deploy', now() - interval '1 hour')")
             .fetch_one(&db.pool)

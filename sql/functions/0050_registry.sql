@@ -8,6 +8,9 @@
 create or replace function watchpump.remove_watch(p_watch_id bigint, p_reason text)
 returns table (delivery_id bigint, service_id bigint)
 language plpgsql as $$
+declare
+    v_ids bigint[];
+    v_n   integer;
 begin
     update watchpump.watches w
     set removed_at = clock_timestamp(), removed_reason = p_reason
@@ -15,11 +18,18 @@ begin
     if not found then
         return;
     end if;
+    -- What waits to be sent; a delivery in flight settles as its pump finds
+    -- it (dropped: its watch is gone).
+    v_ids := array(select q.id from watchpump.queue q
+                   where q.watch_id = p_watch_id and not coalesce(q.lease_until > now(), false)
+                   order by q.id
+                   for update);
+    v_n := cardinality(v_ids);
     return query
-    update watchpump.deliveries d
-    set state = 'dropped', finished_at = clock_timestamp(), last_error = 'watch removed: ' || p_reason
-    where d.watch_id = p_watch_id and d.state = 'pending'
-    returning d.id, d.service_id;
+    select s.delivery_id, s.service_id
+    from watchpump.settle(v_ids, array_fill('dropped'::text, array[v_n]),
+                          array_fill(null::bigint, array[v_n]), array_fill(null::integer, array[v_n]),
+                          array_fill('watch removed: ' || p_reason, array[v_n])) s;
 end
 $$;
 

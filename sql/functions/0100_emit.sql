@@ -85,12 +85,12 @@ begin
     values (p_object, p_kind, v_sequence, coalesce(p_payload, '{}'))
     returning id into v_change;
 
-    -- One delivery per matching watch. Older news of the same (watch,
-    -- object) is superseded by the pump, never here (the order rule,
-    -- 0200_pump.sql): an existing delivery may be in a pump's hands, and a
-    -- producer's transaction must neither wait for a pump nor hold a lock
-    -- one needs.
-    insert into watchpump.deliveries (change_id, watch_id, service_id, object, deadline)
+    -- One delivery per matching watch, into the queue. Older news of the
+    -- same (watch, object) is superseded by the pump, never here (the order
+    -- rule, 0200_pump.sql): an existing delivery may be in a pump's hands,
+    -- and a producer's transaction must neither wait for a pump nor hold a
+    -- lock one needs.
+    insert into watchpump.queue (change_id, watch_id, service_id, object, deadline)
     select v_change, w.id, w.service_id, p_object, v_deadline
     from watchpump.watches w
     where w.removed_at is null
@@ -99,30 +99,14 @@ begin
       and (w.match_path is null or watchpump.payload_matches(p_payload, w.match_path, w.match_is_predicate))
     order by w.id;
 
+    -- Wake a sleeping pump, and only when one sleeps: NOTIFY serialises
+    -- committing transactions, so producers should not pay for it while
+    -- every pump is busy anyway. (Identical notifications fold into one
+    -- per transaction.)
+    if found and exists (select 1 from watchpump.sleepers) then
+        perform pg_notify('watchpump', '');
+    end if;
+
     return v_change;
 end
 $$;
-
--- Wake a sleeping pump once per statement that wrote deliveries, and only
--- when a pump is asleep: NOTIFY serialises committing transactions, so
--- producers should not pay for it while every pump is busy anyway.
-create or replace function watchpump.wake_sleepers() returns trigger
-language plpgsql
--- JIT compiles for milliseconds what runs in microseconds here, and the
--- generic plans are right for every call (checked with EXPLAIN): planning
--- each call again cost more than running it.
-set jit = off
-set plan_cache_mode = force_generic_plan
-as $$
-begin
-    if exists (select 1 from watchpump.sleepers) and exists (select 1 from inserted) then
-        perform pg_notify('watchpump', '');
-    end if;
-    return null;
-end
-$$;
-
-create or replace trigger deliveries_wake
-    after insert on watchpump.deliveries
-    referencing new table as inserted
-    for each statement execute function watchpump.wake_sleepers();

@@ -6,6 +6,27 @@
 -- P0002 (no such delivery or service) -> 404, 55000 (not in a state that
 -- allows it) -> 409, 22023 / 22004 (bad argument) -> 422.
 
+
+-- Every delivery, queued or settled, with the columns the single table of
+-- before had (0004_storage_v2.sql): what operators' own queries read.
+-- `state` of a queued delivery is 'in_flight' while its lease runs and
+-- 'pending' otherwise. Filters on state reach only the table that can hold
+-- it (the settled table's check constraint excludes the open states).
+create or replace view watchpump.deliveries as
+select q.id, q.change_id, q.watch_id, q.service_id, q.object,
+       case when q.lease_until > now() then 'in_flight' else 'pending' end as state,
+       q.attempts, q.next_attempt_at,
+       case when q.lease_until > now() then q.lease_until end as lease_until,
+       case when q.lease_until > now() then q.leased_by end as leased_by,
+       q.deadline, null::bigint as superseded_by, q.last_status, q.last_error, q.created_at,
+       null::timestamptz as finished_at
+from watchpump.queue q
+union all
+select s.id, s.change_id, s.watch_id, s.service_id, s.object, s.state, s.attempts, s.next_attempt_at,
+       null::timestamptz, null::text, s.deadline, s.superseded_by, s.last_status, s.last_error,
+       s.created_at, s.finished_at
+from watchpump.settled s;
+
 -- One row per consumer service: what waits, what is on its way, what failed.
 -- `looks_down`: deliveries are being retried (or failed) and nothing was
 -- delivered to the service since the oldest of them was created (or since
@@ -13,46 +34,47 @@
 create or replace view watchpump.backlog as
 select s.id as service_id,
        s.name as service,
-       coalesce(p.pending, 0) as pending,
-       coalesce(i.in_flight, 0) as in_flight,
-       coalesce(p.due_now, 0) as due_now,
+       coalesce(q.pending, 0) as pending,
+       coalesce(q.in_flight, 0) as in_flight,
+       coalesce(q.due_now, 0) as due_now,
        coalesce(f.failed_24h, 0) as failed_24h,
-       date_trunc('second', now() - p.oldest_due_at) as oldest_due_age,
+       date_trunc('second', now() - q.oldest_due_at) as oldest_due_age,
        l.last_delivered_at,
        f.last_failed_at,
-       coalesce(p.retrying, 0) as retrying,
+       coalesce(q.retrying, 0) as retrying,
        coalesce(
-           (p.oldest_retrying_at is not null
-            and coalesce(l.last_delivered_at, '-infinity') < p.oldest_retrying_at)
+           (q.oldest_retrying_at is not null
+            and coalesce(l.last_delivered_at, '-infinity') < q.oldest_retrying_at)
            or (f.last_failed_at is not null
                and coalesce(l.last_delivered_at, '-infinity') < f.last_failed_at),
            false) as looks_down
 from watchpump.services s
 left join lateral (
-    select count(*) as pending,
-           count(*) filter (where d.next_attempt_at <= now()) as due_now,
-           min(d.next_attempt_at) filter (where d.next_attempt_at <= now()) as oldest_due_at,
-           count(*) filter (where d.attempts > 0) as retrying,
+    select count(*) filter (where not coalesce(d.lease_until > now(), false)) as pending,
+           count(*) filter (where d.lease_until > now()) as in_flight,
+           count(*) filter (where not coalesce(d.lease_until > now(), false)
+                              and d.next_attempt_at <= now()) as due_now,
+           min(d.next_attempt_at) filter (where not coalesce(d.lease_until > now(), false)
+                                            and d.next_attempt_at <= now()) as oldest_due_at,
+           count(*) filter (where d.attempts > 0 and not coalesce(d.lease_until > now(), false)) as retrying,
            min(d.created_at) filter (where d.attempts > 0) as oldest_retrying_at
-    from watchpump.deliveries d
-    where d.service_id = s.id and d.state = 'pending'
-) p on true
-left join lateral (
-    select count(*) as in_flight
-    from watchpump.deliveries d
-    where d.service_id = s.id and d.state = 'in_flight'
-) i on true
+    from watchpump.queue d
+    where d.service_id = s.id
+) q on true
 left join lateral (
     select count(*) filter (where d.finished_at > now() - interval '24 hours') as failed_24h,
            max(d.finished_at) as last_failed_at
-    from watchpump.deliveries d
+    from watchpump.settled d
     where d.service_id = s.id and d.state = 'failed'
 ) f on true
 left join lateral (
-    select max(d.finished_at) as last_delivered_at
-    from watchpump.deliveries d
+    select d.finished_at as last_delivered_at
+    from watchpump.settled d
     where d.service_id = s.id and d.state = 'delivered'
-) l on true;
+    order by d.id desc
+    limit 1
+) l on true
+where s.removed_at is null;
 
 -- One readable row per delivery: its watch, its change, where it stands,
 -- and the last thing a person did to it. Filter it like a table:
@@ -109,8 +131,9 @@ select w.id as watch_id,
 from watchpump.watches w
 join watchpump.services s on s.id = w.service_id;
 
--- A delivery's life, one event per row: created, each attempt, each action
--- (retry), and how it ended. Read it with
+-- A delivery's life, one event per row: created, each attempt (identical
+-- failures in a row as one event, "attempt 3-9"), each action (retry), and
+-- how it ended. Read it with
 --   select * from watchpump.delivery_history where delivery_id = 42 order by at, seq;
 -- An ending a retry undid is kept in the retry's detail.
 create or replace view watchpump.delivery_history as
@@ -120,9 +143,15 @@ select d.id as delivery_id, d.created_at as at, 0 as seq, 'created' as event,
 from watchpump.deliveries d
 join watchpump.changes c on c.id = d.change_id
 union all
-select a.delivery_id, a.started_at, 1, 'attempt ' || a.attempt,
-       coalesce(a.error, 'HTTP ' || a.status) || format(' after %s ms, by pump %s',
-                                                         round(a.duration_ms::numeric, 1), a.pump)
+select a.delivery_id, a.started_at, 1,
+       'attempt ' || a.attempt || case when a.repeats > 1
+                                       then '-' || (a.attempt + a.repeats - 1) else '' end,
+       coalesce(a.error, 'HTTP ' || a.status)
+       || format(' after %s ms, by pump %s', round(a.duration_ms::numeric, 1), a.pump)
+       || case when a.repeats > 1
+               then format(' (the same %s times, the last at %s UTC)', a.repeats,
+                           to_char(a.last_started_at at time zone 'UTC', 'YYYY-MM-DD HH24:MI:SS'))
+               else '' end
 from watchpump.attempts a
 union all
 select x.delivery_id, x.at, 2, x.action,
@@ -134,8 +163,7 @@ select d.id, d.finished_at, 3, d.state,
            when 'superseded' then 'by delivery ' || d.superseded_by
            else d.last_error
        end
-from watchpump.deliveries d
-where d.finished_at is not null;
+from watchpump.settled d;
 
 -- Who an action is recorded for: the caller's label, or the database role
 -- of a psql session.
@@ -150,15 +178,50 @@ $$;
 create or replace function watchpump.newer_news(p_delivery_id bigint)
 returns table (delivery_id bigint, state text)
 language sql stable as $$
+    with d as (
+        select x.watch_id, x.object from watchpump.deliveries x where x.id = p_delivery_id
+    )
     select n.id, n.state
-    from watchpump.deliveries d
-    join watchpump.changes dc on dc.id = d.change_id
-    join watchpump.changes nc on nc.object = dc.object and nc.sequence > dc.sequence
-    join watchpump.deliveries n on n.change_id = nc.id and n.watch_id = d.watch_id
-    where d.id = p_delivery_id
-      and (n.state in ('pending', 'in_flight', 'delivered', 'failed') or n.attempts > 0)
+    from d
+    cross join lateral (
+        (select q.id, case when q.lease_until > now() then 'in_flight' else 'pending' end as state
+         from watchpump.queue q
+         where q.watch_id = d.watch_id and q.object = d.object and q.id > p_delivery_id
+         order by q.id desc limit 1)
+        union all
+        (select s.id, s.state
+         from watchpump.settled s
+         where s.object = d.object and s.watch_id = d.watch_id and s.id > p_delivery_id
+           and (s.state in ('delivered', 'failed') or s.attempts > 0)
+         order by s.id desc limit 1)
+    ) n
     order by n.id desc
     limit 1
+$$;
+
+-- Moves settled deliveries back to the queue: pending, due now, a fresh
+-- deadline, the same id (the consumer still de-duplicates by it) and its
+-- attempts so far; wakes the pumps. The callers have checked the order
+-- rule. Returns how many moved.
+create or replace function watchpump.requeue(p_ids bigint[]) returns integer
+language plpgsql as $$
+declare
+    v_count integer;
+begin
+    with moved as (
+        delete from watchpump.settled s where s.id = any (p_ids) returning s.*
+    )
+    insert into watchpump.queue (id, change_id, watch_id, service_id, object, attempts, next_attempt_at,
+                                 deadline, last_status, last_error, created_at)
+    select m.id, m.change_id, m.watch_id, m.service_id, m.object, m.attempts, now(),
+           now() + watchpump.delivery_window(), m.last_status, m.last_error, m.created_at
+    from moved m;
+    get diagnostics v_count = row_count;
+    if v_count > 0 then
+        perform pg_notify('watchpump', '');
+    end if;
+    return v_count;
+end
 $$;
 
 -- Requeue a failed or dropped delivery: pending, due now, a fresh deadline,
@@ -177,12 +240,15 @@ declare
 begin
     select d.state, d.last_error, d.superseded_by
     into v_state, v_error, v_superseded_by
-    from watchpump.deliveries d
+    from watchpump.settled d
     where d.id = p_delivery_id
     for update;
     if not found then
-        raise exception 'watchpump.retry: there is no delivery %', p_delivery_id
-            using errcode = 'P0002';
+        select d.state into v_state from watchpump.deliveries d where d.id = p_delivery_id;
+        if not found then
+            raise exception 'watchpump.retry: there is no delivery %', p_delivery_id
+                using errcode = 'P0002';
+        end if;
     end if;
     if v_state = 'superseded' then
         raise exception 'watchpump.retry: delivery % was superseded by delivery %, which carries newer news of the same object',
@@ -207,15 +273,9 @@ begin
             using errcode = '55000', hint = 'retry the newer delivery instead';
     end if;
 
-    update watchpump.deliveries d
-    set state = 'pending', next_attempt_at = now(), deadline = now() + watchpump.delivery_window(),
-        finished_at = null, lease_until = null, leased_by = null
-    where d.id = p_delivery_id;
-
+    perform watchpump.requeue(array[p_delivery_id]);
     insert into watchpump.actions (delivery_id, action, actor, from_state, note)
     values (p_delivery_id, 'retry', watchpump.actor(p_actor), v_state, v_error);
-
-    perform pg_notify('watchpump', '');
     return v_state;
 end
 $$;
@@ -228,13 +288,13 @@ returns integer
 language plpgsql as $$
 declare
     v_service_id bigint;
-    v_count      integer;
+    v_ids        bigint[];
 begin
     if p_since is null then
         raise exception 'watchpump.retry_failed: since must be a time, e.g. now() - interval ''1 day'''
             using errcode = '22004';
     end if;
-    select s.id into v_service_id from watchpump.services s where s.name = p_service;
+    select s.id into v_service_id from watchpump.services s where s.name = p_service and s.removed_at is null;
     if not found then
         raise exception 'watchpump.retry_failed: there is no service %', coalesce(quote_literal(p_service), 'null')
             using errcode = 'P0002';
@@ -244,33 +304,21 @@ begin
     -- no newer one was sent or is under way (newer_news()): older news stays
     -- failed rather than overtaking newer news of the same object.
     with candidates as (
-        select d.id, d.watch_id, d.object,
+        select d.id,
                row_number() over (partition by d.watch_id, d.object order by d.id desc) as newest_first
-        from watchpump.deliveries d
+        from watchpump.settled d
         where d.service_id = v_service_id and d.state = 'failed' and d.finished_at >= p_since
-    ),
-    requeued as (
-        update watchpump.deliveries d
-        set state = 'pending', next_attempt_at = now(), deadline = now() + watchpump.delivery_window(),
-            finished_at = null, lease_until = null, leased_by = null
-        from candidates c
-        where d.id = c.id and c.newest_first = 1
-          and not exists (select 1 from watchpump.newer_news(c.id))
-        returning d.id, d.last_error
-    ),
-    recorded as (
-        insert into watchpump.actions (delivery_id, action, actor, from_state, note)
-        select r.id, 'retry', watchpump.actor(p_actor),
-               'failed', 'all failed since ' || p_since::text || coalesce('; ' || r.last_error, '')
-        from requeued r
-        returning 1
     )
-    select count(*) into v_count from recorded;
+    select coalesce(array_agg(c.id), '{}') into v_ids
+    from candidates c
+    where c.newest_first = 1
+      and not exists (select 1 from watchpump.newer_news(c.id));
 
-    if v_count > 0 then
-        perform pg_notify('watchpump', '');
-    end if;
-    return v_count;
+    insert into watchpump.actions (delivery_id, action, actor, from_state, note)
+    select d.id, 'retry', watchpump.actor(p_actor),
+           'failed', 'all failed since ' || p_since::text || coalesce('; ' || d.last_error, '')
+    from watchpump.settled d where d.id = any (v_ids);
+    return watchpump.requeue(v_ids);
 end
 $$;
 
@@ -363,9 +411,11 @@ $$;
 -- finished more than `p_retention` ago, failed ones older than
 -- `p_failed_retention` (their attempts and actions go with them), the
 -- changes those deliveries were the last to refer to, changes past
--- retention that matched no watch, finished warnings past the failed
--- retention, and expired panel sessions. Call it again while it returns
--- `more`: small batches keep locks short and let autovacuum keep up.
+-- retention that matched no watch, watches removed longer ago than both
+-- retentions (their deliveries settled when they were removed), finished
+-- warnings past the failed retention, and expired panel sessions. Call it
+-- again while it returns `more`: small batches keep locks short and let
+-- autovacuum keep up.
 create or replace function watchpump.prune(
     p_retention interval default interval '7 days',
     p_failed_retention interval default interval '30 days',
@@ -378,10 +428,9 @@ declare
     v_failed   integer;
     v_changes  integer;
     v_orphans  integer;
+    v_gone     bigint[];
     v_touched  bigint[];
-    v_failed_changes bigint[];
     v_after    bigint;
-    v_until    bigint;
     v_scanned  bigint[];
 begin
     if p_batch is null or p_batch < 1 or p_retention is null or p_failed_retention is null then
@@ -389,79 +438,63 @@ begin
             using errcode = '22023';
     end if;
 
-    -- Each service's oldest finished rows first; the state and time are
-    -- checked again on the row itself, so a delivery retried meanwhile stays.
+    -- The oldest finished rows (settled is written in the order rows
+    -- finish: the BRIN index on finished_at finds them).
     with gone as (
-        delete from watchpump.deliveries d
+        delete from watchpump.settled d
         where d.id = any (array(
-                  select x.id
-                  from watchpump.services s
-                  cross join lateral (
-                      select f.id from watchpump.deliveries f
-                      where f.service_id = s.id
-                        and f.state in ('delivered', 'superseded', 'dropped')
-                        and f.finished_at < now() - p_retention
-                      order by f.finished_at
-                      limit p_batch
-                  ) x
+                  select f.id from watchpump.settled f
+                  where f.finished_at < now() - p_retention
+                    and (f.state <> 'failed' or f.finished_at < now() - p_failed_retention)
                   limit p_batch))
-          and d.state in ('delivered', 'superseded', 'dropped')
-          and d.finished_at < now() - p_retention
-        returning d.change_id
+        returning d.id, d.change_id, d.state
     )
-    select array_agg(g.change_id), count(*) into v_touched, v_done from gone g;
-
-    with gone as (
-        delete from watchpump.deliveries d
-        where d.id = any (array(
-                  select x.id
-                  from watchpump.services s
-                  cross join lateral (
-                      select f.id from watchpump.deliveries f
-                      where f.service_id = s.id
-                        and f.state = 'failed'
-                        and f.finished_at < now() - p_failed_retention
-                      order by f.finished_at
-                      limit p_batch
-                  ) x
-                  limit p_batch))
-          and d.state = 'failed'
-          and d.finished_at < now() - p_failed_retention
-        returning d.change_id
-    )
-    select array_agg(g.change_id), count(*) into v_failed_changes, v_failed from gone g;
+    select array_agg(g.id), array_agg(distinct g.change_id),
+           count(*) filter (where g.state <> 'failed'), count(*) filter (where g.state = 'failed')
+    into v_gone, v_touched, v_done, v_failed
+    from gone g;
+    delete from watchpump.attempts a where a.delivery_id = any (coalesce(v_gone, '{}'));
+    delete from watchpump.actions x where x.delivery_id = any (coalesce(v_gone, '{}'));
 
     -- The changes whose last deliveries just went.
+    -- (The queue has no index on change_id: one scan of it per batch.)
     delete from watchpump.changes c
-    where c.id = any (coalesce(v_touched, '{}') || coalesce(v_failed_changes, '{}'))
-      and not exists (select 1 from watchpump.deliveries d where d.change_id = c.id);
+    where c.id = any (coalesce(v_touched, '{}'))
+      and not exists (select 1 from watchpump.settled d where d.change_id = c.id)
+      and c.id <> all (array(select q.change_id from watchpump.queue q
+                             where q.change_id = any (coalesce(v_touched, '{}'))));
     get diagnostics v_changes = row_count;
 
     -- Changes past retention that matched no watch, in id order from where
     -- the last batch stopped. A change passed over because deliveries still
     -- refer to it goes with the last of them, above.
     select p.changes_after into v_after from watchpump.prune_position p for update;
-    select o.id into v_until
-    from watchpump.changes o
-    where o.occurred_at < now() - p_retention
-    order by o.occurred_at desc
-    limit 1;
-    if v_until > v_after then
-        v_scanned := array(
-            select o.id from watchpump.changes o
-            where o.id > v_after and o.id <= v_until
-            order by o.id
-            limit p_batch);
+    v_scanned := array(
+        select o.id from watchpump.changes o
+        where o.id > v_after and o.occurred_at < now() - p_retention
+        order by o.id
+        limit p_batch);
+    if cardinality(v_scanned) > 0 then
         delete from watchpump.changes c
         where c.id = any (v_scanned)
-          and not exists (select 1 from watchpump.deliveries d where d.change_id = c.id);
+          and not exists (select 1 from watchpump.settled d where d.change_id = c.id)
+          and c.id <> all (array(select q.change_id from watchpump.queue q
+                                 where q.change_id = any (v_scanned)));
         get diagnostics v_orphans = row_count;
         v_changes := v_changes + v_orphans;
         update watchpump.prune_position
-        set changes_after = coalesce((select max(x) from unnest(v_scanned) x), v_after);
+        set changes_after = (select max(x) from unnest(v_scanned) x);
     end if;
-    v_more_to_do := v_done = p_batch or v_failed = p_batch
+    v_more_to_do := coalesce(v_done, 0) + coalesce(v_failed, 0) = p_batch
                     or coalesce(cardinality(v_scanned), 0) = p_batch;
+
+    -- Removed watches, once their deliveries are past both retentions.
+    delete from watchpump.watches w
+    where w.id = any (array(
+              select o.id from watchpump.watches o
+              where o.removed_at < now() - greatest(p_retention, p_failed_retention)
+                and not exists (select 1 from watchpump.queue q where q.watch_id = o.id)
+              limit p_batch));
 
     delete from watchpump.warnings w
     where w.id = any (array(
@@ -470,6 +503,6 @@ begin
               limit p_batch));
     delete from watchpump.panel_sessions p where p.expires_at < now();
 
-    return query select v_done, v_failed, v_changes, v_more_to_do;
+    return query select coalesce(v_done, 0), coalesce(v_failed, 0), v_changes, v_more_to_do;
 end
 $$;

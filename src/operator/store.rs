@@ -269,44 +269,10 @@ pub async fn deliveries(pool: &PgPool, filter: &DeliveryFilter) -> Result<Vec<De
     };
     let limit = filter.limit.unwrap_or(50).clamp(1, MAX_PAGE);
     let mut q: QueryBuilder<Postgres> = QueryBuilder::new("");
-    match (service_id, state) {
-        // One service, every state: the finished ones through
-        // deliveries_service_finished, pending and in-flight ones (few)
-        // through their own partial indexes, merged newest first. (One
-        // branch for both open states matches neither partial index, and
-        // the planner then walks the whole primary key.)
-        (Some(id), None) => {
-            q.push("select * from ((");
-            page_of(&mut q, filter, Some(id), FINISHED_STATES, limit);
-            q.push(") union all (");
-            for open in ["pending", "in_flight"] {
-                // Name the rows through the state's partial index: left to
-                // itself, the planner walks the primary key backwards
-                // looking for the few open rows of one service.
-                let named = format!(
-                    " and delivery_id = any (array(select d.id from watchpump.deliveries d \
-                     where d.service_id = {id} and d.state = '{open}'))"
-                );
-                page_of(
-                    &mut q,
-                    filter,
-                    Some(id),
-                    &format!("('{open}'){named}"),
-                    limit,
-                );
-                if open == "pending" {
-                    q.push(") union all (");
-                }
-            }
-            q.push(format!(") ) page order by delivery_id desc limit {limit}"));
-        }
-        (id, Some(state)) => page_of(&mut q, filter, id, &format!("('{state}')"), limit),
-        (None, None) => page_of(&mut q, filter, None, "", limit),
-    }
+    let states = state.map_or(String::new(), |state| format!("('{state}')"));
+    page_of(&mut q, filter, service_id, &states, limit);
     Ok(q.build_query_as().fetch_all(pool).await?)
 }
-
-const FINISHED_STATES: &str = "('delivered', 'superseded', 'dropped', 'failed')";
 
 /// One `select ... order by delivery_id desc limit` over delivery_log with
 /// the filter's conditions; `states` is a literal list like `('failed')`,
@@ -334,10 +300,7 @@ fn page_of(
                 .push(")");
         }
         Some(object) => {
-            // Through the changes' (object, sequence) index.
-            q.push(" and change_id in (select c.id from watchpump.changes c where c.object = ")
-                .push_bind(object.to_string())
-                .push(")");
+            q.push(" and object = ").push_bind(object.to_string());
         }
         None => {}
     }

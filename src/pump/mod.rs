@@ -29,7 +29,7 @@ use tokio::time::Instant;
 use crate::config::PumpConfig;
 use crate::error::{Error, Result};
 use crate::metrics as m;
-use crate::services::{self, Keys};
+use crate::services::{self, Destination};
 use health::{Health, Transition};
 use send::{Finished, Outcome, Sender};
 use store::Claimed;
@@ -58,8 +58,9 @@ struct Shared {
     /// When retries this pump scheduled fall due, soonest first, so that a
     /// retry goes out on time rather than at the next sweep.
     retries: Mutex<BinaryHeap<Reverse<Instant>>>,
-    /// Each service's signing keys, as of the version claim() reported.
-    keys: Mutex<HashMap<i64, Arc<Keys>>>,
+    /// Each service's URL, name and signing keys, as of the version claim()
+    /// reported.
+    destinations: Mutex<HashMap<i64, Arc<Destination>>>,
 }
 
 impl Pump {
@@ -82,7 +83,7 @@ impl Pump {
             health: Mutex::new(health),
             signals: Arc::new(Signals::default()),
             retries: Mutex::new(BinaryHeap::new()),
-            keys: Mutex::new(HashMap::new()),
+            destinations: Mutex::new(HashMap::new()),
             cfg,
         };
         Ok(Pump {
@@ -217,7 +218,7 @@ async fn claim_loop(
         let mut pause = None;
         match claim(shared).await {
             Ok(claimed) if !claimed.is_empty() => {
-                let claimed = with_keys(shared, claimed).await;
+                let claimed = with_destinations(shared, claimed).await;
                 // watchpump.claim() removed our sleeper row.
                 asleep = false;
                 // Poll only when busy: at a trickle, NOTIFY is cheap for
@@ -304,17 +305,21 @@ async fn claim(shared: &Shared) -> Result<Vec<Claimed>> {
     Ok(claimed)
 }
 
-/// Pairs each claimed delivery with its service's signing keys, loading
-/// those a service's version says changed. A service whose keys cannot be
-/// read (the database is gone) has its deliveries left to their lease.
-async fn with_keys(shared: &Shared, claimed: Vec<Claimed>) -> Vec<(Claimed, Arc<Keys>)> {
+/// Pairs each claimed delivery with where and how it goes, loading the
+/// services whose version says they changed. A service that cannot be read
+/// (the database is gone) has its deliveries left to their lease.
+async fn with_destinations(
+    shared: &Shared,
+    claimed: Vec<Claimed>,
+) -> Vec<(Claimed, Arc<Destination>)> {
     let stale: Vec<i64> = {
-        let keys = shared.keys.lock().unwrap();
+        let known = shared.destinations.lock().unwrap();
         let mut stale: Vec<i64> = claimed
             .iter()
             .filter(|c| {
-                keys.get(&c.service_id)
-                    .is_none_or(|k| k.version != c.service_version)
+                known
+                    .get(&c.service_id)
+                    .is_none_or(|d| d.version != c.service_version)
             })
             .map(|c| c.service_id)
             .collect();
@@ -323,38 +328,41 @@ async fn with_keys(shared: &Shared, claimed: Vec<Claimed>) -> Vec<(Claimed, Arc<
         stale
     };
     for id in stale {
-        match services::keys(&shared.pool, id).await {
-            Ok(k) => {
-                shared.keys.lock().unwrap().insert(id, Arc::new(k));
+        match services::destination(&shared.pool, id).await {
+            Ok(d) => {
+                shared.destinations.lock().unwrap().insert(id, Arc::new(d));
             }
             Err(e) => {
-                tracing::error!(error = %e, service_id = id, "cannot read the service's signing keys; its deliveries wait for their lease")
+                tracing::error!(error = %e, service_id = id, "cannot read the service; its deliveries wait for their lease")
             }
         }
     }
-    let keys = shared.keys.lock().unwrap();
+    let known = shared.destinations.lock().unwrap();
     claimed
         .into_iter()
-        .filter_map(|c| keys.get(&c.service_id).cloned().map(|k| (c, k)))
+        .filter_map(|c| known.get(&c.service_id).cloned().map(|d| (c, d)))
         .collect()
 }
 
 fn dispatch(
     shared: &Arc<Shared>,
-    claimed: Vec<(Claimed, Arc<Keys>)>,
+    claimed: Vec<(Claimed, Arc<Destination>)>,
     done: &mpsc::UnboundedSender<Finished>,
 ) {
     metrics::histogram!(m::CLAIMED_BATCH_SIZE).record(claimed.len() as f64);
     let now = Instant::now();
     let mut health = shared.health.lock().unwrap();
-    for (delivery, keys) in claimed {
-        let in_flight = health.claimed(delivery.service_id, &delivery.service_name, now);
-        metrics::gauge!(m::IN_FLIGHT, "service" => delivery.service_name.clone())
-            .set(in_flight as f64);
+    for (delivery, destination) in claimed {
+        if let Some(lost) = &delivery.expired_lease_of {
+            tracing::warn!(service = %destination.name, delivery_id = delivery.delivery_id, pump = %lost,
+                "lease ran out (that pump died or hung before reporting); sending again");
+        }
+        let in_flight = health.claimed(delivery.service_id, &destination.name, now);
+        metrics::gauge!(m::IN_FLIGHT, "service" => destination.name.clone()).set(in_flight as f64);
         let sender = shared.sender.clone();
         let done = done.clone();
         tokio::spawn(async move {
-            let finished = sender.send(delivery, &keys).await;
+            let finished = sender.send(delivery, destination).await;
             let _ = done.send(finished);
         });
     }
@@ -362,7 +370,9 @@ fn dispatch(
 
 /// The backstop: expired leases, passed deadlines, missed notifications.
 async fn sweep(shared: &Shared) {
-    match store::sweep(&shared.pool, &shared.name).await {
+    // Deadlines need a scan of the queue: every tenth sweep is often enough.
+    let deadlines_every = shared.cfg.sweep_interval() * 10;
+    match store::sweep(&shared.pool, &shared.name, deadlines_every).await {
         Ok(swept) => {
             for s in swept {
                 if s.expired_leases > 0 {
@@ -403,7 +413,7 @@ async fn complete_batch(shared: &Shared, batch: &[Finished]) {
     {
         let mut health = shared.health.lock().unwrap();
         for f in batch {
-            let service = f.claimed.service_name.as_str();
+            let service = f.destination.name.as_str();
             metrics::histogram!(m::ATTEMPT_DURATION, "service" => service.to_string(), "result" => f.result)
                 .record(f.duration.as_secs_f64());
             let transition = health.finished(f.claimed.service_id, f.answer(), now);
@@ -487,7 +497,7 @@ fn is_refused_data(e: &Error) -> bool {
 
 fn record_settled(health: &Health, s: &store::Settled, finished: Option<&Finished>) {
     let service = finished
-        .map(|f| f.claimed.service_name.clone())
+        .map(|f| f.destination.name.clone())
         .or_else(|| health.name(s.service_id).map(str::to_string))
         .unwrap_or_else(|| s.service_id.to_string());
     let outcome = match s.state.as_str() {

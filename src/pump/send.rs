@@ -9,7 +9,8 @@ use chrono::{DateTime, Utc};
 use crate::config::PumpConfig;
 use crate::message;
 use crate::pump::store::Claimed;
-use crate::services::Keys;
+use crate::services::Destination;
+use std::sync::Arc;
 
 /// How many bytes of a consumer's answer are kept with the attempt.
 const RESPONSE_HEAD_BYTES: usize = 512;
@@ -29,6 +30,8 @@ pub enum Outcome {
 #[derive(Debug)]
 pub struct Finished {
     pub claimed: Claimed,
+    /// Where it went, as of the claim.
+    pub destination: Arc<Destination>,
     pub outcome: Outcome,
     /// Metric label: 2xx, 410, 3xx, 4xx, 5xx, timeout or connect_error.
     pub result: &'static str,
@@ -83,12 +86,12 @@ impl Sender {
         })
     }
 
-    /// Makes one attempt, signed with `keys`. Never fails: every failure
-    /// is an outcome.
-    pub async fn send(&self, claimed: Claimed, keys: &Keys) -> Finished {
+    /// Makes one attempt to `destination`. Never fails: every failure is an
+    /// outcome.
+    pub async fn send(&self, claimed: Claimed, destination: Arc<Destination>) -> Finished {
         let started = Utc::now();
         let clock = std::time::Instant::now();
-        let answer = self.post(&claimed, keys, started).await;
+        let answer = self.post(&claimed, &destination, started).await;
         let duration = clock.elapsed();
         let (outcome, result, status, error, response_head) = match answer {
             Ok((status, retry_after, head)) => {
@@ -118,6 +121,7 @@ impl Sender {
         };
         Finished {
             claimed,
+            destination,
             outcome,
             result,
             status,
@@ -131,7 +135,7 @@ impl Sender {
     async fn post(
         &self,
         c: &Claimed,
-        keys: &Keys,
+        destination: &Destination,
         now: DateTime<Utc>,
     ) -> Result<(reqwest::StatusCode, Option<Duration>, String), reqwest::Error> {
         // The payload is jsonb text from PostgreSQL: embedded as is, unparsed.
@@ -156,11 +160,11 @@ impl Sender {
             c.attempt,
             now.timestamp(),
             &body,
-            &keys.signing_at(now),
+            &destination.signing_at(now),
         );
         let mut request = self
             .client
-            .post(message::events_url(&c.base_url, &self.producer));
+            .post(message::events_url(&destination.base_url, &self.producer));
         for (name, value) in headers {
             request = request.header(name, value);
         }

@@ -15,9 +15,7 @@ pub struct Claimed {
     pub change_id: i64,
     pub watch_id: i64,
     pub service_id: i64,
-    pub service_name: String,
-    pub base_url: String,
-    /// The service's version: signing keys are cached by it.
+    /// The service's version: its URL and keys are cached by it.
     pub service_version: i32,
     pub attempt: i32,
     pub resource: String,
@@ -26,6 +24,9 @@ pub struct Claimed {
     pub sequence: i64,
     pub occurred_at: DateTime<Utc>,
     pub payload: String,
+    /// The pump whose lease on this delivery ran out, if one did: it died or
+    /// hung mid-send, and this is the delivery sent again.
+    pub expired_lease_of: Option<String>,
 }
 
 /// Where a delivery stands after the pump reported an attempt.
@@ -136,9 +137,15 @@ pub async fn leave(pool: &PgPool, pump: &str) -> Result<()> {
     Ok(())
 }
 
-pub async fn sweep(pool: &PgPool, pump: &str) -> Result<Vec<Swept>> {
-    Ok(sqlx::query_as("select * from watchpump.sweep($1)")
+/// The backstop; deadlines are checked at most every `deadlines_every`.
+pub async fn sweep(
+    pool: &PgPool,
+    pump: &str,
+    deadlines_every: std::time::Duration,
+) -> Result<Vec<Swept>> {
+    Ok(sqlx::query_as("select * from watchpump.sweep($1, $2)")
         .bind(pump)
+        .bind(interval(deadlines_every))
         .fetch_all(pool)
         .await?)
 }

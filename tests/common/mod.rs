@@ -518,3 +518,70 @@ pub async fn failed_delivery(
     .await;
     (consumer, id)
 }
+
+/// Puts deliveries where a pump would have left them in `state`, for a test
+/// that stages a situation: 'pending', or 'in_flight' (leased by pump "p"
+/// for an hour), in the queue; 'delivered', 'superseded', 'dropped' or
+/// 'failed' in the history, finished `finished_days_ago` days ago (default
+/// now) with at least one attempt.
+pub async fn set_state(db: &TestDb, ids: &[i64], state: &str, finished_days_ago: Option<i32>) {
+    let ids = ids.to_vec();
+    if state == "pending" || state == "in_flight" {
+        sqlx::query(
+            "select watchpump.requeue(array(select id from watchpump.settled where id = any($1)))",
+        )
+        .bind(&ids)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+        sqlx::query(
+            "update watchpump.queue
+             set lease_until = case when $2 = 'in_flight' then now() + interval '1 hour' end,
+                 leased_by = case when $2 = 'in_flight' then 'p' end,
+                 attempts = attempts + case when $2 = 'in_flight' then 1 else 0 end
+             where id = any($1)",
+        )
+        .bind(&ids)
+        .bind(state)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+        return;
+    }
+    sqlx::query(
+        "select * from watchpump.settle(
+             array(select id from watchpump.queue where id = any($1) order by id),
+             array(select $2::text from watchpump.queue where id = any($1) order by id),
+             array(select null::bigint from watchpump.queue where id = any($1) order by id),
+             array(select null::int from watchpump.queue where id = any($1) order by id),
+             array(select null::text from watchpump.queue where id = any($1) order by id))",
+    )
+    .bind(&ids)
+    .bind(state)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "update watchpump.settled
+         set state = $2, attempts = greatest(attempts, 1),
+             finished_at = now() - make_interval(days => coalesce($3, 0))
+         where id = any($1)",
+    )
+    .bind(&ids)
+    .bind(state)
+    .bind(finished_days_ago)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+}
+
+/// The ids of deliveries matching a condition on the `watchpump.deliveries`
+/// view, e.g. `ids_where(db, "object = 'acme/x'")`.
+pub async fn ids_where(db: &TestDb, condition: &str) -> Vec<i64> {
+    sqlx::query_scalar(&format!(
+        "select id from watchpump.deliveries where {condition} order by id"
+    ))
+    .fetch_all(&db.pool)
+    .await
+    .unwrap()
+}
