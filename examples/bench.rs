@@ -80,7 +80,7 @@ struct Bench {
 
 impl Bench {
     async fn new(admin: &str, name: &str) -> Bench {
-        let db = format!("wpbench_{name}");
+        let db = format!("wpbench_{}", name.replace('-', "_"));
         let admin_pool = watchpump::server::connect(admin, 1).await.unwrap();
         sqlx::query(&format!("drop database if exists {db} with (force)"))
             .execute(&admin_pool)
@@ -93,6 +93,12 @@ impl Bench {
         admin_pool.close().await;
         let url = format!("{}/{db}", admin.rsplit_once('/').unwrap().0);
         let pool = watchpump::server::connect(&url, 16).await.unwrap();
+        // Where PostgreSQL spends its time, for reading a scenario afterwards
+        // (`select * from pg_stat_statements` in wpbench_<scenario>).
+        sqlx::query("create extension if not exists pg_stat_statements")
+            .execute(&pool)
+            .await
+            .unwrap();
         watchpump::schema::migrate(&pool).await.unwrap();
         Bench { pool, url }
     }
@@ -160,16 +166,32 @@ impl Bench {
         for (k, v) in extra {
             cmd.env(k, v);
         }
-        PumpProcess {
-            child: cmd
+        let child = cmd
+            .spawn()
+            .expect("target/release/watchpump (make bench builds it)");
+        // WATCHPUMP_BENCH_PERF=1: a CPU profile of the pump process,
+        // target/bench/pump-<pid>.perf (read with `perf report -i`).
+        let perf = std::env::var_os("WATCHPUMP_BENCH_PERF").map(|_| {
+            Command::new("perf")
+                .args(["record", "-e", "cpu-clock", "-F", "1999", "-g", "-p"])
+                .arg(child.id().to_string())
+                .arg("-o")
+                .arg(format!(
+                    concat!(env!("CARGO_MANIFEST_DIR"), "/target/bench/pump-{}.perf"),
+                    child.id()
+                ))
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
                 .spawn()
-                .expect("target/release/watchpump (make bench builds it)"),
-        }
+                .expect("perf (apt-get install linux-perf)")
+        });
+        PumpProcess { child, perf }
     }
 }
 
 struct PumpProcess {
     child: Child,
+    perf: Option<Child>,
 }
 
 impl PumpProcess {
@@ -199,6 +221,12 @@ impl PumpProcess {
     }
 
     fn stop(mut self) {
+        if let Some(mut perf) = self.perf.take() {
+            let _ = Command::new("kill")
+                .args(["-INT", &perf.id().to_string()])
+                .status();
+            let _ = perf.wait();
+        }
         let _ = Command::new("kill")
             .arg("-TERM")
             .arg(self.child.id().to_string())
@@ -370,7 +398,20 @@ async fn bulk_one(b: Bench) -> Outcome {
     }
     tx.commit().await.unwrap();
     let start = Instant::now();
-    let pump = b.pump(&[]);
+    let extra: Vec<(String, String)> = std::env::var("WATCHPUMP_BENCH_PUMP_ENV")
+        .ok()
+        .map(|v| {
+            v.split(',')
+                .filter_map(|kv| kv.split_once('='))
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        })
+        .unwrap_or_default();
+    let extra: Vec<(&str, &str)> = extra
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let pump = b.pump(&extra);
     let all = consumer.wait_for(total, Duration::from_secs(120)).await;
     let elapsed = start.elapsed().as_secs_f64();
     // The last outcomes are written after the last arrival; let them land

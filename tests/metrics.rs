@@ -260,16 +260,17 @@ async fn run_scenario(db: &TestDb, ok: &Receiver, flaky: &Receiver, slow: &Recei
 /// Every counter and histogram count against the rows. Call with the pump
 /// stopped, so that both sides are final.
 async fn assert_counters_match_database(pool: &PgPool, scrape: &Scrape) {
-    // A delivery the pump settled has the same xmin as its last attempt:
-    // watchpump.complete() wrote both in one transaction. Every attempt the
+    // A delivery the pump settled carries the attempt that delivered it, or
+    // has the same xmin as its last logged attempt: watchpump.complete()
+    // wrote both in one transaction. Every attempt the
     // pump reported either settled its delivery or scheduled a retry.
     // Deliveries superseded by a claim (stale news) or dropped as the
     // siblings of a 410 were settled in another transaction.
     let rows: Vec<Settled> = sqlx::query_as(
         "with d as (
              select d.service_id, d.state,
-                    exists (
-                        select 1 from watchpump.attempts a
+                    d.last_pump is not null or exists (
+                        select 1 from watchpump.attempt_log a
                         where a.delivery_id = d.id and a.attempt + a.repeats - 1 = d.attempts
                           and a.xmin = d.xmin
                     ) as settled_by_attempt

@@ -684,7 +684,7 @@ async fn pruning_removes_only_rows_past_retention_and_keeps_failed_ones() {
     .await
     .unwrap();
     sqlx::query(
-        "insert into watchpump.attempts (delivery_id, attempt, started_at, duration_ms, status, pump)
+        "insert into watchpump.attempt_log (delivery_id, attempt, started_at, duration_ms, status, pump)
          select id, 1, now() - interval '40 days', 1, 200, 'test' from watchpump.deliveries",
     )
     .execute(&db.pool)

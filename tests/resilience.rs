@@ -32,26 +32,28 @@ async fn a_pump_killed_mid_send_has_its_deliveries_sent_by_another_after_the_lea
         )
         .await;
     }
-    let mut child = Command::new(env!("CARGO_BIN_EXE_watchpump"))
-        .arg("serve")
-        .env("DATABASE_URL", &db.url)
-        .env("WATCHPUMP_LISTEN", "127.0.0.1:0")
-        .env("WATCHPUMP_METRICS_LISTEN", "off")
-        .env("WATCHPUMP_PRODUCER", PRODUCER)
-        .env("WATCHPUMP_PRODUCER_TOKEN", PRODUCER_TOKEN)
-        .env("WATCHPUMP_REQUEST_TIMEOUT_MS", "8000")
-        .env("WATCHPUMP_LEASE_MS", "9000")
-        .env("WATCHPUMP_PUMP_NAME", "doomed")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = KillOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_watchpump"))
+            .arg("serve")
+            .env("DATABASE_URL", &db.url)
+            .env("WATCHPUMP_LISTEN", "127.0.0.1:0")
+            .env("WATCHPUMP_METRICS_LISTEN", "off")
+            .env("WATCHPUMP_PRODUCER", PRODUCER)
+            .env("WATCHPUMP_PRODUCER_TOKEN", PRODUCER_TOKEN)
+            .env("WATCHPUMP_REQUEST_TIMEOUT_MS", "8000")
+            .env("WATCHPUMP_LEASE_MS", "9000")
+            .env("WATCHPUMP_PUMP_NAME", "doomed")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     eventually(WAIT, "the first pump holds all ten", || async {
         in_flight(&db).await == 10
     })
     .await;
-    child.kill().unwrap(); // SIGKILL: no chance to report or release
-    child.wait().unwrap();
+    child.0.kill().unwrap(); // SIGKILL: no chance to report or release
+    child.0.wait().unwrap();
     let leased_by: Vec<Option<String>> =
         sqlx::query_scalar("select distinct leased_by from watchpump.deliveries")
             .fetch_all(&db.pool)

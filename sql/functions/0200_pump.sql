@@ -38,14 +38,19 @@ $$;
 -- Moves deliveries from the queue to the history, each with its state
 -- ('delivered', 'superseded', 'dropped' or 'failed'), and for a superseded
 -- one the delivery that superseded it. The callers hold the rows (by lease
--- or by lock). Failed deliveries are also noted for the warning to notify.
--- The one place a delivery is settled.
+-- or by lock). The attempt that delivered (p_pump, p_started, p_durations,
+-- p_heads) is kept on the settled row. Failed deliveries are also noted for
+-- the warning to notify. The one place a delivery is settled.
 create or replace function watchpump.settle(
     p_ids           bigint[],
     p_states        text[],
     p_superseded_by bigint[],
     p_statuses      integer[],
-    p_errors        text[]
+    p_errors        text[],
+    p_pump          text default null,
+    p_started       timestamptz[] default null,
+    p_durations     double precision[] default null,
+    p_heads         text[] default null
 ) returns table (delivery_id bigint, service_id bigint, state text)
 language plpgsql
 set jit = off
@@ -54,24 +59,26 @@ as $$
 begin
     return query
     with outcome as materialized (
-        select u.id, u.state, u.superseded_by, u.status, u.error
-        from unnest(p_ids, p_states, p_superseded_by, p_statuses, p_errors)
-             as u (id, state, superseded_by, status, error)
+        select u.id, u.state, u.superseded_by, u.status, u.error, u.started, u.duration, u.head
+        from unnest(p_ids, p_states, p_superseded_by, p_statuses, p_errors, p_started, p_durations, p_heads)
+             as u (id, state, superseded_by, status, error, started, duration, head)
     ),
     moved as (
         delete from watchpump.queue q
         using outcome o
         where q.id = o.id
-        returning q.*, o.state, o.superseded_by as by, o.status, o.error
+        returning q.*, o.state, o.superseded_by as by, o.status, o.error, o.started, o.duration, o.head
     ),
     written as (
         insert into watchpump.settled (id, change_id, watch_id, service_id, object, state, attempts,
                                        next_attempt_at, deadline, superseded_by, last_status,
-                                       last_error, created_at, finished_at)
+                                       last_error, created_at, finished_at, last_started_at,
+                                       last_duration_ms, last_response_head, last_pump)
         select m.id, m.change_id, m.watch_id, m.service_id, m.object, m.state, m.attempts,
                m.next_attempt_at, m.deadline, m.by, coalesce(m.status, m.last_status),
                case when m.state = 'superseded' then m.last_error else coalesce(m.error, m.last_error) end,
-               m.created_at, clock_timestamp()
+               m.created_at, clock_timestamp(), m.started, m.duration, m.head,
+               case when m.started is not null then p_pump end
         from moved m
         returning settled.id, settled.service_id, settled.state, settled.created_at
     ),
@@ -164,12 +171,13 @@ set jit = off
 set plan_cache_mode = force_generic_plan
 as $$
 declare
-    v_watch_ids bigint[];
-    v_objects   text[];
-    v_probes    boolean[];
-    v_stale_watch_ids bigint[];
-    v_stale_objects   text[];
-    v_ids       bigint[];
+    v_watch_ids    bigint[];
+    v_objects      text[];
+    v_probes       boolean[];
+    v_stale        bigint[];
+    v_stale_newest bigint[];
+    v_ids          bigint[];
+    v_older        bigint[];
 begin
     -- The rule needs a fresh snapshot per statement.
     if current_setting('transaction_isolation') <> 'read committed' then
@@ -177,17 +185,16 @@ begin
             current_setting('transaction_isolation') using errcode = '25000';
     end if;
 
-    -- 1. Due (or probed) deliveries per service, oldest due first: up to
-    --    its free slots of them, plus up to 256 more to clean up. A row with
-    --    a newer queued sibling is stale (left behind while a pump was
-    --    behind or its consumer down) and is superseded as the scan passes
-    --    it, so stale rows never pile up ahead of the news. The newest of
-    --    each (watch, object) with nothing of it in flight is a candidate,
-    --    and this pump decides about it now if it gets its lock.
+    -- 1. Due (or probed) deliveries per service, oldest due first, as many
+    --    as its free slots. A row with a newer queued sibling is stale (left
+    --    behind while a pump was behind or its consumer down): it is
+    --    superseded as the scan passes it, so stale rows never pile up ahead
+    --    of the news. The newest of each (watch, object) with nothing of it
+    --    in flight is a candidate, and this pump decides about it now if it
+    --    gets its lock.
     with scanned as materialized (
         select d.id, d.watch_id, d.object, d.service_id, d.next_attempt_at,
                coalesce(f.probe, false) as probe,
-               greatest(coalesce(f.free, p_default_free), 0) as free,
                (select max(n.id) from watchpump.queue n
                 where n.watch_id = d.watch_id and n.object = d.object) as newest
         from watchpump.services s
@@ -206,27 +213,31 @@ begin
                   offset 0
               )
             order by q.next_attempt_at
-            limit case when coalesce(f.free, p_default_free) > 0
-                       then coalesce(f.free, p_default_free) + case when coalesce(f.probe, false) then 0 else 256 end
-                       else 0 end
+            limit greatest(coalesce(f.free, p_default_free), 0)
         ) d
         where s.removed_at is null
     ),
     candidates as materialized (
-        select x.watch_id, x.object, x.probe,
-               row_number() over (partition by x.service_id order by x.next_attempt_at) as nth, x.free
-        from scanned x
-        where x.id = x.newest
+        select x.watch_id, x.object, x.probe from scanned x where x.id = x.newest
     )
     select coalesce(array_agg(k.watch_id), '{}'), coalesce(array_agg(k.object), '{}'),
            coalesce(array_agg(k.probe), '{}'),
-           (select coalesce(array_agg(x.watch_id order by x.id), '{}') from scanned x where x.id < x.newest),
-           (select coalesce(array_agg(x.object order by x.id), '{}') from scanned x where x.id < x.newest)
-    into v_watch_ids, v_objects, v_probes, v_stale_watch_ids, v_stale_objects
-    from (select * from candidates c where c.nth <= c.free) k
+           (select coalesce(array_agg(x.id order by x.id), '{}') from scanned x where x.id < x.newest),
+           (select coalesce(array_agg(x.newest order by x.id), '{}') from scanned x where x.id < x.newest)
+    into v_watch_ids, v_objects, v_probes, v_stale, v_stale_newest
+    from candidates k
     where watchpump.stream_lock(k.watch_id, k.object);
-    if cardinality(v_stale_watch_ids) > 0 then
-        perform from watchpump.supersede_older(v_stale_watch_ids, v_stale_objects);
+    if cardinality(v_stale) > 0 then
+        select coalesce(array_agg(x.id), '{}'), coalesce(array_agg(x.newest), '{}')
+        into v_stale, v_stale_newest
+        from (select q.id, u.newest
+              from unnest(v_stale, v_stale_newest) as u (id, newest)
+              join watchpump.queue q on q.id = u.id
+              where not coalesce(q.lease_until > now(), false)
+              for update of q skip locked) x;
+        perform from watchpump.settle(v_stale, array_fill('superseded'::text, array[cardinality(v_stale)]),
+                                      v_stale_newest, array_fill(null::integer, array[cardinality(v_stale)]),
+                                      array_fill(null::text, array[cardinality(v_stale)]));
     end if;
     if cardinality(v_watch_ids) = 0 then
         return;
@@ -234,13 +245,15 @@ begin
 
     -- 2. Under the locks, with this statement's fresh snapshot: the newest
     --    queued delivery of each, if it is due (or probed) and nothing of
-    --    its (watch, object) is in flight. Lock those rows, skipping any
-    --    another transaction holds.
-    v_ids := array(
-        select n.id
+    --    its (watch, object) is in flight; noting which have older ones.
+    --    Lock those rows, skipping any another transaction holds.
+    with newest as materialized (
+        select n.id, n.first < n.id as has_older
         from unnest(v_watch_ids, v_objects, v_probes) as k (watch_id, object, probe)
         cross join lateral (
-            select q.id, q.next_attempt_at, q.lease_until
+            select q.id, q.next_attempt_at,
+                   (select min(o.id) from watchpump.queue o
+                    where o.watch_id = k.watch_id and o.object = k.object) as first
             from watchpump.queue q
             where q.watch_id = k.watch_id and q.object = k.object
             order by q.id desc
@@ -252,27 +265,33 @@ begin
               where l.watch_id = k.watch_id and l.object = k.object and l.lease_until > now()
               offset 0
           )
-    );
-    v_ids := array(
+    ),
+    locked as (
         select q.id from watchpump.queue q
-        where q.id = any (v_ids) and not coalesce(q.lease_until > now(), false)
+        where q.id in (select n.id from newest n) and not coalesce(q.lease_until > now(), false)
         for update skip locked
-    );
+    )
+    select coalesce(array_agg(n.id), '{}'), coalesce(array_agg(n.id) filter (where n.has_older), '{}')
+    into v_ids, v_older
+    from newest n
+    where n.id in (select l.id from locked l);
+
     -- 3. Every older delivery of those (watch, object)s is superseded in
     --    this same transaction; where one is held by someone else, the
     --    (watch, object) waits for the next claim.
-    select coalesce(array_agg(q.watch_id), '{}'), coalesce(array_agg(q.object), '{}')
-    into v_watch_ids, v_objects
-    from watchpump.queue q where q.id = any (v_ids);
-    perform from watchpump.supersede_older(v_watch_ids, v_objects);
-    v_ids := array(
-        select c.id from watchpump.queue c
-        where c.id = any (v_ids)
-          and not exists (
-              select 1 from watchpump.queue o
-              where o.watch_id = c.watch_id and o.object = c.object and o.id < c.id
-          )
-    );
+    if cardinality(v_older) > 0 then
+        select coalesce(array_agg(q.watch_id), '{}'), coalesce(array_agg(q.object), '{}')
+        into v_watch_ids, v_objects
+        from watchpump.queue q where q.id = any (v_older);
+        perform from watchpump.supersede_older(v_watch_ids, v_objects);
+        v_ids := array(
+            select c.id from watchpump.queue c
+            where c.id = any (v_ids)
+              and not (c.id = any (v_older) and exists (
+                  select 1 from watchpump.queue o
+                  where o.watch_id = c.watch_id and o.object = c.object and o.id < c.id))
+        );
+    end if;
     if cardinality(v_ids) = 0 then
         return;
     end if;
@@ -344,6 +363,9 @@ declare
     v_gone       bigint[];
     v_failed     bigint[];
     v_errors_f   text[];
+    v_started    timestamptz[];
+    v_durations  double precision[];
+    v_heads      text[];
 begin
     perform watchpump.record_attempts(p_pump, p_ids, p_attempts, p_outcomes, p_statuses, p_errors,
                                       p_started, p_durations, p_heads);
@@ -378,23 +400,31 @@ begin
         where q.id = x.id and x.state = 'retry'
         returning q.id, q.watch_id, q.object
     )
-    select (select coalesce(array_agg(x.id), '{}') from decided x where x.state <> 'retry'),
-           (select coalesce(array_agg(x.state), '{}') from decided x where x.state <> 'retry'),
-           (select coalesce(array_agg(p_statuses[x.i]), '{}') from decided x where x.state <> 'retry'),
-           (select coalesce(array_agg(case when x.state = 'dropped' and p_outcomes[x.i] = 'retry'
-                                           then 'watch removed' else p_errors[x.i] end), '{}')
-            from decided x where x.state <> 'retry'),
-           (select coalesce(array_agg(distinct x.watch_id), '{}') from decided x
-            where p_outcomes[x.i] = 'gone'),
-           coalesce(array_agg(r.id), '{}'), coalesce(array_agg(r.watch_id), '{}'),
-           coalesce(array_agg(r.object), '{}')
-    into v_settle, v_states, v_statuses, v_errors, v_gone, v_retried, v_watch_ids, v_objects
-    from retried r;
+    select coalesce(array_agg(x.id) filter (where x.state <> 'retry'), '{}'),
+           coalesce(array_agg(x.state) filter (where x.state <> 'retry'), '{}'),
+           coalesce(array_agg(p_statuses[x.i]) filter (where x.state <> 'retry'), '{}'),
+           coalesce(array_agg(case when x.state = 'dropped' and p_outcomes[x.i] = 'retry'
+                                   then 'watch removed' else p_errors[x.i] end)
+                    filter (where x.state <> 'retry'), '{}'),
+           -- The attempt that delivered goes on the settled row.
+           coalesce(array_agg(case when x.state = 'delivered' then p_started[x.i] end)
+                    filter (where x.state <> 'retry'), '{}'),
+           coalesce(array_agg(case when x.state = 'delivered' then p_durations[x.i] end)
+                    filter (where x.state <> 'retry'), '{}'),
+           coalesce(array_agg(case when x.state = 'delivered' then p_heads[x.i] end)
+                    filter (where x.state <> 'retry'), '{}'),
+           coalesce(array_agg(distinct x.watch_id) filter (where p_outcomes[x.i] = 'gone'), '{}'),
+           (select coalesce(array_agg(r.id order by r.id), '{}') from retried r),
+           (select coalesce(array_agg(r.watch_id order by r.id), '{}') from retried r),
+           (select coalesce(array_agg(r.object order by r.id), '{}') from retried r)
+    into v_settle, v_states, v_statuses, v_errors, v_started, v_durations, v_heads, v_gone,
+         v_retried, v_watch_ids, v_objects
+    from decided x;
 
     return query
     select * from watchpump.settle(v_settle, v_states,
                                    array_fill(null::bigint, array[cardinality(v_settle)]),
-                                   v_statuses, v_errors);
+                                   v_statuses, v_errors, p_pump, v_started, v_durations, v_heads);
 
     if cardinality(v_retried) > 0 then
         -- Newer news waiting supersedes a retry; past the deadline it fails.
@@ -426,7 +456,8 @@ begin
 end
 $$;
 
--- Appends one row per attempt; a failed attempt that repeats the
+-- Appends one row per attempt that did not deliver (the delivering one is
+-- kept on the settled row, settle()); a failed attempt that repeats the
 -- delivery's previous attempt row (same status, same error) folds into it
 -- instead: repeats + 1, last_started_at, the newest duration. A consumer
 -- that is down for a day then costs a delivery a few rows, not one per
@@ -451,13 +482,18 @@ begin
         select o.id, o.attempt, o.outcome, o.status, o.error, o.started, o.duration, o.head
         from unnest(p_ids, p_attempts, p_outcomes, p_statuses, p_errors, p_started, p_durations, p_heads)
              as o (id, attempt, outcome, status, error, started, duration, head)
+        -- The delivering attempt goes on the settled row, unless this pump
+        -- no longer holds the delivery (its lease ran out and another took it).
+        where o.outcome <> 'delivered'
+           or not exists (select 1 from watchpump.queue q
+                          where q.id = o.id and q.leased_by = p_pump and q.attempts = o.attempt)
     ),
     previous as (
         select r.id as delivery_id, r.started, r.duration, r.head, a.id
         from reported r
         cross join lateral (
             select a.id, a.status, a.error
-            from watchpump.attempts a
+            from watchpump.attempt_log a
             where a.delivery_id = r.id
             order by a.attempt desc, a.id desc
             limit 1
@@ -467,15 +503,15 @@ begin
           and a.error is not distinct from r.error
     ),
     folded as (
-        update watchpump.attempts a
+        update watchpump.attempt_log a
         set repeats = a.repeats + 1, last_started_at = p.started, duration_ms = p.duration,
             response_head = p.head, pump = p_pump
         from previous p
         where a.id = p.id
         returning a.delivery_id
     )
-    insert into watchpump.attempts (delivery_id, attempt, started_at, duration_ms, status, error,
-                                    response_head, pump)
+    insert into watchpump.attempt_log (delivery_id, attempt, started_at, duration_ms, status, error,
+                                       response_head, pump)
     select r.id, r.attempt, r.started, r.duration, r.status, r.error, r.head, p_pump
     from reported r
     where r.id not in (select f.delivery_id from folded f);

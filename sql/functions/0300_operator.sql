@@ -27,6 +27,19 @@ select s.id, s.change_id, s.watch_id, s.service_id, s.object, s.state, s.attempt
        s.created_at, s.finished_at
 from watchpump.settled s;
 
+-- Every attempt to send a delivery, as the table of that name held them
+-- before 0004_storage_v2.sql: the log of attempts that did not deliver, and
+-- the delivering attempt kept on its settled row.
+create or replace view watchpump.attempts as
+select a.id, a.delivery_id, a.attempt, a.started_at, a.duration_ms, a.status, a.error,
+       a.response_head, a.pump, a.repeats, a.last_started_at
+from watchpump.attempt_log a
+union all
+select null::bigint, s.id, s.attempts, s.last_started_at, s.last_duration_ms, s.last_status, null::text,
+       s.last_response_head, s.last_pump, 1, null::timestamptz
+from watchpump.settled s
+where s.last_pump is not null;
+
 -- One row per consumer service: what waits, what is on its way, what failed.
 -- `looks_down`: deliveries are being retried (or failed) and nothing was
 -- delivered to the service since the oldest of them was created (or since
@@ -453,7 +466,7 @@ begin
            count(*) filter (where g.state <> 'failed'), count(*) filter (where g.state = 'failed')
     into v_gone, v_touched, v_done, v_failed
     from gone g;
-    delete from watchpump.attempts a where a.delivery_id = any (coalesce(v_gone, '{}'));
+    delete from watchpump.attempt_log a where a.delivery_id = any (coalesce(v_gone, '{}'));
     delete from watchpump.actions x where x.delivery_id = any (coalesce(v_gone, '{}'));
 
     -- The changes whose last deliveries just went.

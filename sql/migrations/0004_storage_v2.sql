@@ -111,11 +111,21 @@ create index settled_finished_brin on watchpump.settled using brin (finished_at)
 alter table watchpump.changes drop constraint if exists changes_object_sequence_key;
 drop index if exists watchpump.changes_occurred;
 
--- Attempts: every attempt, appended; consecutive identical failures fold
--- into one row (repeats, last_started_at), so a consumer that is down for
--- a day costs a few rows per delivery, not one per probe.
-alter table watchpump.attempts add column repeats integer not null default 1,
-                               add column last_started_at timestamptz;
+-- Attempts: the attempt that delivered is kept on the settled row itself
+-- (last_*), saving a row and two index entries per delivery; every other
+-- attempt is appended to attempt_log, where consecutive identical failures
+-- fold into one row (repeats, last_started_at), so that a consumer that is
+-- down for a day costs a delivery a few rows, not one per probe. The view
+-- watchpump.attempts (0300_operator.sql) shows both, as the table did.
+alter table watchpump.attempts rename to attempt_log;
+alter index watchpump.attempts_pkey rename to attempt_log_pkey;
+alter index watchpump.attempts_delivery rename to attempt_log_delivery;
+alter table watchpump.attempt_log add column repeats integer not null default 1,
+                                  add column last_started_at timestamptz;
+alter table watchpump.settled add column last_started_at    timestamptz,
+                              add column last_duration_ms   double precision,
+                              add column last_response_head text,
+                              add column last_pump          text;
 
 -- Where the periodic deadline check got to (it runs every few sweeps).
 alter table watchpump.prune_position add column deadlines_checked_at timestamptz not null default '-infinity';

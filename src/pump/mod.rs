@@ -190,7 +190,7 @@ pub fn pump_pool(pool: &PgPool) -> PgPool {
 /// send.
 async fn claim_loop(
     shared: &Arc<Shared>,
-    done: mpsc::UnboundedSender<Finished>,
+    done: mpsc::UnboundedSender<Answered>,
     shutdown: impl Future<Output = ()>,
 ) {
     tokio::pin!(shutdown);
@@ -347,7 +347,7 @@ async fn with_destinations(
 fn dispatch(
     shared: &Arc<Shared>,
     claimed: Vec<(Claimed, Arc<Destination>)>,
-    done: &mpsc::UnboundedSender<Finished>,
+    done: &mpsc::UnboundedSender<Answered>,
 ) {
     metrics::histogram!(m::CLAIMED_BATCH_SIZE).record(claimed.len() as f64);
     let now = Instant::now();
@@ -359,13 +359,57 @@ fn dispatch(
         }
         let in_flight = health.claimed(delivery.service_id, &destination.name, now);
         metrics::gauge!(m::IN_FLIGHT, "service" => destination.name.clone()).set(in_flight as f64);
-        let sender = shared.sender.clone();
+        let shared = shared.clone();
         let done = done.clone();
         tokio::spawn(async move {
-            let finished = sender.send(delivery, destination).await;
-            let _ = done.send(finished);
+            let finished = shared.sender.send(delivery, destination).await;
+            // The consumer's slot is free as soon as it answered; the
+            // outcome's write-back follows in a batch (the lease keeps the
+            // (watch, object) until then). After a 410 the slot waits for
+            // the write-back instead, so that the gone watch's other
+            // deliveries are dropped before one of them is sent.
+            let gone = finished.outcome == Outcome::Gone;
+            let came_back = !gone && answered(&shared, &finished);
+            let _ = done.send(Answered {
+                finished,
+                came_back,
+                slot_held: gone,
+            });
+            if !gone {
+                shared.signals.wake.notify_one();
+            }
         });
     }
+}
+
+/// A finished attempt on its way to the write-back, and whether it showed
+/// its consumer answering again after being down.
+struct Answered {
+    finished: Finished,
+    came_back: bool,
+    /// The consumer's slot is freed after the write-back (a 410).
+    slot_held: bool,
+}
+
+/// What an answer says about its consumer: its slot is free again, and it
+/// may have gone down or come back.
+fn answered(shared: &Shared, f: &Finished) -> bool {
+    let service = f.destination.name.as_str();
+    metrics::histogram!(m::ATTEMPT_DURATION, "service" => service.to_string(), "result" => f.result)
+        .record(f.duration.as_secs_f64());
+    let mut health = shared.health.lock().unwrap();
+    let transition = health.finished(f.claimed.service_id, f.answer(), Instant::now());
+    metrics::gauge!(m::IN_FLIGHT, "service" => service.to_string())
+        .set(health.in_flight(f.claimed.service_id) as f64);
+    match transition {
+        Transition::WentDown => tracing::warn!(service, "consumer looks down; probing it"),
+        Transition::CameBack => {
+            tracing::info!(service, "consumer answers again; releasing its backlog");
+            return true;
+        }
+        Transition::None => {}
+    }
+    false
 }
 
 /// The backstop: expired leases, passed deadlines, missed notifications.
@@ -390,7 +434,7 @@ async fn sweep(shared: &Shared) {
 }
 
 /// Writes finished attempts back in batches until every sender is gone.
-async fn complete_loop(shared: Arc<Shared>, mut done: mpsc::UnboundedReceiver<Finished>) {
+async fn complete_loop(shared: Arc<Shared>, mut done: mpsc::UnboundedReceiver<Answered>) {
     let mut batch = Vec::with_capacity(COMPLETE_BATCH);
     while let Some(first) = done.recv().await {
         batch.push(first);
@@ -406,27 +450,16 @@ async fn complete_loop(shared: Arc<Shared>, mut done: mpsc::UnboundedReceiver<Fi
     }
 }
 
-async fn complete_batch(shared: &Shared, batch: &[Finished]) {
-    let settled = write_back(shared, batch).await.unwrap_or_default();
+async fn complete_batch(shared: &Shared, batch: &[Answered]) {
+    let finished: Vec<&Finished> = batch.iter().map(|a| &a.finished).collect();
+    let settled = write_back(shared, &finished).await.unwrap_or_default();
     let now = Instant::now();
-    let mut came_back = Vec::new();
     {
-        let mut health = shared.health.lock().unwrap();
-        for f in batch {
-            let service = f.destination.name.as_str();
-            metrics::histogram!(m::ATTEMPT_DURATION, "service" => service.to_string(), "result" => f.result)
-                .record(f.duration.as_secs_f64());
-            let transition = health.finished(f.claimed.service_id, f.answer(), now);
-            match transition {
-                Transition::CameBack => came_back.push(f.claimed.service_id),
-                Transition::WentDown => tracing::warn!(service, "consumer looks down; probing it"),
-                Transition::None => {}
-            }
-            metrics::gauge!(m::IN_FLIGHT, "service" => service.to_string())
-                .set(health.in_flight(f.claimed.service_id) as f64);
-        }
-        let by_id: HashMap<i64, &Finished> =
-            batch.iter().map(|f| (f.claimed.delivery_id, f)).collect();
+        let health = shared.health.lock().unwrap();
+        let by_id: HashMap<i64, &Finished> = finished
+            .iter()
+            .map(|f| (f.claimed.delivery_id, *f))
+            .collect();
         let mut retries = shared.retries.lock().unwrap();
         for s in &settled {
             let finished = by_id.get(&s.delivery_id).copied();
@@ -441,8 +474,12 @@ async fn complete_batch(shared: &Shared, batch: &[Finished]) {
             }
         }
     }
-    for service_id in came_back {
-        tracing::info!(service_id, "consumer answers again; releasing its backlog");
+    for a in batch {
+        let came_back = a.came_back || (a.slot_held && answered(shared, &a.finished));
+        if !came_back {
+            continue;
+        }
+        let service_id = a.finished.claimed.service_id;
         if let Err(e) = store::release_backlog(&shared.pool, service_id).await {
             tracing::warn!(error = %e, service_id, "cannot release backlog");
         }
@@ -452,7 +489,7 @@ async fn complete_batch(shared: &Shared, batch: &[Finished]) {
 /// `watchpump.complete()`, retried while the lease still protects the batch.
 /// A batch the database refuses outright (bad data in one row) is written
 /// row by row, so that one bad outcome cannot sink the others.
-async fn write_back(shared: &Shared, batch: &[Finished]) -> Option<Vec<store::Settled>> {
+async fn write_back(shared: &Shared, batch: &[&Finished]) -> Option<Vec<store::Settled>> {
     let started = Instant::now();
     let mut pause = Duration::from_millis(50);
     loop {

@@ -67,7 +67,7 @@ pub async fn claim(
 
 /// Records every finished attempt and returns where each delivery now stands,
 /// including deliveries dropped because their watch answered 410.
-pub async fn complete(pool: &PgPool, pump: &str, batch: &[Finished]) -> Result<Vec<Settled>> {
+pub async fn complete(pool: &PgPool, pump: &str, batch: &[&Finished]) -> Result<Vec<Settled>> {
     let n = batch.len();
     let (mut ids, mut attempts, mut outcomes) = (
         Vec::with_capacity(n),

@@ -585,3 +585,14 @@ pub async fn ids_where(db: &TestDb, condition: &str) -> Vec<i64> {
     .await
     .unwrap()
 }
+
+/// A child process killed when this is dropped, so that a failing test
+/// leaves no pump running behind it.
+pub struct KillOnDrop(pub std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
