@@ -31,11 +31,15 @@
 //!   pump at a time.
 //! - [`server`]: `watchpump serve`: pool, migrations, pump, API, shutdown.
 //! - [`cli`]: the `watchpump` command.
+//! - [`kit`]: the consumer's side, for services that receive deliveries:
+//!   the events endpoint, an inbox in the consumer's own database, and a
+//!   client for registering watches. Built alone with
+//!   `--no-default-features --features kit`.
 //!
 //! # Features
 //!
 //! `producer` (default) builds everything above; `kit` builds only
-//! [`signing`], [`message`] and [`error`], without the pump's
+//! [`kit`], [`signing`], [`message`] and [`error`], without the pump's
 //! dependencies (reqwest, clap, metrics).
 
 #[cfg(feature = "producer")]
@@ -48,6 +52,8 @@ pub mod config;
 pub mod emit;
 #[cfg(feature = "kit")]
 pub mod error;
+#[cfg(feature = "kit")]
+pub mod kit;
 pub mod message;
 #[cfg(feature = "producer")]
 pub mod metrics;
