@@ -1,0 +1,15 @@
+//! The consumer kit (`watchpump::kit`) against a real PostgreSQL (the
+//! consumer's inbox in a database of its own) and the real pump, over real
+//! HTTP on loopback: what it takes and how often its work runs
+//! ([`delivery`]), what it refuses and that a refusal changes nothing
+//! ([`forgery`]).
+//!
+//! Run with `WATCHPUMP_TEST_DATABASE_URL=<cluster> cargo nextest run --test kit`
+//! (`make test` runs it with the rest).
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod delivery;
+mod forgery;
+mod support;
