@@ -31,21 +31,47 @@
 //!   pump at a time.
 //! - [`server`]: `watchpump serve`: pool, migrations, pump, API, shutdown.
 //! - [`cli`]: the `watchpump` command.
+//! - [`kit`]: the consumer's side, for services that receive deliveries:
+//!   the events endpoint, an inbox in the consumer's own database, and a
+//!   client for registering watches. Built alone with
+//!   `--no-default-features --features kit`.
+//!
+//! # Features
+//!
+//! `producer` (default) builds everything above; `kit` builds only
+//! [`kit`], [`signing`], [`message`] and [`error`], without the pump's
+//! dependencies (reqwest, clap, metrics).
 
+#[cfg(feature = "producer")]
 pub mod api;
+#[cfg(feature = "producer")]
 pub mod cli;
+#[cfg(feature = "producer")]
 pub mod config;
+#[cfg(feature = "producer")]
 pub mod emit;
+#[cfg(feature = "kit")]
 pub mod error;
+#[cfg(feature = "kit")]
+pub mod kit;
 pub mod message;
+#[cfg(feature = "producer")]
 pub mod metrics;
+#[cfg(feature = "producer")]
 pub mod operator;
+#[cfg(feature = "producer")]
 pub mod pump;
+#[cfg(feature = "producer")]
 pub mod schema;
+#[cfg(feature = "producer")]
 pub mod server;
+#[cfg(feature = "producer")]
 pub mod services;
 pub mod signing;
+#[cfg(feature = "producer")]
 pub mod watches;
 
+#[cfg(feature = "producer")]
 pub use emit::emit;
+#[cfg(feature = "kit")]
 pub use error::{Error, Result};

@@ -139,6 +139,7 @@ pub async fn authenticate(pool: &PgPool, token: &str) -> Result<Option<Service>>
     let Some((id, secret)) = parse_token(token) else {
         return Ok(None);
     };
+    #[allow(clippy::type_complexity)] // one row's columns, read once
     let row: Option<(Vec<u8>, Option<Vec<u8>>, i64, String, String, DateTime<Utc>)> =
         sqlx::query_as(
             "select token_hash,

@@ -1,0 +1,198 @@
+//! The events endpoint, `POST /api/v1/{producer}/events`: check who sent
+//! it, record it in the consumer's database, run the consumer's
+//! [`Handler`] in the same transaction, answer.
+//!
+//! The order of the steps is the point. The token is checked from the
+//! headers before the body is read; the signature before the body is parsed;
+//! both before the database is touched. The watch, the de-duplication and
+//! the sequence are decided by `watchpump_inbox.receive()` inside the
+//! transaction that then holds the handler's work, so "recorded" and "done"
+//! commit together or not at all.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Path, Request, State};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::Router;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use sqlx::PgPool;
+
+use crate::kit::answer::{Accepted, Refusal};
+use crate::kit::delivery::{Delivery, Handler, Outcome};
+use crate::kit::store::{self, Received};
+use crate::kit::verify::Producer;
+use crate::kit::PgTransaction;
+
+/// Largest body read by default: 1 MiB. A delivery is a change's payload
+/// plus a few hundred bytes; raise it with [`Inbox::body_limit`] if the
+/// producer emits larger payloads (a refused delivery is retried, then
+/// fails at the producer, where it shows in the panel).
+pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
+
+/// The consumer's events endpoint: its database, its handler, and the
+/// producers it follows.
+pub struct Inbox<H> {
+    pool: PgPool,
+    handler: H,
+    producers: HashMap<String, Producer>,
+    body_limit: usize,
+}
+
+impl<H: Handler> Inbox<H> {
+    /// An endpoint that records deliveries in `pool` (migrated with
+    /// [`crate::kit::migrate`]) and gives the new ones to `handler`.
+    pub fn new(pool: PgPool, handler: H) -> Self {
+        Inbox {
+            pool,
+            handler,
+            producers: HashMap::new(),
+            body_limit: DEFAULT_BODY_LIMIT,
+        }
+    }
+
+    /// Accepts deliveries from `producer` at `/api/v1/<its name>/events`.
+    /// Requests naming a producer that was not added are answered 404.
+    pub fn producer(mut self, producer: Producer) -> Self {
+        self.producers.insert(producer.name.clone(), producer);
+        self
+    }
+
+    /// The largest request body read (413 beyond it).
+    pub fn body_limit(mut self, bytes: usize) -> Self {
+        self.body_limit = bytes;
+        self
+    }
+
+    /// The endpoint as a router, to serve alone or to `merge` into the
+    /// consumer's own axum app.
+    pub fn router(self) -> Router {
+        Router::new()
+            .route("/api/v1/{producer}/events", post(events::<H>))
+            .with_state(Arc::new(self))
+    }
+}
+
+async fn events<H: Handler>(
+    State(inbox): State<Arc<Inbox<H>>>,
+    Path(producer): Path<String>,
+    request: Request,
+) -> Response {
+    match inbox.take(&producer, request).await {
+        Ok(accepted) => accepted.into_response(),
+        Err(refusal) => {
+            // Internal errors and Gone were logged where they happened.
+            if !matches!(refusal, Refusal::Internal | Refusal::Gone(_)) {
+                tracing::warn!(%producer, %refusal, "delivery refused");
+            }
+            refusal.into_response()
+        }
+    }
+}
+
+impl<H: Handler> Inbox<H> {
+    async fn take(&self, producer: &str, request: Request) -> Result<Accepted, Refusal> {
+        let producer = self.producers.get(producer).ok_or_else(|| {
+            Refusal::NoSuchProducer(format!("this consumer follows no producer {producer:?}"))
+        })?;
+        let (parts, body) = request.into_parts();
+        producer.check_token(&parts.headers)?;
+        let body = read_body(body, self.body_limit).await?;
+        let now = chrono::Utc::now().timestamp();
+        let id = producer.check_signature(&parts.headers, &body, now)?;
+        let delivery = parse(&body, id, producer)?;
+        self.record(delivery).await
+    }
+
+    /// Records the delivery and, when it is new, runs the handler in the
+    /// same transaction. Dropping `tx` on an early return rolls it back.
+    async fn record(&self, d: Delivery) -> Result<Accepted, Refusal> {
+        let mut tx = self.pool.begin().await.map_err(|e| internal(&d, &e))?;
+        let received = store::receive(&mut tx, &d)
+            .await
+            .map_err(|e| internal(&d, &e))?;
+        match received {
+            Received::UnknownWatch => Err(Refusal::Forbidden(format!(
+                "watch {} is not one this consumer registered at {}",
+                d.watch_id, d.producer
+            ))),
+            Received::RemovedWatch => Err(Refusal::Gone(format!(
+                "watch {} was removed by this consumer",
+                d.watch_id
+            ))),
+            Received::Duplicate => Ok(Accepted::Duplicate),
+            Received::Stale => {
+                tx.commit().await.map_err(|e| internal(&d, &e))?;
+                Ok(Accepted::Skipped)
+            }
+            Received::New => self.work(tx, &d).await,
+        }
+    }
+
+    async fn work(
+        &self,
+        mut tx: PgTransaction<'static>,
+        d: &Delivery,
+    ) -> Result<Accepted, Refusal> {
+        match self.handler.handle(&mut tx, d).await {
+            Ok(Outcome::Done) => {
+                tx.commit().await.map_err(|e| internal(d, &e))?;
+                Ok(Accepted::Done)
+            }
+            Ok(Outcome::Gone) => {
+                tx.rollback().await.map_err(|e| internal(d, &e))?;
+                let reason = format!(
+                    "gone: the handler answered 410 to delivery {}",
+                    d.delivery_id
+                );
+                store::forget_watch(&self.pool, &d.producer, d.watch_id, &reason)
+                    .await
+                    .map_err(|e| internal(d, &e))?;
+                tracing::info!(producer = %d.producer, watch_id = d.watch_id, resource = %d.resource, "resource gone: watch forgotten, answering 410");
+                Err(Refusal::Gone(format!(
+                    "{} is gone; watch {} is no longer wanted",
+                    d.resource, d.watch_id
+                )))
+            }
+            Err(e) => Err(internal(d, e.as_ref())),
+        }
+    }
+}
+
+/// The body, at most `limit` bytes of it.
+async fn read_body(body: Body, limit: usize) -> Result<Vec<u8>, Refusal> {
+    match Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes().to_vec()),
+        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => Err(Refusal::TooLarge(limit)),
+        Err(e) => Err(Refusal::BadRequest(format!(
+            "the request body could not be read: {e}"
+        ))),
+    }
+}
+
+/// The signed body as a delivery of `producer` with the signed id.
+fn parse(body: &[u8], id: i64, producer: &Producer) -> Result<Delivery, Refusal> {
+    let d: Delivery = serde_json::from_slice(body)
+        .map_err(|e| Refusal::BadRequest(format!("the body is not a delivery: {e}")))?;
+    if d.delivery_id != id {
+        return Err(Refusal::BadRequest(format!(
+            "the body's delivery_id {} is not the signed webhook-id {id}",
+            d.delivery_id
+        )));
+    }
+    if d.producer != producer.name {
+        return Err(Refusal::BadRequest(format!(
+            "the body's producer {:?} is not {:?}, whose endpoint this is",
+            d.producer, producer.name
+        )));
+    }
+    Ok(d)
+}
+
+/// Logs what went wrong (the producer only learns that it should retry).
+fn internal(d: &Delivery, e: &(dyn std::error::Error + 'static)) -> Refusal {
+    tracing::error!(producer = %d.producer, delivery_id = d.delivery_id, error = %e, "delivery not taken; the producer will retry");
+    Refusal::Internal
+}
