@@ -139,18 +139,28 @@ pub async fn authenticate(pool: &PgPool, token: &str) -> Result<Option<Service>>
     let Some((id, secret)) = parse_token(token) else {
         return Ok(None);
     };
-    #[allow(clippy::type_complexity)] // one row's columns, read once
-    let row: Option<(Vec<u8>, Option<Vec<u8>>, i64, String, String, DateTime<Utc>)> =
-        sqlx::query_as(
-            "select token_hash,
-                    case when previous_token_until > now() then previous_token_hash end,
-                    id, name, base_url, created_at
-             from watchpump.services where id = $1 and removed_at is null",
-        )
-        .bind(id)
-        .fetch_optional(pool)
-        .await?;
-    let Some((current, previous, id, name, base_url, created_at)) = row else {
+    #[derive(sqlx::FromRow)]
+    struct Credentials {
+        token_hash: Vec<u8>,
+        previous_token_hash: Option<Vec<u8>>,
+        #[sqlx(flatten)]
+        service: Service,
+    }
+    let row: Option<Credentials> = sqlx::query_as(
+        "select token_hash,
+                case when previous_token_until > now() then previous_token_hash end as previous_token_hash,
+                id, name, base_url, created_at
+         from watchpump.services where id = $1 and removed_at is null",
+    )
+    .bind(id)
+    .fetch_optional(pool)
+    .await?;
+    let Some(Credentials {
+        token_hash: current,
+        previous_token_hash: previous,
+        service,
+    }) = row
+    else {
         return Ok(None);
     };
     let presented = Sha256::digest(secret.as_bytes());
@@ -161,26 +171,23 @@ pub async fn authenticate(pool: &PgPool, token: &str) -> Result<Option<Service>>
         .as_slice()
         .ct_eq(previous.as_deref().unwrap_or(&[0u8; 32]))
         & subtle::Choice::from(u8::from(previous.is_some()));
-    Ok(
-        bool::from(matches_current | matches_previous).then_some(Service {
-            id,
-            name,
-            base_url,
-            created_at,
-        }),
-    )
+    Ok(bool::from(matches_current | matches_previous).then_some(service))
+}
+
+/// A service's row as a pump reads it.
+#[derive(sqlx::FromRow)]
+struct DestinationRow {
+    version: i32,
+    name: String,
+    base_url: String,
+    signing_secret: Option<String>,
+    previous_signing_secret: Option<String>,
+    previous_secret_until: Option<DateTime<Utc>>,
 }
 
 /// Where and how deliveries to service `id` go, whatever its state.
 pub async fn destination(pool: &PgPool, id: i64) -> Result<Destination> {
-    let (version, name, base_url, current, previous, until): (
-        i32,
-        String,
-        String,
-        Option<String>,
-        Option<String>,
-        Option<DateTime<Utc>>,
-    ) = sqlx::query_as(
+    let row: DestinationRow = sqlx::query_as(
         "select version, name, base_url, signing_secret, previous_signing_secret, previous_secret_until
          from watchpump.services where id = $1",
     )
@@ -192,19 +199,19 @@ pub async fn destination(pool: &PgPool, id: i64) -> Result<Destination> {
         SigningSecret::parse(s)
             .map_err(|e| Error::Config(format!("the signing secret of service {id}: {e}")))
     };
-    let current = parse(current.as_deref().ok_or_else(|| {
+    let current = parse(row.signing_secret.as_deref().ok_or_else(|| {
         Error::Config(format!(
             "service {id} has no signing secret: run `watchpump migrate`"
         ))
     })?)?;
-    let previous = match (previous, until) {
+    let previous = match (row.previous_signing_secret, row.previous_secret_until) {
         (Some(old), Some(until)) => Some((parse(&old)?, until)),
         _ => None,
     };
     Ok(Destination {
-        version,
-        name,
-        base_url,
+        version: row.version,
+        name: row.name,
+        base_url: row.base_url,
         current,
         previous,
     })
