@@ -16,10 +16,9 @@
 -- queued delivery only together with superseding every older one, and skips
 -- the (watch, object) for now if one of those is locked by someone else.
 -- Supersession itself is supersede_older(), called by claim() and by
--- complete() (a failed attempt with newer news waiting); claim() also
--- supersedes stale rows its scan passes. emit() never touches an existing
--- delivery, so a producer's transaction never holds a lock a pump needs,
--- nor waits on one; retry() and retry_failed() (0300_operator.sql) refuse to
+-- complete() (a failed attempt with newer news waiting). emit() never
+-- touches an existing delivery, so a producer's transaction never holds a
+-- lock a pump needs, nor waits on one; retry() and retry_failed() (0300_operator.sql) refuse to
 -- requeue older news once newer news of the object was sent or is on its way.
 --
 -- The functions here are PL/pgSQL with `set jit = off` (JIT compiles for
@@ -174,8 +173,6 @@ declare
     v_watch_ids    bigint[];
     v_objects      text[];
     v_probes       boolean[];
-    v_stale        bigint[];
-    v_stale_newest bigint[];
     v_ids          bigint[];
     v_older        bigint[];
 begin
@@ -186,59 +183,30 @@ begin
     end if;
 
     -- 1. Due (or probed) deliveries per service, oldest due first, as many
-    --    as its free slots. A row with a newer queued sibling is stale (left
-    --    behind while a pump was behind or its consumer down): it is
-    --    superseded as the scan passes it, so stale rows never pile up ahead
-    --    of the news. The newest of each (watch, object) with nothing of it
-    --    in flight is a candidate, and this pump decides about it now if it
-    --    gets its lock.
+    --    as its free slots. This pump decides about each of their (watch,
+    --    object)s now if it gets its lock. (Whether one of them is in
+    --    flight is asked once, in step 2: asked here too it cost a heap
+    --    visit per row.)
     with scanned as materialized (
-        select d.id, d.watch_id, d.object, d.service_id, d.next_attempt_at,
-               coalesce(f.probe, false) as probe,
-               (select max(n.id) from watchpump.queue n
-                where n.watch_id = d.watch_id and n.object = d.object) as newest
+        select distinct d.watch_id, d.object, coalesce(f.probe, false) as probe
         from watchpump.services s
         left join unnest(p_service_ids, p_free, p_probe) as f (id, free, probe) on f.id = s.id
         cross join lateral (
-            select q.id, q.watch_id, q.object, q.service_id, q.next_attempt_at
+            select q.watch_id, q.object
             from watchpump.queue q
             where q.service_id = s.id
               and (coalesce(f.probe, false) or q.next_attempt_at <= now())
               and not coalesce(q.lease_until > now(), false)
-              and not exists (
-                  select 1 from watchpump.queue l
-                  where l.watch_id = q.watch_id and l.object = q.object and l.lease_until > now()
-                  -- OFFSET 0 keeps this a per-row index probe instead of an
-                  -- anti-join against every queued row.
-                  offset 0
-              )
             order by q.next_attempt_at
             limit greatest(coalesce(f.free, p_default_free), 0)
         ) d
         where s.removed_at is null
-    ),
-    candidates as materialized (
-        select x.watch_id, x.object, x.probe from scanned x where x.id = x.newest
     )
     select coalesce(array_agg(k.watch_id), '{}'), coalesce(array_agg(k.object), '{}'),
-           coalesce(array_agg(k.probe), '{}'),
-           (select coalesce(array_agg(x.id order by x.id), '{}') from scanned x where x.id < x.newest),
-           (select coalesce(array_agg(x.newest order by x.id), '{}') from scanned x where x.id < x.newest)
-    into v_watch_ids, v_objects, v_probes, v_stale, v_stale_newest
-    from candidates k
+           coalesce(array_agg(k.probe), '{}')
+    into v_watch_ids, v_objects, v_probes
+    from scanned k
     where watchpump.stream_lock(k.watch_id, k.object);
-    if cardinality(v_stale) > 0 then
-        select coalesce(array_agg(x.id), '{}'), coalesce(array_agg(x.newest), '{}')
-        into v_stale, v_stale_newest
-        from (select q.id, u.newest
-              from unnest(v_stale, v_stale_newest) as u (id, newest)
-              join watchpump.queue q on q.id = u.id
-              where not coalesce(q.lease_until > now(), false)
-              for update of q skip locked) x;
-        perform from watchpump.settle(v_stale, array_fill('superseded'::text, array[cardinality(v_stale)]),
-                                      v_stale_newest, array_fill(null::integer, array[cardinality(v_stale)]),
-                                      array_fill(null::text, array[cardinality(v_stale)]));
-    end if;
     if cardinality(v_watch_ids) = 0 then
         return;
     end if;
@@ -276,8 +244,9 @@ begin
     from newest n
     where n.id in (select l.id from locked l);
 
-    -- 3. Every older delivery of those (watch, object)s is superseded in
-    --    this same transaction; where one is held by someone else, the
+    -- 3. Every older delivery of those (watch, object)s (stale news, left
+    --    behind while a pump was behind or its consumer down) is superseded
+    --    in this same transaction; where one is held by someone else, the
     --    (watch, object) waits for the next claim.
     if cardinality(v_older) > 0 then
         select coalesce(array_agg(q.watch_id), '{}'), coalesce(array_agg(q.object), '{}')
