@@ -2,14 +2,19 @@
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
+# The project-local PostgreSQL clusters (target/pg*). `make run`'s is on a
+# well-known port; the others' ports are derived from the checkout's path,
+# so that two checkouts can run `make test` at once. `make ports` prints
+# them; PG_TEST_PORT=... and the like override them.
+PORT_BASE := $(shell printf '%s' "$(CURDIR)" | cksum | awk '{print 55000 + ($$1 % 1000) * 4}')
 PG_RUN_PORT  ?= 54329
-PG_TEST_PORT ?= 54330
-PG_BENCH_PORT ?= 54331
-PG_CHAOS_PORT ?= 54332
+PG_TEST_PORT ?= $(PORT_BASE)
+PG_BENCH_PORT ?= $(shell echo $$(($(PORT_BASE) + 1)))
+PG_CHAOS_PORT ?= $(shell echo $$(($(PORT_BASE) + 2)))
 CHANGES ?= 20000
 NEXTEST := $(shell cargo nextest --version >/dev/null 2>&1 && echo yes)
 
-.PHONY: help build run test chaos bench lint fmt pg-stop
+.PHONY: help build run demo test chaos bench lint fmt ports pg-stop
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -28,16 +33,21 @@ run: ## run the pump and API (starts a project-local PostgreSQL when DATABASE_UR
 	fi; \
 	export WATCHPUMP_PRODUCER="$${WATCHPUMP_PRODUCER:-git}"; \
 	export WATCHPUMP_PRODUCER_TOKEN="$${WATCHPUMP_PRODUCER_TOKEN:-dev-producer-token}"; \
-	cargo build --release --quiet; \
+	echo "building watchpump in release mode (the first build takes a few minutes)"; \
+	cargo build --release; \
 	target/release/watchpump migrate; \
 	exec target/release/watchpump serve
+
+demo: ## one minute of watchpump: a pump, a consumer and a producer in this terminal
+	@scripts/demo.sh $(PG_RUN_PORT)
 
 test: ## start a throwaway PostgreSQL and run every test
 	@set -euo pipefail; \
 	url=$$(scripts/dev-postgres.sh start pg-test $(PG_TEST_PORT) off | tail -1); \
+	echo "test cluster: target/pg-test on port $(PG_TEST_PORT), the chaos test's on $(PG_CHAOS_PORT) (they keep running; make pg-stop stops them)"; \
 	scripts/test-deps.sh; \
 	psql "$$url" -qtAc "select 'drop database \"' || datname || '\";' from pg_database where datname like 'wp\_t\_%'" | psql "$$url" -q >/dev/null; \
-	export WATCHPUMP_TEST_DATABASE_URL="$$url"; \
+	export WATCHPUMP_TEST_DATABASE_URL="$$url" WATCHPUMP_CHAOS_PG_PORT=$(PG_CHAOS_PORT); \
 	if [ "$(NEXTEST)" = yes ]; then cargo nextest run --no-fail-fast; else cargo test --no-fail-fast; fi
 
 chaos: ## the chaos suite: pumps killed, PostgreSQL restarted, consumers failing (CHANGES=100000 for more)
@@ -60,6 +70,9 @@ lint: ## rustfmt and clippy, as CI wants them; the consumer kit builds without t
 
 fmt: ## format the code
 	cargo fmt --all
+
+ports: ## print the project-local clusters' ports
+	@echo "run $(PG_RUN_PORT), test $(PG_TEST_PORT), bench $(PG_BENCH_PORT), chaos $(PG_CHAOS_PORT)"
 
 pg-stop: ## stop the project-local PostgreSQL clusters
 	scripts/dev-postgres.sh stop pg

@@ -81,6 +81,11 @@ log_min_messages = warning
 log_min_error_statement = panic
 CONF
     fi
+    # Running on another port (the port was changed since): restart it.
+    if as_owner "$bindir/pg_ctl" -D "$data" status >/dev/null 2>&1 \
+       && [ "$(sed -n 4p "$data/postmaster.pid" 2>/dev/null)" != "$port" ]; then
+      as_owner "$bindir/pg_ctl" -D "$data" -m fast -w stop >&2
+    fi
     if ! as_owner "$bindir/pg_ctl" -D "$data" status >/dev/null 2>&1; then
       as_owner "$bindir/pg_ctl" -D "$data" -l "$data/server.log" -w -t 60 \
         -o "-p $port -c fsync=$fsync -c synchronous_commit=$fsync -c track_commit_timestamp=on -c shared_preload_libraries=pg_stat_statements" start >&2 \

@@ -3,6 +3,10 @@
 # prometheus/promtool (metrics checks), chromium and chromium-driver (the
 # panel's browser test, tests/panel.rs), and Python's standardwebhooks (the
 # signing interop test). Says clearly what it could not install.
+#
+# Prometheus comes from Debian's package, unpacked into target/tools rather
+# than installed: installing it would also enable a system Prometheus
+# service that starts at every boot.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 # Python's standardwebhooks, the independent implementation the signing
@@ -12,8 +16,21 @@ if [ ! -x "$root/target/py/bin/python" ] || ! "$root/target/py/bin/python" -c 'i
   python3 -m venv "$root/target/py" >&2 && "$root/target/py/bin/pip" install -q standardwebhooks==1.1.0 >&2 \
     || { echo "test-deps: could not install standardwebhooks from PyPI" >&2; exit 1; }
 fi
+tools="$root/target/tools"
+if ! { command -v promtool && command -v prometheus; } >/dev/null 2>&1 && [ ! -x "$tools/bin/promtool" ]; then
+  echo "test-deps: unpacking Debian's prometheus package into target/tools (not installing it)" >&2
+  work=$(mktemp -d)
+  if ! { (cd "$work" && apt-get download -qq prometheus 2>/dev/null) \
+         || { [ "$(id -u)" = 0 ] && apt-get update -qq && (cd "$work" && apt-get download -qq prometheus); }; } >&2; then
+    echo "test-deps: could not download Debian's prometheus package (apt-get download prometheus)" >&2
+    exit 1
+  fi
+  mkdir -p "$tools/bin" && dpkg-deb -x "$work"/prometheus_*.deb "$tools/prometheus" \
+    && ln -sf "$tools/prometheus/usr/bin/prometheus" "$tools/prometheus/usr/bin/promtool" "$tools/bin/" \
+    || { echo "test-deps: could not unpack the prometheus package" >&2; exit 1; }
+  rm -rf "$work"
+fi
 need=()
-command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 command -v chromium >/dev/null 2>&1 || [ -x /usr/lib/chromium/chromium ] || need+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
 [ ${#need[@]} -eq 0 ] && exit 0

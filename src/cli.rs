@@ -11,14 +11,7 @@ use crate::{schema, server, services};
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-                tracing_subscriber::EnvFilter::new("info,sqlx::postgres::notice=warn")
-            }),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    init_logs(&cli.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -38,6 +31,65 @@ pub fn main() -> ExitCode {
                 _ => ExitCode::FAILURE,
             }
         }
+    }
+}
+
+/// The payload of `watchpump emit`: the argument itself, `-` for stdin or
+/// `@FILE`; a JSON object without NUL characters (jsonb cannot hold them).
+fn read_payload(arg: &str) -> Result<serde_json::Value> {
+    use std::io::Read;
+    let text = match arg {
+        "-" => {
+            let mut text = String::new();
+            std::io::stdin()
+                .read_to_string(&mut text)
+                .map_err(|e| Error::Invalid(format!("cannot read the payload from stdin: {e}")))?;
+            text
+        }
+        _ => match arg.strip_prefix('@') {
+            Some(path) => std::fs::read_to_string(path).map_err(|e| {
+                Error::Invalid(format!("cannot read the payload from {path:?}: {e}"))
+            })?,
+            None => arg.to_string(),
+        },
+    };
+    let payload: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| Error::Invalid(format!("payload is not JSON: {e}")))?;
+    if !payload.is_object() {
+        return Err(Error::Invalid("payload must be a JSON object".into()));
+    }
+    if holds_nul(&payload) {
+        return Err(Error::Invalid(
+            "payload contains a NUL character (\\u0000), which PostgreSQL's jsonb cannot store"
+                .into(),
+        ));
+    }
+    Ok(payload)
+}
+
+fn holds_nul(v: &serde_json::Value) -> bool {
+    match v {
+        serde_json::Value::String(s) => s.contains('\0'),
+        serde_json::Value::Array(items) => items.iter().any(holds_nul),
+        serde_json::Value::Object(map) => map.iter().any(|(k, v)| k.contains('\0') || holds_nul(v)),
+        _ => false,
+    }
+}
+
+/// Logs to stderr, as text (ANSI colours only on a terminal, and never with
+/// NO_COLOR set) or as one JSON object per line. RUST_LOG filters them.
+fn init_logs(format: &str) {
+    use std::io::IsTerminal;
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx::postgres::notice=warn"));
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if format == "json" {
+        logs.json().flatten_event(true).init();
+    } else {
+        let colours = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+        logs.with_ansi(colours).init();
     }
 }
 
@@ -137,11 +189,7 @@ async fn run(cli: Cli) -> Result<()> {
             kind,
             payload,
         } => {
-            let payload: serde_json::Value = serde_json::from_str(&payload)
-                .map_err(|e| Error::Invalid(format!("payload is not JSON: {e}")))?;
-            if !payload.is_object() {
-                return Err(Error::Invalid("payload must be a JSON object".into()));
-            }
+            let payload = read_payload(&payload)?;
             let pool = server::connect(&url, 2).await?;
             let mut tx = pool.begin().await?;
             let change_id = crate::emit(&mut tx, &object, &kind, &payload).await?;

@@ -14,6 +14,12 @@ pub struct Cli {
     #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
     pub database_url: Option<String>,
 
+    /// How logs are written to stderr: `text` for people (coloured on a
+    /// terminal only), `json` (one object per line) for log collectors.
+    #[arg(long, env = "WATCHPUMP_LOG_FORMAT", global = true, default_value = "text",
+          value_parser = ["text", "json"])]
+    pub log_format: String,
+
     #[command(subcommand)]
     pub command: Command,
 }
@@ -34,7 +40,8 @@ pub enum Command {
         object: String,
         /// The kind of change, e.g. push.
         kind: String,
-        /// The change's payload, a JSON object.
+        /// The change's payload, a JSON object; `-` reads it from stdin,
+        /// `@FILE` from a file (for payloads too large for an argument).
         #[arg(default_value = "{}")]
         payload: String,
     },
@@ -122,13 +129,27 @@ pub struct ServeConfig {
 /// How the pump delivers.
 #[derive(Debug, Clone, Args)]
 pub struct PumpConfig {
-    /// This producer's name; deliveries go to <consumer>/api/v1/<producer>/events.
-    #[arg(long, env = "WATCHPUMP_PRODUCER")]
+    /// This producer's name (required); deliveries go to
+    /// <consumer>/api/v1/<producer>/events.
+    // Checked in validate() rather than by clap, so that the message names
+    // the environment variable, which is how it is usually set.
+    #[arg(
+        long,
+        env = "WATCHPUMP_PRODUCER",
+        default_value = "",
+        hide_default_value = true
+    )]
     pub producer: String,
 
-    /// This producer's own service token, sent as `Authorization: Bearer` on
-    /// every delivery.
-    #[arg(long, env = "WATCHPUMP_PRODUCER_TOKEN", hide_env_values = true)]
+    /// This producer's own service token (required), sent as
+    /// `Authorization: Bearer` on every delivery.
+    #[arg(
+        long,
+        env = "WATCHPUMP_PRODUCER_TOKEN",
+        hide_env_values = true,
+        default_value = "",
+        hide_default_value = true
+    )]
     pub producer_token: String,
 
     /// How often the pump sweeps without being notified: due retries, missed
@@ -254,19 +275,24 @@ impl PumpConfig {
 
     /// Rejects settings that cannot work together.
     pub fn validate(&self) -> Result<(), String> {
-        if self.producer.is_empty()
-            || !self
-                .producer
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        if self.producer.is_empty() {
+            return Err(
+                "the producer's name is required: set WATCHPUMP_PRODUCER (or --producer), e.g. git"
+                    .into(),
+            );
+        }
+        if self.producer_token.is_empty() {
+            return Err("the producer's token is required: set WATCHPUMP_PRODUCER_TOKEN (or --producer-token)".into());
+        }
+        if !self
+            .producer
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
         {
             return Err(format!(
                 "producer name {:?} must be non-empty and use only letters, digits, '-' and '_'",
                 self.producer
             ));
-        }
-        if self.producer_token.is_empty() {
-            return Err("the producer token must not be empty".into());
         }
         if self.lease_ms <= self.request_timeout_ms {
             return Err(format!(

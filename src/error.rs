@@ -13,6 +13,9 @@ pub enum Error {
     NotFound(String),
     #[error("configuration: {0}")]
     Config(String),
+    /// The database could not be reached: the cause, and what to check.
+    #[error("{0}")]
+    Connect(String),
     #[error("{0}")]
     Io(#[from] std::io::Error),
 }

@@ -3,8 +3,8 @@
 
 use std::future::{Future, IntoFuture};
 
-use sqlx::postgres::PgPoolOptions;
-use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{Connection, PgConnection, PgPool};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -14,13 +14,64 @@ use crate::error::{Error, Result};
 use crate::pump::Pump;
 use crate::{metrics, operator, schema, services};
 
-/// Opens a pool on `database_url` with `size` connections.
+/// Opens a pool on `database_url` with `size` connections. One connection
+/// is made first, so that a bad URL or a refused connection says why at
+/// once (a pool only reports that it timed out waiting, after 10 s).
 pub async fn connect(database_url: &str, size: u32) -> Result<PgPool> {
+    let shown = without_password(database_url);
+    let options: PgConnectOptions = database_url
+        .strip_prefix("postgres://")
+        .or_else(|| database_url.strip_prefix("postgresql://"))
+        .ok_or_else(|| {
+            Error::Config(format!(
+                "DATABASE_URL {shown:?} is not a PostgreSQL URL: it must start with postgres:// \
+                 (e.g. postgres://user@127.0.0.1:5432/dbname)"
+            ))
+        })
+        .and_then(|_| {
+            database_url.parse().map_err(|e| {
+                Error::Config(format!("DATABASE_URL {shown:?} is not a valid URL: {e}"))
+            })
+        })?;
+    let first = PgConnection::connect_with(&options).await.map_err(|e| {
+        Error::Connect(format!(
+            "cannot connect to the database at {shown} (DATABASE_URL): {}",
+            cause(&e)
+        ))
+    })?;
+    let _ = first.close().await;
     Ok(PgPoolOptions::new()
         .max_connections(size)
         .acquire_timeout(std::time::Duration::from_secs(10))
-        .connect(database_url)
+        .connect_with(options)
         .await?)
+}
+
+/// A database URL fit for messages: its password replaced.
+fn without_password(url: &str) -> String {
+    match reqwest::Url::parse(url) {
+        Ok(mut u) if u.password().is_some() => {
+            let _ = u.set_password(Some("***"));
+            u.to_string()
+        }
+        Ok(u) => u.to_string(),
+        Err(_) => url.split('@').next_back().unwrap_or(url).to_string(),
+    }
+}
+
+/// The error with its causes ("Connection refused (os error 111)").
+fn cause(e: &sqlx::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        let more = s.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        source = s.source();
+    }
+    text
 }
 
 /// Runs everything until `shutdown` resolves; then the API stops taking

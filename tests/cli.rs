@@ -575,3 +575,148 @@ async fn serve_answers_healthz_and_exits_0_on_sigterm() {
         "nothing listens after the exit"
     );
 }
+
+#[tokio::test]
+async fn an_unreachable_database_or_a_wrong_url_says_why_at_once_without_the_password() {
+    let port = free_port(); // nothing listens there
+    let refused = format!("postgres://watchpump:secret-pw@127.0.0.1:{port}/x");
+    let started = Instant::now();
+    let out = run(Some(&refused), &["migrate"]);
+    assert_fails_saying(&out, "Connection refused");
+    assert_fails_saying(&out, "DATABASE_URL");
+    assert!(!stderr(&out).contains("secret-pw"), "{}", stderr(&out));
+    // Not the pool's "timed out" after 10 s: the cause, at once (generously).
+    assert!(started.elapsed() < Duration::from_secs(8));
+    for url in ["mysql://root@127.0.0.1/x", "127.0.0.1:5432/x"] {
+        let out = run(Some(url), &["services", "list"]);
+        assert_fails_saying(&out, "not a PostgreSQL URL");
+        assert_eq!(out.status.code(), Some(2));
+    }
+}
+
+#[tokio::test]
+async fn serve_without_a_producer_name_or_token_names_the_variable_to_set() {
+    let db = TestDb::new().await;
+    for (unset, says) in [
+        ("WATCHPUMP_PRODUCER", "set WATCHPUMP_PRODUCER"),
+        ("WATCHPUMP_PRODUCER_TOKEN", "set WATCHPUMP_PRODUCER_TOKEN"),
+    ] {
+        let mut cmd = watchpump(Some(&db.url));
+        cmd.arg("serve")
+            .env("WATCHPUMP_PRODUCER", "git")
+            .env("WATCHPUMP_PRODUCER_TOKEN", "x")
+            .env("WATCHPUMP_METRICS_LISTEN", "off")
+            .env("WATCHPUMP_LISTEN", format!("127.0.0.1:{}", free_port()))
+            .env_remove(unset);
+        let out = cmd.output().unwrap();
+        assert_fails_saying(&out, says);
+        assert_eq!(out.status.code(), Some(2));
+    }
+}
+
+#[tokio::test]
+async fn emit_reads_a_large_payload_from_stdin_or_a_file_and_refuses_nul() {
+    let db = TestDb::new().await;
+    let (service, _) = db.add_service("deploy", "http://127.0.0.1:9").await;
+    db.add_watch(service.id, "app", "acme/", all()).await;
+    // 2 MB: past what one argument may hold on Linux (128 KiB).
+    let paths: Vec<String> = (0..100_000)
+        .map(|i| format!("src/file-{i:06}.rs"))
+        .collect();
+    let big = json!({"paths": paths}).to_string();
+    assert!(big.len() > 2_000_000);
+    let mut child = watchpump(Some(&db.url))
+        .args(["emit", "acme/web/main", "push", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(big.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_success(&out);
+    let file = std::env::temp_dir().join(format!("wp-payload-{:x}.json", rand::random::<u64>()));
+    std::fs::write(&file, r#"{"after": "9f2c"}"#).unwrap();
+    let out = run(
+        Some(&db.url),
+        &[
+            "emit",
+            "acme/web/main",
+            "push",
+            &format!("@{}", file.display()),
+        ],
+    );
+    assert_success(&out);
+    let _ = std::fs::remove_file(&file);
+    let stored: Vec<i64> = sqlx::query_scalar(
+        "select jsonb_array_length(coalesce(payload -> 'paths', '[]'))::int8 from watchpump.changes order by id",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(stored, vec![100_000, 0]);
+
+    for payload in [r#"{"a": "x\u0000y"}"#, r#"{"a\u0000": 1}"#] {
+        let out = run(Some(&db.url), &["emit", "acme/web/main", "push", payload]);
+        assert_fails_saying(&out, "NUL");
+        assert_eq!(out.status.code(), Some(2));
+    }
+    let out = run(
+        Some(&db.url),
+        &["emit", "acme/web/main", "push", "@/no/such/file"],
+    );
+    assert_fails_saying(&out, "cannot read the payload");
+    assert_eq!(count(&db, "changes").await, 2, "nothing more was written");
+}
+
+#[tokio::test]
+async fn logs_are_plain_text_on_a_pipe_and_one_json_object_a_line_on_request() {
+    let db = TestDb::new().await;
+    for format in ["text", "json"] {
+        let port = free_port();
+        let mut child = watchpump(Some(&db.url))
+            .arg("serve")
+            .env("WATCHPUMP_LISTEN", format!("127.0.0.1:{port}"))
+            .env("WATCHPUMP_METRICS_LISTEN", "off")
+            .env("WATCHPUMP_PRODUCER", "git")
+            .env("WATCHPUMP_PRODUCER_TOKEN", "x")
+            .env("WATCHPUMP_LOG_FORMAT", format)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let logs = collect(child.stderr.take().unwrap());
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !logs.lock().unwrap().contains("listening") {
+            assert!(
+                Instant::now() < deadline,
+                "no log: {}",
+                logs.lock().unwrap()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .unwrap();
+        wait_exit(&mut child, Duration::from_secs(60), "serve after SIGTERM");
+        let text = logs.lock().unwrap().clone();
+        assert!(
+            !text.contains('\u{1b}'),
+            "no colour codes on a pipe: {text}"
+        );
+        if format == "json" {
+            for line in text.lines().filter(|l| !l.trim().is_empty()) {
+                let v: serde_json::Value =
+                    serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+                assert!(v["level"].is_string() && v["message"].is_string(), "{line}");
+            }
+        }
+    }
+}

@@ -9,8 +9,9 @@
 //! checks the rules; and a real Prometheus, scraping the test's exporter,
 //! evaluates every panel query and alert expression.
 //!
-//! Needs `prometheus` and `promtool` (Debian's `prometheus` package, which
-//! `scripts/test-deps.sh` installs); without them the test fails and says so.
+//! Needs `prometheus` and `promtool` (from Debian's `prometheus` package,
+//! which `scripts/test-deps.sh` unpacks into target/tools without
+//! installing it); without them the test fails and says so.
 
 mod common;
 
@@ -1067,13 +1068,19 @@ fn check_rules_with_promtool() {
 /// (the same script `make test` runs), and fails saying why if it cannot.
 fn tool(name: &str) -> PathBuf {
     let find = || {
-        std::env::var_os("PATH")
-            .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-            .unwrap_or_default()
-            .into_iter()
-            .chain([PathBuf::from("/usr/bin")])
-            .map(|dir| dir.join(name))
-            .find(|path| path.is_file())
+        // scripts/test-deps.sh unpacks Debian's package into target/tools.
+        std::iter::once(PathBuf::from(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/target/tools/bin"
+        )))
+        .chain(
+            std::env::var_os("PATH")
+                .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+                .unwrap_or_default(),
+        )
+        .chain([PathBuf::from("/usr/bin")])
+        .map(|dir| dir.join(name))
+        .find(|path| path.is_file())
     };
     if let Some(path) = find() {
         return path;
