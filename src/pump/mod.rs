@@ -29,9 +29,9 @@ use tokio::time::Instant;
 use crate::config::PumpConfig;
 use crate::error::{Error, Result};
 use crate::metrics as m;
-use crate::services::{self, Destination};
+use crate::services;
 use health::{Health, Transition};
-use send::{Finished, Outcome, Sender};
+use send::{Finished, Outcome, Sender, Target};
 use store::Claimed;
 use wakeup::Signals;
 
@@ -60,7 +60,7 @@ struct Shared {
     retries: Mutex<BinaryHeap<Reverse<Instant>>>,
     /// Each service's URL, name and signing keys, as of the version claim()
     /// reported.
-    destinations: Mutex<HashMap<i64, Arc<Destination>>>,
+    destinations: Mutex<HashMap<i64, Arc<Target>>>,
 }
 
 impl Pump {
@@ -308,10 +308,7 @@ async fn claim(shared: &Shared) -> Result<Vec<Claimed>> {
 /// Pairs each claimed delivery with where and how it goes, loading the
 /// services whose version says they changed. A service that cannot be read
 /// (the database is gone) has its deliveries left to their lease.
-async fn with_destinations(
-    shared: &Shared,
-    claimed: Vec<Claimed>,
-) -> Vec<(Claimed, Arc<Destination>)> {
+async fn with_destinations(shared: &Shared, claimed: Vec<Claimed>) -> Vec<(Claimed, Arc<Target>)> {
     let stale: Vec<i64> = {
         let known = shared.destinations.lock().unwrap();
         let mut stale: Vec<i64> = claimed
@@ -319,7 +316,7 @@ async fn with_destinations(
             .filter(|c| {
                 known
                     .get(&c.service_id)
-                    .is_none_or(|d| d.version != c.service_version)
+                    .is_none_or(|t| t.destination.version != c.service_version)
             })
             .map(|c| c.service_id)
             .collect();
@@ -328,9 +325,13 @@ async fn with_destinations(
         stale
     };
     for id in stale {
-        match services::destination(&shared.pool, id).await {
-            Ok(d) => {
-                shared.destinations.lock().unwrap().insert(id, Arc::new(d));
+        let target = services::destination(&shared.pool, id)
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|d| Target::new(d, &shared.cfg.producer));
+        match target {
+            Ok(t) => {
+                shared.destinations.lock().unwrap().insert(id, Arc::new(t));
             }
             Err(e) => {
                 tracing::error!(error = %e, service_id = id, "cannot read the service; its deliveries wait for their lease")
@@ -346,23 +347,24 @@ async fn with_destinations(
 
 fn dispatch(
     shared: &Arc<Shared>,
-    claimed: Vec<(Claimed, Arc<Destination>)>,
+    claimed: Vec<(Claimed, Arc<Target>)>,
     done: &mpsc::UnboundedSender<Answered>,
 ) {
     metrics::histogram!(m::CLAIMED_BATCH_SIZE).record(claimed.len() as f64);
     let now = Instant::now();
     let mut health = shared.health.lock().unwrap();
-    for (delivery, destination) in claimed {
+    for (delivery, target) in claimed {
         if let Some(lost) = &delivery.expired_lease_of {
-            tracing::warn!(service = %destination.name, delivery_id = delivery.delivery_id, pump = %lost,
+            tracing::warn!(service = %target.destination.name, delivery_id = delivery.delivery_id, pump = %lost,
                 "lease ran out (that pump died or hung before reporting); sending again");
         }
-        let in_flight = health.claimed(delivery.service_id, &destination.name, now);
-        metrics::gauge!(m::IN_FLIGHT, "service" => destination.name.clone()).set(in_flight as f64);
+        let in_flight = health.claimed(delivery.service_id, &target.destination.name, now);
+        metrics::gauge!(m::IN_FLIGHT, "service" => target.destination.name.clone())
+            .set(in_flight as f64);
         let shared = shared.clone();
         let done = done.clone();
         tokio::spawn(async move {
-            let finished = shared.sender.send(delivery, destination).await;
+            let finished = shared.sender.send(delivery, target).await;
             // The consumer's slot is free as soon as it answered; the
             // outcome's write-back follows in a batch (the lease keeps the
             // (watch, object) until then). After a 410 the slot waits for
@@ -394,7 +396,7 @@ struct Answered {
 /// What an answer says about its consumer: its slot is free again, and it
 /// may have gone down or come back.
 fn answered(shared: &Shared, f: &Finished) -> bool {
-    let service = f.destination.name.as_str();
+    let service = f.target.destination.name.as_str();
     metrics::histogram!(m::ATTEMPT_DURATION, "service" => service.to_string(), "result" => f.result)
         .record(f.duration.as_secs_f64());
     let mut health = shared.health.lock().unwrap();
@@ -534,7 +536,7 @@ fn is_refused_data(e: &Error) -> bool {
 
 fn record_settled(health: &Health, s: &store::Settled, finished: Option<&Finished>) {
     let service = finished
-        .map(|f| f.destination.name.clone())
+        .map(|f| f.target.destination.name.clone())
         .or_else(|| health.name(s.service_id).map(str::to_string))
         .unwrap_or_else(|| s.service_id.to_string());
     let outcome = match s.state.as_str() {

@@ -31,7 +31,7 @@ pub enum Outcome {
 pub struct Finished {
     pub claimed: Claimed,
     /// Where it went, as of the claim.
-    pub destination: Arc<Destination>,
+    pub target: Arc<Target>,
     pub outcome: Outcome,
     /// Metric label: 2xx, 410, 3xx, 4xx, 5xx, timeout or connect_error.
     pub result: &'static str,
@@ -53,6 +53,23 @@ impl Finished {
             _ if self.status == Some(429) => Answer::Failed,
             _ => Answer::Answered,
         }
+    }
+}
+
+/// A consumer service as this pump sends to it: the registry's record and
+/// its events URL, parsed once per version of the service rather than once
+/// per delivery.
+#[derive(Debug)]
+pub struct Target {
+    pub destination: Destination,
+    pub url: reqwest::Url,
+}
+
+impl Target {
+    pub fn new(destination: Destination, producer: &str) -> Result<Target, String> {
+        let url = message::events_url(&destination.base_url, producer);
+        let url = reqwest::Url::parse(&url).map_err(|e| format!("{url:?}: {e}"))?;
+        Ok(Target { destination, url })
     }
 }
 
@@ -88,10 +105,10 @@ impl Sender {
 
     /// Makes one attempt to `destination`. Never fails: every failure is an
     /// outcome.
-    pub async fn send(&self, claimed: Claimed, destination: Arc<Destination>) -> Finished {
+    pub async fn send(&self, claimed: Claimed, target: Arc<Target>) -> Finished {
         let started = Utc::now();
         let clock = std::time::Instant::now();
-        let answer = self.post(&claimed, &destination, started).await;
+        let answer = self.post(&claimed, &target, started).await;
         let duration = clock.elapsed();
         let (outcome, result, status, error, response_head) = match answer {
             Ok((status, retry_after, head)) => {
@@ -121,7 +138,7 @@ impl Sender {
         };
         Finished {
             claimed,
-            destination,
+            target,
             outcome,
             result,
             status,
@@ -135,7 +152,7 @@ impl Sender {
     async fn post(
         &self,
         c: &Claimed,
-        destination: &Destination,
+        target: &Target,
         now: DateTime<Utc>,
     ) -> Result<(reqwest::StatusCode, Option<Duration>, String), reqwest::Error> {
         // The payload is jsonb text from PostgreSQL: embedded as is, unparsed.
@@ -160,11 +177,9 @@ impl Sender {
             c.attempt,
             now.timestamp(),
             &body,
-            &destination.signing_at(now),
+            &target.destination.signing_at(now),
         );
-        let mut request = self
-            .client
-            .post(message::events_url(&destination.base_url, &self.producer));
+        let mut request = self.client.post(target.url.clone());
         for (name, value) in headers {
             request = request.header(name, value);
         }
