@@ -1,6 +1,8 @@
 //! Watches: what a consumer service follows. Consumers create and remove
 //! them (ADR 0021); a service only ever sees its own.
 
+pub mod filter;
+
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
