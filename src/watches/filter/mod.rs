@@ -67,17 +67,25 @@
 //! paths, only reads that item's subtree; those subtrees are disjoint. Every
 //! comparison has one literal side, so it is linear in the items it sees.
 //! `like_regex` patterns are small, without back-references or lookaround,
-//! so PostgreSQL's DFA-based matcher is linear in the string. Hence an
-//! accepted filter costs O(payload size × filter size).
+//! so PostgreSQL's DFA-based matcher is linear in the string, with a
+//! constant that grows with the pattern. Hence an accepted filter costs
+//! O(payload size × filter size).
+//!
+//! The constants differ a lot (a weight-32 pattern costs as much as 50
+//! comparisons), so [`cost`] turns each filter into units that add up: a
+//! comparison is one, a `like_regex` four plus its weight. One filter may
+//! cost at most [`MAX_COST`]; what all of a service's filters on one object
+//! may cost together is capped in [`crate::watches`].
 //!
 //! # Layout
 //!
 //! [`parse`] here; `token` and `lexer` split the text where PostgreSQL's
 //! scanner would; `parser` reads conditions and `parser::path` the paths;
-//! `regex` checks `like_regex` patterns; `tests` holds the accepted and
-//! refused examples. Written without dependencies: it is a few hundred lines
+//! `regex` checks `like_regex` patterns; [`cost`] says what each construct
+//! costs; `tests` holds the accepted and refused examples. Written without dependencies: it is a few hundred lines
 //! of recursive descent, and every limit is visible here.
 
+pub mod cost;
 mod lexer;
 mod parser;
 mod regex;
@@ -142,6 +150,12 @@ pub const MAX_EXPONENT: u32 = 308;
 /// evaluation.
 pub const MAX_REGEXES: usize = 4;
 
+/// Most a filter may cost, in [`cost`] units (a comparison is one, a
+/// `like_regex` four plus its weight). It keeps one filter at a fraction of
+/// what the per-object cap in [`crate::watches`] allows in all, so that a
+/// service can hold several rich filters on one object.
+pub const MAX_COST: u32 = 24;
+
 /// Maximum length of a `like_regex` pattern, in characters, after decoding
 /// the jsonpath string escapes. Together with [`MAX_REGEX_REPEAT`] and
 /// [`MAX_REGEX_WEIGHT`] this keeps the compiled automaton small, which is
@@ -151,18 +165,24 @@ pub const MAX_REGEX_LEN: usize = 128;
 /// Largest bound in a counted repetition `{m}`, `{m,}`, `{m,n}`. PostgreSQL
 /// expands counted repetitions by copying the repeated sub-automaton, so
 /// large or nested counts blow up compile time and memory (PostgreSQL itself
-/// refuses counts above 255 with an error). 64 still allows `[0-9a-f]{64}`.
-pub const MAX_REGEX_REPEAT: u32 = 64;
+/// refuses counts above 255 with an error). No more than the weight allows.
+pub const MAX_REGEX_REPEAT: u32 = 16;
 
 /// Maximum "weight" of a `like_regex` pattern: the number of atoms after
 /// expanding counted repetitions (`(ab){3}` weighs 6, `((a{8}){8}){8}` 512).
-/// This catches nested counts that are each small but multiply.
-pub const MAX_REGEX_WEIGHT: u64 = 256;
+/// This catches nested counts that are each small but multiply. Matching
+/// costs up to the weight per character read, and more than that past 16
+/// (measured in [`cost`]: weight 32 costs four times weight 16), so 16 it is:
+/// enough for `^src/.*\.rs$` (10), `^(?:feat|fix)(\(.+\))?: ` (14) or
+/// `^[0-9a-f]{12}` (13); compare whole commit ids with `==` instead.
+pub const MAX_REGEX_WEIGHT: u64 = 16;
 
-/// Maximum number of code points a character range `[a-z]` may span when the
-/// `i` (case-insensitive) flag is set. PostgreSQL case-folds every code point
-/// of the range at compile time: a full-Unicode range costs ~8 ms, so a
-/// pattern full of them would cost hundreds of milliseconds per compile.
+/// Maximum number of code points the character ranges (`[a-z]`) of one
+/// pattern may span in all when the `i` (case-insensitive) flag is set.
+/// PostgreSQL case-folds every code point of every range at compile time: a
+/// full-Unicode range costs ~8 ms, ten ranges of 4,096 code points 0.46 ms,
+/// and compiling happens again whenever a backend has met more than 32
+/// patterns since.
 pub const MAX_REGEX_CI_RANGE: u32 = 4096;
 
 /// Every message starts with this, so that an API error names the field.
@@ -180,6 +200,8 @@ pub struct MatchFilter {
     /// path (`$.paths[*] ? (@ starts with "docs/")`), which must select at
     /// least one item (use `jsonb_path_exists`).
     pub is_predicate: bool,
+    /// What evaluating it costs, in [`cost`] units: 1 to [`MAX_COST`].
+    pub cost: u32,
 }
 
 /// Why a filter was refused. The message starts with `filters.match: ` and
@@ -222,6 +244,31 @@ impl std::error::Error for FilterError {}
 /// allowed. Never evaluates anything and never panics.
 pub fn parse(text: &str) -> Result<MatchFilter, FilterError> {
     let text = text.trim_matches(is_blank);
+    check_characters(text)?;
+    let mut p = Parser::new(Lexer::new(text).run()?);
+    if let Tok::Word(w) = p.peek() {
+        if w.eq_ignore_ascii_case("strict") {
+            return Err(p.err_here(
+                "`strict` mode is not allowed; filters always run in lax mode (omit the prefix)",
+            ));
+        }
+        if w.eq_ignore_ascii_case("lax") {
+            p.bump();
+        }
+    }
+    let expr = p.condition()?;
+    if *p.peek() != Tok::End {
+        return Err(p.unexpected());
+    }
+    Ok(MatchFilter {
+        text: text.to_string(),
+        is_predicate: is_predicate(expr)?,
+        cost: check_cost(p.cost)?,
+    })
+}
+
+/// The length, and no control characters but the blanks between tokens.
+fn check_characters(text: &str) -> Result<(), FilterError> {
     if text.is_empty() {
         return Err(FilterError::new("the filter is empty"));
     }
@@ -242,34 +289,32 @@ pub fn parse(text: &str) -> Result<MatchFilter, FilterError> {
             ));
         }
     }
-    let tokens = Lexer::new(text).run()?;
-    let mut p = Parser::new(tokens);
-    if let Tok::Word(w) = p.peek() {
-        if w.eq_ignore_ascii_case("strict") {
-            return Err(p.err_here(
-                "`strict` mode is not allowed; filters always run in lax mode (omit the prefix)",
-            ));
-        }
-        if w.eq_ignore_ascii_case("lax") {
-            p.bump();
-        }
+    Ok(())
+}
+
+fn is_predicate(expr: Expr) -> Result<bool, FilterError> {
+    match expr {
+        Expr::Pred => Ok(true),
+        Expr::Path => Ok(false),
+        Expr::Lit => Err(FilterError::new(
+            "a bare literal is not a filter; write a path such as `$.pull_request` \
+             or a condition such as `$.forced == true`",
+        )),
     }
-    let expr = p.condition()?;
-    if *p.peek() != Tok::End {
-        return Err(p.unexpected());
+}
+
+/// A filter costs at least one unit (walking the payload is not free) and at
+/// most [`MAX_COST`].
+fn check_cost(cost: u64) -> Result<u32, FilterError> {
+    let cost = cost.max(1);
+    match u32::try_from(cost) {
+        Ok(cost) if cost <= MAX_COST => Ok(cost),
+        _ => Err(FilterError::new(format!(
+            "the filter costs {cost} units; at most {MAX_COST} are allowed (each comparison, \
+             `starts with` and `exists` costs {}, a `like_regex` {} plus the atoms of its \
+             pattern)",
+            cost::CONDITION,
+            cost::REGEX_BASE
+        ))),
     }
-    let is_predicate = match expr {
-        Expr::Pred => true,
-        Expr::Path => false,
-        Expr::Lit => {
-            return Err(FilterError::new(
-                "a bare literal is not a filter; write a path such as `$.pull_request` \
-                 or a condition such as `$.forced == true`",
-            ));
-        }
-    };
-    Ok(MatchFilter {
-        text: text.to_string(),
-        is_predicate,
-    })
 }

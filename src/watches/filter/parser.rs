@@ -30,6 +30,8 @@ pub(super) struct Parser {
     filters: usize,
     conditions: usize,
     regexes: usize,
+    /// What the filter costs to evaluate, in [`super::cost`]'s units.
+    pub(super) cost: u64,
     in_filter: bool,
     in_exists: bool,
 }
@@ -49,6 +51,7 @@ impl Parser {
             filters: 0,
             conditions: 0,
             regexes: 0,
+            cost: 0,
             in_filter: false,
             in_exists: false,
         }
@@ -119,6 +122,7 @@ impl Parser {
 
     fn count_condition(&mut self) -> Result<(), FilterError> {
         self.conditions += 1;
+        self.cost += super::cost::CONDITION;
         if self.conditions > MAX_CONDITIONS {
             return Err(self.err_here(format!(
                 "too many conditions: at most {MAX_CONDITIONS} comparisons, `starts with`, \
@@ -351,7 +355,10 @@ impl Parser {
                 pattern_pos,
             ));
         }
-        check_regex(&pattern, &flags).map_err(|m| FilterError::at(m, pattern_pos))
+        let weight = check_regex(&pattern, &flags).map_err(|m| FilterError::at(m, pattern_pos))?;
+        // On top of the CONDITION that `count_condition` adds.
+        self.cost += super::cost::like_regex(weight) - super::cost::CONDITION;
+        Ok(())
     }
 
     /// Refuses arithmetic right after an operand (`$.a / 0`, `$.a + 1`).

@@ -14,9 +14,9 @@ use super::{MAX_REGEX_CI_RANGE, MAX_REGEX_LEN, MAX_REGEX_REPEAT, MAX_REGEX_WEIGH
 /// \v`, `\A \Z \m \M \y \Y` and backslash-punctuation. Refused:
 /// back-references (`\1`), lookahead/lookbehind and embedded options
 /// (`(?=`, `(?i)`), `***` directors, collating elements `[. .]` / `[= =]`
-/// and the other escapes. With flag `q` the pattern is a literal string and
-/// only its length is checked.
-pub(super) fn check_regex(pattern: &str, flags: &str) -> Result<(), String> {
+/// and the other escapes. With flag `q` the pattern is a literal string,
+/// weighing one atom per character. Returns the pattern's weight.
+pub(super) fn check_regex(pattern: &str, flags: &str) -> Result<u64, String> {
     for f in flags.chars() {
         match f {
             'i' | 's' | 'm' | 'q' => {}
@@ -44,7 +44,9 @@ pub(super) fn check_regex(pattern: &str, flags: &str) -> Result<(), String> {
         ));
     }
     if flags.contains('q') {
-        return Ok(());
+        // A literal string: PostgreSQL still compiles it into an automaton
+        // with one state per character.
+        return check_weight(chars.len() as u64);
     }
     if pattern.starts_with("***") {
         return Err("like_regex directors (`***:`, `***=`) are not allowed".into());
@@ -53,19 +55,27 @@ pub(super) fn check_regex(pattern: &str, flags: &str) -> Result<(), String> {
         p: chars,
         i: 0,
         case_insensitive: flags.contains('i'),
+        ci_span: 0,
     };
     let weight = re.alternation()?;
     if re.i < re.p.len() {
         // `alternation` only stops early at an unmatched `)`.
         return Err("like_regex pattern has an unmatched `)`".into());
     }
+    check_weight(weight)
+}
+
+/// Refuses a pattern heavier than [`MAX_REGEX_WEIGHT`]; returns the weight,
+/// which is what a `like_regex` costs beyond its base (see [`super::cost`]).
+fn check_weight(weight: u64) -> Result<u64, String> {
     if weight > MAX_REGEX_WEIGHT {
         return Err(format!(
             "like_regex pattern is too large once counted repetitions are expanded ({weight} \
-             atoms; at most {MAX_REGEX_WEIGHT})"
+             atoms; at most {MAX_REGEX_WEIGHT}): PostgreSQL's matcher tracks up to that many \
+             states for every character it reads"
         ));
     }
-    Ok(())
+    Ok(weight)
 }
 
 /// Cursor over a regex pattern for [`check_regex`]. Recursion happens only
@@ -74,6 +84,9 @@ struct Regex {
     p: Vec<char>,
     i: usize,
     case_insensitive: bool,
+    /// Code points in all the character ranges so far; PostgreSQL case-folds
+    /// each of them when it compiles a pattern with flag `i`.
+    ci_span: u32,
 }
 
 impl Regex {
@@ -331,11 +344,11 @@ impl Regex {
                         "like_regex: character range `{lo}-{hi}` is inverted"
                     ));
                 }
-                let span = hi as u32 - lo as u32;
-                if self.case_insensitive && span > MAX_REGEX_CI_RANGE {
+                self.ci_span = self.ci_span.saturating_add(hi as u32 - lo as u32);
+                if self.case_insensitive && self.ci_span > MAX_REGEX_CI_RANGE {
                     return Err(format!(
-                        "like_regex: with flag `i`, a character range may span at most \
-                         {MAX_REGEX_CI_RANGE} characters"
+                        "like_regex: with flag `i`, the character ranges of a pattern may span \
+                         at most {MAX_REGEX_CI_RANGE} characters in all"
                     ));
                 }
                 self.i += 2;

@@ -58,16 +58,19 @@ fn like_regex_rules() {
     assert_refused(r#"$.a like_regex "a\\""#, "lone backslash");
     assert_refused(
         r#"$.a like_regex "[\u0001-\u{10FFFF}]" flag "i""#,
-        "with flag `i`, a character range may span at most",
+        "with flag `i`, the character ranges of a pattern may span at most 4096",
     );
+    assert_refused(
+        r#"$.a like_regex "[\u0100-\u0900][\u0a00-\u1201]" flag "i""#,
+        "may span at most 4096 characters in all",
+    );
+    assert!(parse(r#"$.a like_regex "[\u0100-\u0900][\u0a00-\u1000]" flag "i""#).is_ok());
     assert!(parse(r#"$.a like_regex "[\u0001-\u{10FFFF}]""#).is_ok());
     let long = format!(r#"$.a like_regex "{}""#, "a".repeat(MAX_REGEX_LEN + 1));
     assert_refused(&long, "at most 128 characters");
-    assert!(parse(&format!(
-        r#"$.a like_regex "{}""#,
-        "a".repeat(MAX_REGEX_LEN)
-    ))
-    .is_ok());
+    // At the length limit, as one bracket expression: a single atom.
+    let at_limit = format!(r#"$.a like_regex "[{}]""#, "a".repeat(MAX_REGEX_LEN - 2));
+    assert!(parse(&at_limit).is_ok());
     assert_refused(
         r#"$.a like_regex "a" || $.b like_regex "b" || $.c like_regex "c" || $.d like_regex "d" || $.e like_regex "e""#,
         "at most 4 `like_regex`",
