@@ -94,7 +94,34 @@ fn check_text(field: &str, value: &str) -> Result<()> {
             "{field} must not contain spaces or control characters"
         )));
     }
+    if let Some(c) = value.chars().find(|&c| is_invisible(c)) {
+        return Err(Error::Invalid(format!(
+            "{field} must not contain invisible or text-direction characters \
+             (it contains U+{:04X}): they make one name look like another in a log, \
+             the panel or a terminal",
+            c as u32
+        )));
+    }
     Ok(())
+}
+
+/// Characters that change how a name is displayed without showing: the
+/// bidirectional embeddings, overrides and isolates (U+202A-U+202E,
+/// U+2066-U+2069), the direction marks (U+200E, U+200F, U+061C), and the
+/// zero-width space, joiners, word joiner and byte-order mark (U+200B-U+200D,
+/// U+2060, U+FEFF). Control characters are refused separately.
+fn is_invisible(c: char) -> bool {
+    matches!(
+        c,
+        '\u{202A}'..='\u{202E}'
+            | '\u{2066}'..='\u{2069}'
+            | '\u{200E}'
+            | '\u{200F}'
+            | '\u{061C}'
+            | '\u{200B}'..='\u{200D}'
+            | '\u{2060}'
+            | '\u{FEFF}'
+    )
 }
 
 /// PostgreSQL must parse what the parser accepted, as a second opinion: the
