@@ -1,6 +1,7 @@
 //! Watches: what a consumer service follows. Consumers create and remove
 //! them (ADR 0021); a service only ever sees its own.
 
+pub mod cap;
 pub mod filter;
 
 use chrono::{DateTime, Utc};
@@ -167,8 +168,8 @@ pub async fn create(pool: &PgPool, service_id: i64, new: &NewWatch) -> Result<(W
     };
     let filters = serde_json::to_value(&filters).expect("filters serialise");
     let mut tx = pool.begin().await?;
-    // One writer per service at a time: the count and the duplicate check
-    // hold.
+    // One writer per service at a time: the count, the cap and the
+    // duplicate check hold.
     sqlx::query("select 1 from watchpump.services where id = $1 for update")
         .bind(service_id)
         .execute(&mut *tx)
@@ -177,6 +178,9 @@ pub async fn create(pool: &PgPool, service_id: i64, new: &NewWatch) -> Result<(W
         return Ok((watch, false));
     }
     check_watch_count(&mut tx, service_id).await?;
+    if let Some(m) = &parsed {
+        cap::check(&mut tx, service_id, &new.object, m).await?;
+    }
     let watch = insert(&mut tx, service_id, new, parsed.as_ref(), &filters).await?;
     tx.commit().await?;
     Ok((watch, true))
