@@ -1,6 +1,12 @@
 //! Watches: what a consumer service follows. Consumers create and remove
 //! them (ADR 0021); a service only ever sees its own.
+//!
+//! A watch's `match` filter runs inside the producer's transaction, so it
+//! must be in the language of [`filter`] (each filter's cost bounded), and
+//! [`cap`] bounds what a service's filters covering one object cost
+//! together. [`audit`] finds stored filters from before either existed.
 
+pub mod audit;
 pub mod cap;
 pub mod filter;
 
