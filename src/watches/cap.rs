@@ -22,12 +22,14 @@ use super::filter::{self, MatchFilter};
 use crate::error::{Error, Result};
 
 /// What the filters of one service's watches covering any one object may
-/// cost together, in [`filter::cost`] units: 32 plain filters such as
-/// `$.paths[*] ? (@ starts with "docs/")`, or one filter at the per-filter
-/// maximum and 8 plain ones. On a 2,000-path payload one unit costs emit()
-/// at most about 0.36 ms, so a service's filters can add at most about
-/// 12 ms to one emit (`make bench SCENARIOS=filters`).
-pub const MAX_FILTER_COST_PER_OBJECT: u32 = 32;
+/// cost together, in [`filter::cost`] units: 24 plain filters such as
+/// `$.paths[*] ? (@ starts with "docs/")`, or the dearest filter and 4
+/// plain ones. Chosen with `make bench SCENARIOS=filters`: on a 2,000-path
+/// payload one unit costs emit() 0.2-0.3 ms, and a service at this cap with
+/// the dearest filters the language allows made emit() take 7.5-8 ms at the
+/// median and 12-17 ms at p99 (32 units gave 9-13 ms and 12-25 ms, over the
+/// 20 ms target when the shared host was busy).
+pub const MAX_FILTER_COST_PER_OBJECT: u32 = 24;
 
 /// Refuses `new` on `object` when the service's filters covering it would
 /// then cost more than [`MAX_FILTER_COST_PER_OBJECT`]. Runs in the create

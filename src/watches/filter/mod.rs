@@ -151,10 +151,11 @@ pub const MAX_EXPONENT: u32 = 308;
 pub const MAX_REGEXES: usize = 4;
 
 /// Most a filter may cost, in [`cost`] units (a comparison is one, a
-/// `like_regex` four plus its weight). It keeps one filter at a fraction of
-/// what the per-object cap in [`crate::watches`] allows in all, so that a
-/// service can hold several rich filters on one object.
-pub const MAX_COST: u32 = 24;
+/// `like_regex` four plus its weight): what the dearest pattern alone costs
+/// (weight 16), or 16 comparisons and a small pattern. Below the per-object
+/// cap in [`crate::watches`], so that a service can still put a few plain
+/// filters next to its dearest one.
+pub const MAX_COST: u32 = 20;
 
 /// Maximum length of a `like_regex` pattern, in characters, after decoding
 /// the jsonpath string escapes. Together with [`MAX_REGEX_REPEAT`] and
