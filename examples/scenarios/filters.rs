@@ -1,17 +1,20 @@
 //! `make bench SCENARIOS=filters` (issue 9, "a consumer cannot hurt the
 //! producer"): what a hostile consumer's filters can make one `emit()` cost.
 //!
-//! One service holds 10,000 watches, every one with a filter as dear as the
+//! One service holds 10,000 watches (one short, so that the cap refuses
+//! before the watch count does), every one with a filter as dear as the
 //! language and the caps allow, created through `watches::create` so that
 //! the caps decide what fits. The emitted object (`acme/web/refs/heads/main`)
 //! gets the most the per-object cap allows, spread over the object and its
-//! prefixes; the rest sit on other objects, two per object. Each shape of
-//! dear filter is measured in turn: 50 emits of a 2,000-path payload that no
+//! prefixes; the rest sit on other objects, as many per object as the cap
+//! allows. Each shape of dear filter is measured in turn (topped up to the
+//! cap with one-unit filters): 100 emits of a 2,000-path payload that no
 //! filter matches (so every filter reads every path), each in a transaction
-//! of its own, on one backend that starts fresh for the shape (so the first
-//! emit also compiles its regexes). Reported: emit p50 and p99 as the
-//! producer sees them, and the backend's peak memory (VmHWM, read from
-//! /proc; the bench runs on the database's machine).
+//! of its own, on a backend that starts fresh for the shape and is warmed up
+//! on another object (so the first measured emit compiles the regexes).
+//! Reported: emit p50 and p99 as the producer sees them, and the backend's
+//! peak memory (VmHWM, read from /proc; the bench runs on the database's
+//! machine).
 
 use std::time::Instant;
 
@@ -108,9 +111,10 @@ pub async fn filters(b: Bench) -> Outcome {
                 .unwrap();
         }
     }
+    // The dearest shape by its median; p99 on a shared host is noisier.
     let worst = rows
         .iter()
-        .max_by(|a, b| a.2.p99.total_cmp(&b.2.p99))
+        .max_by(|a, b| a.2.p50.total_cmp(&b.2.p50))
         .unwrap();
     // A second hostile service at its own cap doubles the bill: the cap is
     // per service.
