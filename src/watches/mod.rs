@@ -167,12 +167,9 @@ pub async fn create(pool: &PgPool, service_id: i64, new: &NewWatch) -> Result<(W
     if let Some(m) = &parsed {
         check_in_postgres(pool, &m.text).await?;
     }
-    // Stored as validated: the filter text trimmed, as the parser returns it.
-    let filters = Filters {
-        kinds: new.filters.kinds.clone(),
-        match_path: parsed.as_ref().map(|m| m.text.clone()),
-    };
-    let filters = serde_json::to_value(&filters).expect("filters serialise");
+    // `filters` keeps what the consumer sent (so registering it again finds
+    // it); match_path gets the text the parser validated.
+    let filters = serde_json::to_value(&new.filters).expect("filters serialise");
     let mut tx = pool.begin().await?;
     // One writer per service at a time: the count, the cap and the
     // duplicate check hold.
