@@ -133,8 +133,8 @@ fn is_invisible(c: char) -> bool {
 
 /// PostgreSQL must parse what the parser accepted, as a second opinion: the
 /// parser was checked against PostgreSQL 15 and should never disagree, but
-/// if it ever does, the watch is refused here rather than failing at
-/// insert (or, worse, meaning something else).
+/// if it ever does (a newer PostgreSQL, a regex its compiler refuses), the
+/// watch is refused with PostgreSQL's reason instead of a 500 at insert.
 async fn check_in_postgres(pool: &PgPool, text: &str) -> Result<()> {
     sqlx::query("select $1::text::jsonpath")
         .bind(text)
