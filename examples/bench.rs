@@ -24,6 +24,9 @@ use sqlx::PgPool;
 
 const PRODUCER_TOKEN: &str = "bench-producer-token";
 
+#[path = "scenarios/filters.rs"]
+mod filters;
+
 #[tokio::main]
 async fn main() {
     let admin = std::env::var("WATCHPUMP_BENCH_DATABASE_URL")
@@ -39,6 +42,7 @@ async fn main() {
         ("producer", |b| Box::pin(producer(b))),
         ("supersession", |b| Box::pin(supersession(b))),
         ("recovery", |b| Box::pin(recovery(b))),
+        ("filters", |b| Box::pin(filters::filters(b))),
     ];
     println!(
         "watchpump bench — {} cores, {}",

@@ -177,6 +177,10 @@ async fn run(cli: Cli) -> Result<()> {
             } else {
                 println!("applied: {}", applied.join(", "));
             }
+            // Stored filters the language refuses keep working; say which.
+            for finding in crate::watches::audit::stored_filters(&pool).await? {
+                eprintln!("warning: {finding}");
+            }
         }
         Command::Serve(cfg) => server::serve(&url, cfg, server::shutdown_signal()).await?,
         Command::Services(command) => {

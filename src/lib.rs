@@ -23,6 +23,10 @@
 //!   ([`pump::store`]), per-consumer health ([`pump::health`]), HTTP sends
 //!   ([`pump::send`]) and the batched write-back of outcomes.
 //! - [`api`]: the watches API consumers call (axum).
+//! - [`watches`]: what a watch may be: names, the safe jsonpath subset its
+//!   filter must be in ([`watches::filter`]), what a service's filters on
+//!   one object may cost ([`watches::cap`]), and `migrate`'s report of older
+//!   filters ([`watches::audit`]).
 //! - [`operator`]: the operator's side: the panel (`/panel`), the admin API
 //!   (`/api/v1/admin`), warnings to notify about failed deliveries, and
 //!   pruning; its SQL views and retry functions work from psql too.

@@ -90,14 +90,48 @@ begin
     -- rule, 0200_pump.sql): an existing delivery may be in a pump's hands,
     -- and a producer's transaction must neither wait for a pump nor hold a
     -- lock one needs.
-    insert into watchpump.queue (change_id, watch_id, service_id, object, deadline)
-    select v_change, w.id, w.service_id, p_object, v_deadline
-    from watchpump.watches w
-    where w.removed_at is null
-      and w.object = any (watchpump.object_prefixes(p_object))
-      and (w.kinds is null or p_kind = any (w.kinds))
-      and (w.match_path is null or watchpump.payload_matches(p_payload, w.match_path, w.match_is_predicate))
-    order by w.id;
+    --
+    -- What a service's filters covering one object may cost is capped when
+    -- watches are created (src/watches/cap.rs). On a large payload, where
+    -- one filter can cost a millisecond, each distinct filter (keyed by
+    -- PostgreSQL's canonical text of it) is evaluated once: watches of many
+    -- resources, or services, often share one. On a small payload that
+    -- bookkeeping (two materialised CTEs, a sort and a hash join: 10-25 us)
+    -- costs more than evaluating the few filters again, so the plain
+    -- statement runs.
+    if pg_column_size(p_payload) < 8192 then
+        insert into watchpump.queue (change_id, watch_id, service_id, object, deadline)
+        select v_change, w.id, w.service_id, p_object, v_deadline
+        from watchpump.watches w
+        where w.removed_at is null
+          and w.object = any (watchpump.object_prefixes(p_object))
+          and (w.kinds is null or p_kind = any (w.kinds))
+          and (w.match_path is null or watchpump.payload_matches(p_payload, w.match_path, w.match_is_predicate))
+        order by w.id;
+    else
+        with candidates as materialized (
+            select w.id, w.service_id, w.match_path, w.match_path::text as match_text, w.match_is_predicate
+            from watchpump.watches w
+            where w.removed_at is null
+              and w.object = any (watchpump.object_prefixes(p_object))
+              and (w.kinds is null or p_kind = any (w.kinds))
+        ), verdicts as materialized (
+            -- Materialised, or the planner moves the evaluation into the
+            -- join filter: once per watch again.
+            select f.match_text, f.match_is_predicate,
+                   watchpump.payload_matches(p_payload, f.match_path, f.match_is_predicate) as matched
+            from (select distinct on (c.match_text, c.match_is_predicate)
+                         c.match_text, c.match_is_predicate, c.match_path
+                  from candidates c where c.match_text is not null
+                  order by c.match_text, c.match_is_predicate) f
+        )
+        insert into watchpump.queue (change_id, watch_id, service_id, object, deadline)
+        select v_change, c.id, c.service_id, p_object, v_deadline
+        from candidates c
+        left join verdicts v using (match_text, match_is_predicate)
+        where c.match_text is null or v.matched
+        order by c.id;
+    end if;
 
     -- Wake a sleeping pump, and only when one sleeps: NOTIFY serialises
     -- committing transactions, so producers should not pay for it while

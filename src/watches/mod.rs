@@ -1,11 +1,21 @@
 //! Watches: what a consumer service follows. Consumers create and remove
 //! them (ADR 0021); a service only ever sees its own.
+//!
+//! A watch's `match` filter runs inside the producer's transaction, so it
+//! must be in the language of [`filter`] (each filter's cost bounded), and
+//! [`cap`] bounds what a service's filters covering one object cost
+//! together. [`audit`] finds stored filters from before either existed.
+
+pub mod audit;
+pub mod cap;
+pub mod filter;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 
 use crate::error::{Error, Result};
+use filter::MatchFilter;
 
 /// Most live watches one service may hold.
 pub const MAX_WATCHES_PER_SERVICE: i64 = 10_000;
@@ -43,15 +53,17 @@ pub struct Filters {
     /// Change kinds to follow; absent means every kind.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kinds: Option<Vec<String>>,
-    /// A PostgreSQL jsonpath over the change's payload: a predicate that must
-    /// hold, or a path that must select something.
+    /// A PostgreSQL jsonpath over the change's payload, in the language of
+    /// [`filter`]: a predicate that must hold, or a path that must select
+    /// something.
     #[serde(default, rename = "match", skip_serializing_if = "Option::is_none")]
     pub match_path: Option<String>,
 }
 
 impl NewWatch {
-    /// Checks everything that does not need the database.
-    pub fn validate(&self) -> Result<()> {
+    /// Checks everything that does not need the database, and parses the
+    /// `match` filter (None when there is none).
+    pub fn validate(&self) -> Result<Option<MatchFilter>> {
         check_text("resource", &self.resource)?;
         check_text("object", &self.object)?;
         if self.object.starts_with('/') || self.object.contains("//") {
@@ -69,14 +81,12 @@ impl NewWatch {
                 check_text("each of filters.kinds", kind)?;
             }
         }
-        if let Some(path) = &self.filters.match_path {
-            if path.trim().is_empty() || path.len() > MAX_TEXT {
-                return Err(Error::Invalid(format!(
-                    "filters.match must be a jsonpath of 1 to {MAX_TEXT} characters"
-                )));
-            }
-        }
-        Ok(())
+        let Some(text) = &self.filters.match_path else {
+            return Ok(None);
+        };
+        filter::parse(text)
+            .map(Some)
+            .map_err(|e| Error::Invalid(e.message().to_string()))
     }
 }
 
@@ -91,16 +101,44 @@ fn check_text(field: &str, value: &str) -> Result<()> {
             "{field} must not contain spaces or control characters"
         )));
     }
+    if let Some(c) = value.chars().find(|&c| is_invisible(c)) {
+        return Err(Error::Invalid(format!(
+            "{field} must not contain invisible or text-direction characters \
+             (it contains U+{:04X}): they make one name look like another in a log, \
+             the panel or a terminal",
+            c as u32
+        )));
+    }
     Ok(())
 }
 
-/// Parses a `match` filter as PostgreSQL does, and refuses one that parses
-/// but can raise an error when emit() evaluates it, which would fail the
-/// producer's transaction.
-async fn check_match_path(pool: &PgPool, path: &str) -> Result<()> {
-    let canonical: String = sqlx::query_scalar("select $1::text::jsonpath::text")
-        .bind(path)
-        .fetch_one(pool)
+/// Characters that change how a name is displayed without showing: the
+/// bidirectional embeddings, overrides and isolates (U+202A-U+202E,
+/// U+2066-U+2069), the direction marks (U+200E, U+200F, U+061C), and the
+/// zero-width space, joiners, word joiner and byte-order mark (U+200B-U+200D,
+/// U+2060, U+FEFF). Control characters are refused separately.
+fn is_invisible(c: char) -> bool {
+    matches!(
+        c,
+        '\u{202A}'..='\u{202E}'
+            | '\u{2066}'..='\u{2069}'
+            | '\u{200E}'
+            | '\u{200F}'
+            | '\u{061C}'
+            | '\u{200B}'..='\u{200D}'
+            | '\u{2060}'
+            | '\u{FEFF}'
+    )
+}
+
+/// PostgreSQL must parse what the parser accepted, as a second opinion: the
+/// parser was checked against PostgreSQL 15 and should never disagree, but
+/// if it ever does (a newer PostgreSQL, a regex its compiler refuses), the
+/// watch is refused with PostgreSQL's reason instead of a 500 at insert.
+async fn check_in_postgres(pool: &PgPool, text: &str) -> Result<()> {
+    sqlx::query("select $1::text::jsonpath")
+        .bind(text)
+        .execute(pool)
         .await
         .map_err(|e| match e {
             // 42601 syntax error, 2201B bad regex, 0A000 unsupported flag, ...
@@ -110,62 +148,13 @@ async fn check_match_path(pool: &PgPool, path: &str) -> Result<()> {
                 }) =>
             {
                 Error::Invalid(format!(
-                    "filters.match is not a valid jsonpath: {}",
+                    "filters.match is not a valid jsonpath for PostgreSQL: {}",
                     d.message()
                 ))
             }
             other => Error::Database(other),
         })?;
-    if let Some(what) = raises_in_emit(&canonical) {
-        return Err(Error::Invalid(format!(
-            "filters.match must not use {what} in its jsonpath: it can raise an error \
-             when a change is recorded, which would fail the producer's transaction"
-        )));
-    }
     Ok(())
-}
-
-/// jsonpath methods that convert to dates and times (PostgreSQL 17 adds all
-/// but the first).
-const DATETIME_METHODS: &[&str] = &[
-    "datetime(",
-    "date(",
-    "time(",
-    "time_tz(",
-    "timestamp(",
-    "timestamp_tz(",
-];
-
-/// What in a jsonpath, in PostgreSQL's canonical form (keys and strings
-/// quoted, keywords in lower case, variables as `$"name"`), raises errors
-/// that silent evaluation does not suppress: variables (emit() passes none)
-/// and the datetime methods (time zone and format errors).
-fn raises_in_emit(canonical: &str) -> Option<&'static str> {
-    let bytes = canonical.as_bytes();
-    let (mut in_string, mut escaped) = (false, false);
-    for (i, &b) in bytes.iter().enumerate() {
-        if in_string {
-            match b {
-                _ if escaped => escaped = false,
-                b'\\' => escaped = true,
-                b'"' => in_string = false,
-                _ => {}
-            }
-            continue;
-        }
-        match b {
-            b'"' => in_string = true,
-            b'$' if bytes.get(i + 1) == Some(&b'"') => return Some("variables ($name)"),
-            b'.' if DATETIME_METHODS
-                .iter()
-                .any(|m| canonical[i + 1..].starts_with(m)) =>
-            {
-                return Some("datetime methods such as .datetime()")
-            }
-            _ => {}
-        }
-    }
-    None
 }
 
 const COLUMNS: &str = "id, resource, object, filters, created_at, removed_at, removed_reason";
@@ -174,18 +163,39 @@ const COLUMNS: &str = "id, resource, object, filters, created_at, removed_at, re
 /// already has (consumers may register again at every start). The bool says
 /// whether it is new.
 pub async fn create(pool: &PgPool, service_id: i64, new: &NewWatch) -> Result<(Watch, bool)> {
-    new.validate()?;
-    if let Some(path) = &new.filters.match_path {
-        check_match_path(pool, path).await?;
+    let parsed = new.validate()?;
+    if let Some(m) = &parsed {
+        check_in_postgres(pool, &m.text).await?;
     }
+    // `filters` keeps what the consumer sent (so registering it again finds
+    // it); match_path gets the text the parser validated.
     let filters = serde_json::to_value(&new.filters).expect("filters serialise");
     let mut tx = pool.begin().await?;
-    // One writer per service at a time: the count and the duplicate check hold.
+    // One writer per service at a time: the count, the cap and the
+    // duplicate check hold.
     sqlx::query("select 1 from watchpump.services where id = $1 for update")
         .bind(service_id)
         .execute(&mut *tx)
         .await?;
-    let existing: Option<Watch> = sqlx::query_as(&format!(
+    if let Some(watch) = find_identical(&mut tx, service_id, new, &filters).await? {
+        return Ok((watch, false));
+    }
+    check_watch_count(&mut tx, service_id).await?;
+    if let Some(m) = &parsed {
+        cap::check(&mut tx, service_id, &new.object, m).await?;
+    }
+    let watch = insert(&mut tx, service_id, new, parsed.as_ref(), &filters).await?;
+    tx.commit().await?;
+    Ok((watch, true))
+}
+
+async fn find_identical(
+    tx: &mut PgConnection,
+    service_id: i64,
+    new: &NewWatch,
+    filters: &serde_json::Value,
+) -> Result<Option<Watch>> {
+    Ok(sqlx::query_as(&format!(
         "select {COLUMNS} from watchpump.watches
          where service_id = $1 and resource = $2 and object = $3 and filters = $4 and removed_at is null
          limit 1"
@@ -193,51 +203,47 @@ pub async fn create(pool: &PgPool, service_id: i64, new: &NewWatch) -> Result<(W
     .bind(service_id)
     .bind(&new.resource)
     .bind(&new.object)
-    .bind(&filters)
-    .fetch_optional(&mut *tx)
-    .await?;
-    if let Some(watch) = existing {
-        return Ok((watch, false));
-    }
+    .bind(filters)
+    .fetch_optional(tx)
+    .await?)
+}
+
+async fn check_watch_count(tx: &mut PgConnection, service_id: i64) -> Result<()> {
     let live: i64 = sqlx::query_scalar(
         "select count(*) from watchpump.watches where service_id = $1 and removed_at is null",
     )
     .bind(service_id)
-    .fetch_one(&mut *tx)
+    .fetch_one(tx)
     .await?;
     if live >= MAX_WATCHES_PER_SERVICE {
         return Err(Error::Invalid(format!(
             "a service may hold at most {MAX_WATCHES_PER_SERVICE} watches"
         )));
     }
-    let watch: Watch = sqlx::query_as(&format!(
+    Ok(())
+}
+
+async fn insert(
+    tx: &mut PgConnection,
+    service_id: i64,
+    new: &NewWatch,
+    parsed: Option<&MatchFilter>,
+    filters: &serde_json::Value,
+) -> Result<Watch> {
+    Ok(sqlx::query_as(&format!(
         "insert into watchpump.watches (service_id, resource, object, kinds, match_path, match_is_predicate, filters)
-         values ($1, $2, $3, $4, $5::jsonpath, watchpump.jsonpath_is_predicate($5::jsonpath), $6)
+         values ($1, $2, $3, $4, $5::jsonpath, $6, $7)
          returning {COLUMNS}"
     ))
     .bind(service_id)
     .bind(&new.resource)
     .bind(&new.object)
     .bind(&new.filters.kinds)
-    .bind(&new.filters.match_path)
-    .bind(&filters)
-    .fetch_one(&mut *tx)
-    .await
-    .map_err(|e| match e {
-        // 42601 syntax error, 22P02 and friends: the jsonpath did not parse.
-        sqlx::Error::Database(ref d)
-            if d.code()
-                .is_some_and(|c| c.starts_with("42") || c.starts_with("22")) =>
-        {
-            Error::Invalid(format!(
-                "filters.match is not a valid jsonpath: {}",
-                d.message()
-            ))
-        }
-        other => Error::Database(other),
-    })?;
-    tx.commit().await?;
-    Ok((watch, true))
+    .bind(parsed.map(|m| &m.text))
+    .bind(parsed.map(|m| m.is_predicate))
+    .bind(filters)
+    .fetch_one(tx)
+    .await?)
 }
 
 /// A service's watches, oldest first, `limit` at a time after id `after`.

@@ -1,0 +1,98 @@
+//! The per-object cap on filters: what one change can make `emit()` do.
+//!
+//! `emit()` evaluates the filter of every live watch on the changed object
+//! and on each of its prefixes, inside the producer's transaction. One
+//! filter is bounded by its language ([`super::filter`]); this bounds how
+//! many a service can pile onto one object: the filters of a service's live
+//! watches that can cover one object may cost at most
+//! [`MAX_FILTER_COST_PER_OBJECT`] units together.
+//!
+//! Counting is conservative and needs no knowledge of which objects exist:
+//! a new watch on `acme/web/refs/heads/main` counts the service's filtered
+//! watches on that object and on `acme/`, `acme/web/`, ...; a new prefix
+//! watch on `acme/web/` also counts every filtered watch under it, even
+//! though those may be on different objects. Watches without a filter cost
+//! nothing here: they are only an index lookup. A filter outside the
+//! language (a watch created before it existed, reported by `watchpump
+//! migrate`) counts as the whole cap, since its cost has no bound.
+
+use sqlx::PgConnection;
+
+use super::filter::{self, MatchFilter};
+use crate::error::{Error, Result};
+
+/// What the filters of one service's watches covering any one object may
+/// cost together, in [`filter::cost`] units: 24 plain filters such as
+/// `$.paths[*] ? (@ starts with "docs/")`, or the dearest filter and 4
+/// plain ones. Chosen with `make bench SCENARIOS=filters`: on a 2,000-path
+/// payload one unit costs emit() 0.2-0.3 ms, and a service at this cap with
+/// the dearest filters the language allows made emit() take 7.5-8 ms at the
+/// median and 12-17 ms at p99 (32 units gave 9-13 ms and 12-25 ms, over the
+/// 20 ms target when the shared host was busy).
+pub const MAX_FILTER_COST_PER_OBJECT: u32 = 24;
+
+/// Refuses `new` on `object` when the service's filters covering it would
+/// then cost more than [`MAX_FILTER_COST_PER_OBJECT`]. Runs in the create
+/// transaction, under the service's row lock, so two creates can not both
+/// pass.
+pub(super) async fn check(
+    tx: &mut PgConnection,
+    service_id: i64,
+    object: &str,
+    new: &MatchFilter,
+) -> Result<()> {
+    let covering = covering_filters(tx, service_id, object).await?;
+    let already: u32 = covering.iter().map(|text| cost_of(text)).sum();
+    if already + new.cost <= MAX_FILTER_COST_PER_OBJECT {
+        return Ok(());
+    }
+    Err(Error::Invalid(format!(
+        "filters.match: a service's filtered watches that can cover one object may cost at most \
+         {MAX_FILTER_COST_PER_OBJECT} units together, and this service's {} on {object} (or on \
+         its prefixes{}) already cost {already}; this filter costs {}. Remove one of them, or \
+         use a cheaper filter (a comparison, `starts with` or `exists` costs {}, a \
+         `like_regex` {} plus the atoms of its pattern)",
+        plural(covering.len(), "filtered watch", "filtered watches"),
+        if object.ends_with('/') {
+            ", or under it"
+        } else {
+            ""
+        },
+        new.cost,
+        filter::cost::CONDITION,
+        filter::cost::REGEX_BASE,
+    )))
+}
+
+/// The filter texts, as the consumers sent them, of the service's live
+/// watches on `object`, on its prefixes, and (for a prefix) under it.
+async fn covering_filters(
+    tx: &mut PgConnection,
+    service_id: i64,
+    object: &str,
+) -> Result<Vec<String>> {
+    // Two branches so that the first uses the index on object; the second
+    // only runs for a prefix (a one-time filter on the parameter).
+    Ok(sqlx::query_scalar(
+        "select coalesce(filters->>'match', match_path::text) from watchpump.watches
+         where object = any (watchpump.object_prefixes($2))
+           and service_id = $1 and removed_at is null and match_path is not null
+         union all
+         select coalesce(filters->>'match', match_path::text) from watchpump.watches
+         where right($2, 1) = '/' and starts_with(object, $2) and object <> $2
+           and service_id = $1 and removed_at is null and match_path is not null",
+    )
+    .bind(service_id)
+    .bind(object)
+    .fetch_all(tx)
+    .await?)
+}
+
+/// What a stored filter costs; one outside the language costs the whole cap.
+fn cost_of(text: &str) -> u32 {
+    filter::parse(text).map_or(MAX_FILTER_COST_PER_OBJECT, |m| m.cost)
+}
+
+fn plural(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
