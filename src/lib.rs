@@ -29,6 +29,8 @@
 //! - [`metrics`]: Prometheus metric names and the exporter;
 //!   [`metrics::backlog`] reads the backlog gauges from the database, one
 //!   pump at a time.
+//! - [`edge`]: the HTTP listeners' defences: connection caps, header, body,
+//!   idle and write timeouts, the open-file limit and its budget.
 //! - [`server`]: `watchpump serve`: pool, migrations, pump, API, shutdown.
 //! - [`cli`]: the `watchpump` command.
 //! - [`kit`]: the consumer's side, for services that receive deliveries:
@@ -48,6 +50,8 @@ pub mod api;
 pub mod cli;
 #[cfg(feature = "producer")]
 pub mod config;
+#[cfg(feature = "producer")]
+pub mod edge;
 #[cfg(feature = "producer")]
 pub mod emit;
 #[cfg(feature = "kit")]
