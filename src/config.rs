@@ -113,6 +113,10 @@ pub struct ServeConfig {
     #[command(flatten)]
     pub pump: PumpConfig,
 
+    /// Connection caps and timeouts of the listeners.
+    #[command(flatten)]
+    pub edge: crate::edge::EdgeConfig,
+
     /// Panel, admin API, warnings to notify, pruning (boxed: it would
     /// make every `Command` as large as itself).
     #[command(flatten)]

@@ -51,6 +51,13 @@ pub fn raise_open_file_limit() -> io::Result<(u64, u64)> {
     Ok((u64::from(soft), u64::from(hard)))
 }
 
+/// The soft open-file limit in force.
+pub fn current_open_file_limit() -> io::Result<u64> {
+    // rlim_t is u64 on 64-bit targets but u32 on 32-bit Linux.
+    #[allow(clippy::useless_conversion)]
+    get_nofile().map(|(soft, _)| u64::from(soft))
+}
+
 fn get_nofile() -> io::Result<(libc::rlim_t, libc::rlim_t)> {
     let mut rl = libc::rlimit {
         rlim_cur: 0,

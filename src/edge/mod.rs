@@ -67,9 +67,11 @@
 //!   stalls); `body`: the service around the router (`ConnectInfo`, the
 //!   body deadline, `408`).
 //! - [`fd`]: the open-file limit and the connection budget.
+//! - [`config`]: the `watchpump serve` settings that become [`EdgeLimits`].
 
 mod accept;
 mod body;
+pub mod config;
 mod conn;
 pub mod fd;
 mod per_ip;
@@ -82,6 +84,7 @@ use tokio::sync::Semaphore;
 
 pub use accept::serve;
 pub use body::BodyTimeout;
+pub use config::EdgeConfig;
 pub use fd::{connection_budget, raise_open_file_limit, FD_BASE_OVERHEAD};
 pub use per_ip::client_key;
 pub use refuse::REFUSAL_SLOTS;
