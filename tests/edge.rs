@@ -779,3 +779,29 @@ async fn oversized_head_gets_431() {
         .unwrap();
     assert_eq!(read_reply(&mut s).await.unwrap().status, 200);
 }
+
+/// A real HTTP client (reqwest, on hyper) over the cap gets the 503 as an
+/// answer, not an "unsolicited response" error: the refusal waits for the
+/// request to begin before it answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_client_over_the_cap_reads_the_503() {
+    let server = Server::start(EdgeLimits {
+        max_connections: 1,
+        header_read_timeout: secs(10.0),
+        ..test_limits()
+    })
+    .await;
+    let mut held = TcpStream::connect(server.addr).await.unwrap();
+    assert_eq!(send_get(&mut held, "/").await.unwrap().status, 200);
+    let client = reqwest::Client::new();
+    for n in 0..20 {
+        let resp = client
+            .get(format!("http://{}/", server.addr))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("request {n}: the refusal is an answer: {e:?}"));
+        assert_eq!(resp.status(), 503);
+        let body = resp.text().await.unwrap();
+        assert!(body.contains(r#""code":"overloaded""#), "{body}");
+    }
+}

@@ -11,11 +11,17 @@ use tokio::net::TcpStream;
 use tokio::sync::OwnedSemaphorePermit;
 
 /// At most this many over-the-cap connections per listener are being sent
-/// their `503` at once (each for at most about two seconds); beyond that the
+/// their `503` at once (each for at most about 2.5 seconds); beyond that the
 /// `503` is written without waiting (best effort) and the connection closed
 /// at once. This bounds the descriptors refusals can hold.
 pub const REFUSAL_SLOTS: usize = 32;
 
+/// How long a refused connection may take to begin its request before the
+/// `503` goes out anyway. Answering before the request has begun is an
+/// "unsolicited response" that HTTP clients (hyper, Go's net/http) report as
+/// an error instead of the `503`; a client sends its request at once, so
+/// waiting for its first bytes costs a few milliseconds.
+const REFUSAL_WAIT_FOR_REQUEST: Duration = Duration::from_millis(250);
 /// How long writing the `503` refusal may take.
 const REFUSAL_WRITE_TIMEOUT: Duration = Duration::from_secs(1);
 /// After the refusal is written, how long to wait for the client to close
@@ -44,13 +50,15 @@ pub(super) fn overloaded_response(message: &str) -> Vec<u8> {
     .into_bytes()
 }
 
-/// Sends the `503` to a connection over the cap and closes it, bounded to
-/// about [`REFUSAL_WRITE_TIMEOUT`] + [`REFUSAL_LINGER`].
+/// Sends the `503` to a connection over the cap, once its request has begun,
+/// and closes it, bounded to about [`REFUSAL_WAIT_FOR_REQUEST`] +
+/// [`REFUSAL_WRITE_TIMEOUT`] + [`REFUSAL_LINGER`].
 pub(super) async fn refuse(
     mut stream: TcpStream,
     response: Arc<[u8]>,
     _slot: OwnedSemaphorePermit,
 ) {
+    let _ = tokio::time::timeout(REFUSAL_WAIT_FOR_REQUEST, request_begun(&stream)).await;
     let written = tokio::time::timeout(REFUSAL_WRITE_TIMEOUT, write_all(&stream, &response)).await;
     if !matches!(written, Ok(Ok(()))) {
         return;
@@ -80,8 +88,10 @@ pub(super) async fn refuse(
 /// The refusal without a task, for bursts: discard what the client already
 /// sent, write the `503` if the socket takes it at once (a new socket's send
 /// buffer is empty, so it does), send FIN, discard again, close. A request
-/// arriving after the last discard can still turn the close into a reset;
-/// that is the price of holding nothing.
+/// arriving after the last discard can still turn the close into a reset,
+/// and a `503` written before the request has begun is an error to some
+/// clients (see [`REFUSAL_WAIT_FOR_REQUEST`]); that is the price of holding
+/// nothing.
 pub(super) fn refuse_now(stream: TcpStream, response: &[u8]) {
     let Ok(stream) = stream.into_std() else {
         return;
@@ -102,6 +112,24 @@ pub(super) fn refuse_now(stream: TcpStream, response: &[u8]) {
     }
     let _ = stream.shutdown(std::net::Shutdown::Write);
     discard(&stream);
+}
+
+/// Waits until the client has sent something (or closed, or failed), and
+/// drops what it sent so far. `readable` may report readiness that is not
+/// there (a new socket often does), hence the loop.
+async fn request_begun(stream: &TcpStream) {
+    let mut buf = [0u8; 1024];
+    let mut total = 0usize;
+    loop {
+        if stream.readable().await.is_err() {
+            return;
+        }
+        match stream.try_read(&mut buf) {
+            Ok(n) if n > 0 && total < 64 * 1024 => total += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock && total == 0 => {}
+            _ => return,
+        }
+    }
 }
 
 /// `write_all` without tokio's `io-util` feature.
