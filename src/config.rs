@@ -113,9 +113,10 @@ pub struct ServeConfig {
     #[command(flatten)]
     pub pump: PumpConfig,
 
-    /// Connection caps and timeouts of the listeners.
+    /// Connection caps and timeouts of the listeners (boxed, as
+    /// `operator`).
     #[command(flatten)]
-    pub edge: crate::edge::EdgeConfig,
+    pub edge: Box<crate::edge::EdgeConfig>,
 
     /// Panel, admin API, warnings to notify, pruning (boxed: it would
     /// make every `Command` as large as itself).
