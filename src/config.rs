@@ -113,6 +113,10 @@ pub struct ServeConfig {
     #[command(flatten)]
     pub pump: PumpConfig,
 
+    /// Failed authentications allowed per client address.
+    #[command(flatten)]
+    pub throttle: crate::throttle::ThrottleConfig,
+
     /// Connection caps and timeouts of the listeners (boxed, as
     /// `operator`).
     #[command(flatten)]

@@ -31,6 +31,8 @@
 //!   pump at a time.
 //! - [`edge`]: the HTTP listeners' defences: connection caps, header, body,
 //!   idle and write timeouts, the open-file limit and its budget.
+//! - [`throttle`]: failed authentications per client address (admin
+//!   token, panel log-in, service tokens), 429 once they are used up.
 //! - [`server`]: `watchpump serve`: pool, migrations, pump, API, shutdown.
 //! - [`cli`]: the `watchpump` command.
 //! - [`kit`]: the consumer's side, for services that receive deliveries:
@@ -72,6 +74,8 @@ pub mod server;
 #[cfg(feature = "producer")]
 pub mod services;
 pub mod signing;
+#[cfg(feature = "producer")]
+pub mod throttle;
 #[cfg(feature = "producer")]
 pub mod watches;
 

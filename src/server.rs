@@ -38,6 +38,7 @@ pub async fn serve(
     cfg.pump.validate().map_err(Error::Config)?;
     cfg.operator.validate().map_err(Error::Config)?;
     cfg.edge.validate().map_err(Error::Config)?;
+    cfg.throttle.validate().map_err(Error::Config)?;
     let metrics_addr = metrics_addr(&cfg)?;
     let soft_limit = open_file_limit();
     // One connection more than asked for: the listener keeps one for itself.
@@ -65,19 +66,25 @@ pub async fn serve(
     let stopped = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
     };
-    let settings = operator::Settings::new(&cfg.operator, &cfg.pump, cfg.listen);
+    let throttle = std::sync::Arc::new(cfg.throttle.throttle());
+    let settings = operator::Settings {
+        throttle: throttle.clone(),
+        ..operator::Settings::new(&cfg.operator, &cfg.pump, cfg.listen)
+    };
     let worker = operator::Worker::new(
         pool.clone(),
         (*cfg.operator).clone(),
         &cfg.pump,
         &settings.panel_url,
     )?;
-    let app = api::app(AppState { pool: pool.clone() }).merge(operator::router(
-        operator::OperatorState {
-            pool: pool.clone(),
-            settings: std::sync::Arc::new(settings),
-        },
-    ));
+    let app = api::app(AppState {
+        pool: pool.clone(),
+        throttle,
+    })
+    .merge(operator::router(operator::OperatorState {
+        pool: pool.clone(),
+        settings: std::sync::Arc::new(settings),
+    }));
     let api = tokio::spawn(edge::serve(
         listener,
         app,

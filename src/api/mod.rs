@@ -5,11 +5,14 @@ pub mod auth;
 pub mod error;
 pub mod watches;
 
+use std::sync::Arc;
+
 use axum::extract::DefaultBodyLimit;
 use axum::routing::get;
 use axum::Router;
 use sqlx::PgPool;
 
+use crate::throttle::Throttle;
 use error::ApiError;
 
 /// Largest request body the API reads.
@@ -19,6 +22,18 @@ pub const BODY_LIMIT: usize = 64 * 1024;
 #[derive(Clone)]
 pub struct AppState {
     pub pool: PgPool,
+    /// Failed service-token authentications per client address.
+    pub throttle: Arc<Throttle>,
+}
+
+impl AppState {
+    /// With the default throttle (`watchpump serve` passes its own).
+    pub fn new(pool: PgPool) -> AppState {
+        AppState {
+            pool,
+            throttle: Arc::new(Throttle::default()),
+        }
+    }
 }
 
 /// The API as a router, for `serve` and for tests.

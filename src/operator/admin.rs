@@ -17,6 +17,7 @@ use crate::api::error::ApiError;
 use crate::api::BODY_LIMIT;
 use crate::operator::store::{self, ActionError, DeliveryFilter, WatchFilter};
 use crate::operator::{auth, OperatorState};
+use crate::throttle::{ClientAddr, Door};
 
 /// How admin API actions appear in a delivery's history.
 pub const ACTOR: &str = "admin-api";
@@ -45,10 +46,15 @@ pub enum AdminRejection {
     /// No admin token is configured: the admin API is off.
     Off,
     Unauthorized,
+    /// Too many failed tries from the caller's address ([`crate::throttle`]).
+    Throttled(std::time::Duration),
 }
 
 impl IntoResponse for AdminRejection {
     fn into_response(self) -> Response {
+        if let AdminRejection::Throttled(wait) = self {
+            return ApiError::Throttled(wait).into_response();
+        }
         let (status, code, message) = match self {
             AdminRejection::Off => (
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -60,6 +66,7 @@ impl IntoResponse for AdminRejection {
                 "unauthorized",
                 "the admin token is required: Authorization: Bearer <WATCHPUMP_ADMIN_TOKEN>",
             ),
+            AdminRejection::Throttled(_) => unreachable!("answered above"),
         };
         let body = Json(json!({ "error": { "code": code, "message": message } }));
         let mut response = (status, body).into_response();
@@ -85,9 +92,20 @@ impl FromRequestParts<OperatorState> for Admin {
             .admin_token
             .as_deref()
             .ok_or(AdminRejection::Off)?;
+        let ClientAddr(client) = ClientAddr::of(parts);
+        let throttle = &state.settings.throttle;
+        throttle
+            .check(Door::Admin, client)
+            .map_err(AdminRejection::Throttled)?;
+        if !parts.headers.contains_key(header::AUTHORIZATION) {
+            return Err(AdminRejection::Unauthorized);
+        }
         match auth::bearer(&parts.headers) {
             Some(presented) if auth::token_matches(configured, presented) => Ok(Admin),
-            _ => Err(AdminRejection::Unauthorized),
+            _ => {
+                throttle.fail(Door::Admin, client, "wrong admin token on the admin API");
+                Err(AdminRejection::Unauthorized)
+            }
         }
     }
 }

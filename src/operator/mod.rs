@@ -34,6 +34,7 @@ pub use config::OperatorConfig;
 pub use worker::Worker;
 
 use crate::config::PumpConfig;
+use crate::throttle::Throttle;
 
 /// What the panel and the admin API share.
 #[derive(Clone)]
@@ -56,6 +57,9 @@ pub struct Settings {
     pub panel_origin: String,
     pub secure_cookie: bool,
     pub session_ttl: Duration,
+    /// Failed admin-token tries (panel log-ins and the admin API) per
+    /// client address; `watchpump serve` shares its throttle with the API.
+    pub throttle: Arc<Throttle>,
 }
 
 impl Settings {
@@ -69,6 +73,7 @@ impl Settings {
             secure_cookie: panel_url.starts_with("https://"),
             panel_url,
             session_ttl: op.session_ttl(),
+            throttle: Arc::new(Throttle::default()),
         }
     }
 

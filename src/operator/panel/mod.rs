@@ -20,6 +20,7 @@ use serde::Deserialize;
 
 use crate::operator::store::ActionError;
 use crate::operator::{auth, OperatorState};
+use crate::throttle::{self, ClientAddr, Door};
 use html::esc;
 
 /// Forms are a few fields; nothing bigger is read.
@@ -210,14 +211,31 @@ struct Login {
     token: String,
 }
 
+/// Too many failed log-ins from this address: 429, the token unchecked.
+fn locked_out(wait: std::time::Duration) -> Response {
+    let message = format!(
+        "Too many failed log-ins from your address. Try again in {} seconds.",
+        throttle::retry_after_secs(wait)
+    );
+    let mut page = login_page(StatusCode::TOO_MANY_REQUESTS, Some(&message));
+    page.headers_mut()
+        .insert(header::RETRY_AFTER, throttle::retry_after(wait));
+    page
+}
+
 async fn login(
     State(state): State<OperatorState>,
     _: SameOrigin,
+    ClientAddr(client): ClientAddr,
     form: Result<Form<Login>, axum::extract::rejection::FormRejection>,
 ) -> Result<Response, PanelError> {
     let Some(token) = state.settings.admin_token.as_deref() else {
         return Ok(panel_off());
     };
+    let throttle = &state.settings.throttle;
+    if let Err(wait) = throttle.check(Door::Admin, client) {
+        return Ok(locked_out(wait));
+    }
     let Ok(Form(login)) = form else {
         return Ok(login_page(
             StatusCode::BAD_REQUEST,
@@ -225,7 +243,7 @@ async fn login(
         ));
     };
     if !auth::token_matches(token, &login.token) {
-        tracing::warn!("panel login with a wrong token");
+        throttle.fail(Door::Admin, client, "panel log-in with a wrong token");
         return Ok(login_page(
             StatusCode::UNAUTHORIZED,
             Some("That is not the admin token."),
