@@ -67,7 +67,10 @@ async fn run_services(pool: &sqlx::PgPool, command: ServicesCommand) -> Result<(
         }
         ServicesCommand::List => {
             for s in services::list(pool).await? {
-                println!("{}\t{}\t{}", s.name, s.base_url, s.created_at.to_rfc3339());
+                // Base URLs with credentials are refused; a row older than
+                // that rule still prints without them.
+                let base_url = crate::redact::mask(&s.base_url, &[]);
+                println!("{}\t{base_url}\t{}", s.name, s.created_at.to_rfc3339());
             }
         }
         ServicesCommand::RotateSecret { name, overlap } => {

@@ -18,6 +18,8 @@
 //!   verification for consumers.
 //! - [`message`]: what a consumer receives (URL, headers, body), for the
 //!   pump that sends it and the panel that shows it.
+//! - [`redact`]: the one function that masks tokens and other credentials
+//!   before an answer is stored and before anything is shown.
 //! - [`pump`]: the delivery engine. [`pump::Pump::run`] is the loop:
 //!   wake-ups ([`pump::wakeup`]: NOTIFY and sweep), claims
 //!   ([`pump::store`]), per-consumer health ([`pump::health`]), HTTP sends
@@ -67,6 +69,8 @@ pub mod metrics;
 pub mod operator;
 #[cfg(feature = "producer")]
 pub mod pump;
+#[cfg(feature = "producer")]
+pub mod redact;
 #[cfg(feature = "producer")]
 pub mod schema;
 #[cfg(feature = "producer")]

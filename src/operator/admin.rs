@@ -1,6 +1,8 @@
 //! `/api/v1/admin`: the operator's JSON API, with the admin token as
 //! `Authorization: Bearer`. Same error shape and validation as the watches
-//! API ([`ApiError`]); everything here also works from psql.
+//! API ([`ApiError`]); everything here also works from psql. Every answer
+//! goes through [`crate::operator::Settings::mask_json`]: consumers' answers
+//! stored before masking existed, or echoing something new, show no token.
 
 use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, Query, State};
@@ -123,7 +125,9 @@ impl From<ActionError> for ApiError {
 
 async fn backlog(_: Admin, State(state): State<OperatorState>) -> Result<Json<Value>, ApiError> {
     let services = store::backlog(&state.pool).await?;
-    Ok(Json(json!({ "services": services })))
+    Ok(Json(
+        state.settings.mask_json(json!({ "services": services })),
+    ))
 }
 
 /// `{"deliveries": [...], "next_before": <id or null>}`; pass `next_before`
@@ -144,9 +148,9 @@ async fn deliveries(
     let next_before = (page.len() as i64 == limit)
         .then(|| page.last().map(|d| d.delivery_id))
         .flatten();
-    Ok(Json(
+    Ok(Json(state.settings.mask_json(
         json!({ "deliveries": page, "next_before": next_before }),
-    ))
+    )))
 }
 
 /// The delivery, its attempts and its history.
@@ -161,11 +165,11 @@ async fn delivery(
         .ok_or_else(|| no_such_delivery(id))?;
     let attempts = store::attempts(&state.pool, id).await?;
     let history = store::history(&state.pool, id).await?;
-    Ok(Json(json!({
+    Ok(Json(state.settings.mask_json(json!({
         "delivery": delivery,
         "attempts": attempts,
         "history": history,
-    })))
+    }))))
 }
 
 async fn attempts(
@@ -178,7 +182,9 @@ async fn attempts(
         return Err(no_such_delivery(id));
     }
     let attempts = store::attempts(&state.pool, id).await?;
-    Ok(Json(json!({ "attempts": attempts })))
+    Ok(Json(
+        state.settings.mask_json(json!({ "attempts": attempts })),
+    ))
 }
 
 /// Requeues a failed or dropped delivery: 200 with its previous state, 404
@@ -190,11 +196,11 @@ async fn retry(
 ) -> Result<Json<Value>, ApiError> {
     let id = delivery_id(id)?;
     let previous = store::retry(&state.pool, id, ACTOR).await?;
-    Ok(Json(json!({
+    Ok(Json(state.settings.mask_json(json!({
         "delivery_id": id,
         "previous_state": previous,
         "state": "pending",
-    })))
+    }))))
 }
 
 #[derive(Debug, Deserialize)]
@@ -213,11 +219,11 @@ async fn retry_failed(
 ) -> Result<Json<Value>, ApiError> {
     let Json(body) = body?;
     let requeued = store::retry_failed(&state.pool, &name, body.since, ACTOR).await?;
-    Ok(Json(json!({
+    Ok(Json(state.settings.mask_json(json!({
         "service": name,
         "since": body.since,
         "requeued": requeued,
-    })))
+    }))))
 }
 
 /// `{"watches": [...], "next_before": <id or null>}`, newest first.
@@ -238,7 +244,9 @@ async fn watches(
     let next_before = (page.len() as i64 == limit)
         .then(|| page.last().map(|w| w.watch_id))
         .flatten();
-    Ok(Json(json!({ "watches": page, "next_before": next_before })))
+    Ok(Json(state.settings.mask_json(
+        json!({ "watches": page, "next_before": next_before }),
+    )))
 }
 
 #[derive(Debug, Deserialize)]
@@ -254,7 +262,9 @@ async fn warnings(
 ) -> Result<Json<Value>, ApiError> {
     let Query(q) = query?;
     let warnings = store::warnings(&state.pool, q.service.as_deref(), 100).await?;
-    Ok(Json(json!({ "warnings": warnings })))
+    Ok(Json(
+        state.settings.mask_json(json!({ "warnings": warnings })),
+    ))
 }
 
 fn delivery_id(id: Result<Path<i64>, PathRejection>) -> Result<i64, ApiError> {

@@ -2,7 +2,7 @@
 //! doing what `watchpump services ...` does: register, list, rotate the
 //! signing secret or the token (the old one keeps working for an overlap),
 //! move to a new URL, remove. Credentials appear only in the answer that
-//! creates them.
+//! creates them; every other answer is masked (`Settings::mask_json`).
 
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, State};
@@ -37,7 +37,9 @@ pub fn routes() -> Router<OperatorState> {
 
 async fn list(_: Admin, State(state): State<OperatorState>) -> Result<Json<Value>, ApiError> {
     let services = services::list(&state.pool).await?;
-    Ok(Json(json!({ "services": services })))
+    Ok(Json(
+        state.settings.mask_json(json!({ "services": services })),
+    ))
 }
 
 #[derive(Debug, Deserialize)]
@@ -137,7 +139,9 @@ async fn set_url(
     let Json(new) = body?;
     let service = services::set_url(&state.pool, &name, &new.base_url).await?;
     tracing::info!(service = %name, base_url = %service.base_url, "service moved through the admin API");
-    Ok(Json(json!({ "service": service })))
+    Ok(Json(
+        state.settings.mask_json(json!({ "service": service })),
+    ))
 }
 
 /// Removes the service, its watches and their undelivered deliveries.

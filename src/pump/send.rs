@@ -186,7 +186,8 @@ impl Sender {
                 break;
             }
         }
-        Ok((status, retry_after, storable_text(&head)))
+        let token = self.authorization.trim_start_matches("Bearer ");
+        Ok((status, retry_after, storable_text(&head, &[token])))
     }
 
     /// When to try again after failed attempt number `attempt`: exponential
@@ -222,9 +223,14 @@ impl Sender {
 }
 
 /// Bytes as text PostgreSQL can store: invalid UTF-8 and NUL (which `text`
-/// refuses, failing the whole batch of outcomes) become U+FFFD.
-fn storable_text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).replace('\0', "\u{FFFD}")
+/// refuses, failing the whole batch of outcomes) become U+FFFD; and without
+/// secrets: `secrets` and anything that looks like a credential are masked
+/// ([`crate::redact`]), as a consumer may echo its request back.
+fn storable_text(bytes: &[u8], secrets: &[&str]) -> String {
+    crate::redact::mask(
+        &String::from_utf8_lossy(bytes).replace('\0', "\u{FFFD}"),
+        secrets,
+    )
 }
 
 fn status_class(code: u16) -> &'static str {
@@ -245,7 +251,7 @@ fn describe(e: &reqwest::Error) -> String {
         text.push_str(&cause.to_string());
         source = cause.source();
     }
-    storable_text(text.as_bytes())
+    storable_text(text.as_bytes(), &[])
 }
 
 #[cfg(test)]
@@ -290,6 +296,6 @@ mod tests {
 
     #[test]
     fn answers_are_stored_without_nul_bytes() {
-        assert_eq!(storable_text(b"a\0b\xff"), "a\u{FFFD}b\u{FFFD}");
+        assert_eq!(storable_text(b"a\0b\xff", &[]), "a\u{FFFD}b\u{FFFD}");
     }
 }
