@@ -48,8 +48,10 @@ async fn run_services(pool: &sqlx::PgPool, command: ServicesCommand) -> Result<(
             name,
             base_url,
             json,
+            allowed_destinations,
         } => {
-            let new = services::add(pool, &name, &base_url).await?;
+            let allowed = allowed_destinations.unwrap_or_default();
+            let new = services::add_within(pool, &name, &base_url, &allowed).await?;
             if json {
                 println!(
                     "{}",
@@ -89,8 +91,13 @@ async fn run_services(pool: &sqlx::PgPool, command: ServicesCommand) -> Result<(
                 until.to_rfc3339()
             );
         }
-        ServicesCommand::SetUrl { name, base_url } => {
-            let s = services::set_url(pool, &name, &base_url).await?;
+        ServicesCommand::SetUrl {
+            name,
+            base_url,
+            allowed_destinations,
+        } => {
+            let allowed = allowed_destinations.unwrap_or_default();
+            let s = services::set_url_within(pool, &name, &base_url, &allowed).await?;
             println!(
                 "service {} now receives deliveries at {}",
                 s.name, s.base_url

@@ -13,7 +13,8 @@
 //! - [`schema`]: applies `sql/migrations/*.sql` once and `sql/functions/*.sql`
 //!   every time; the durable logic (emit, claim, complete, sweep) is SQL there.
 //! - [`emit()`](emit::emit): the producer's call, in the producer's transaction.
-//! - [`services`]: the registry of consumer services and their hashed tokens.
+//! - [`services`]: the registry of consumer services and their hashed tokens;
+//!   [`destinations`]: where their base URLs may point.
 //! - [`signing`]: Standard Webhooks signatures on every delivery, and their
 //!   verification for consumers.
 //! - [`message`]: what a consumer receives (URL, headers, body), for the
@@ -54,6 +55,8 @@ pub mod api;
 pub mod cli;
 #[cfg(feature = "producer")]
 pub mod config;
+#[cfg(feature = "producer")]
+pub mod destinations;
 #[cfg(feature = "producer")]
 pub mod edge;
 #[cfg(feature = "producer")]

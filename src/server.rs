@@ -38,7 +38,6 @@ pub async fn serve(
     cfg.pump.validate().map_err(Error::Config)?;
     cfg.operator.validate().map_err(Error::Config)?;
     cfg.edge.validate().map_err(Error::Config)?;
-    cfg.throttle.validate().map_err(Error::Config)?;
     let metrics_addr = metrics_addr(&cfg)?;
     let soft_limit = open_file_limit();
     // One connection more than asked for: the listener keeps one for itself.
@@ -66,7 +65,7 @@ pub async fn serve(
     let stopped = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
     };
-    let throttle = std::sync::Arc::new(cfg.throttle.throttle());
+    let throttle = std::sync::Arc::new(cfg.edge.throttle.throttle());
     let settings = operator::Settings {
         throttle: throttle.clone(),
         ..operator::Settings::new(&cfg.operator, &cfg.pump, cfg.listen)

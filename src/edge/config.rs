@@ -12,7 +12,8 @@ use super::{connection_budget, EdgeLimits, REFUSAL_SLOTS};
 /// Prometheus pair and a person with curl, while the per-address cap is on.
 const METRICS_PER_IP: usize = 4;
 
-/// What a client may cost the API and metrics listeners.
+/// What a client may cost the API and metrics listeners, and how often it
+/// may fail to authenticate.
 #[derive(Debug, Clone, Args)]
 pub struct EdgeConfig {
     /// Connections the API listener (watches API, admin API, panel) holds
@@ -53,6 +54,10 @@ pub struct EdgeConfig {
     /// progress) before the connection is dropped.
     #[arg(long, env = "WATCHPUMP_WRITE_TIMEOUT_MS", default_value_t = 30_000)]
     pub write_timeout_ms: u64,
+
+    /// Failed authentications allowed per client address.
+    #[command(flatten)]
+    pub throttle: crate::throttle::ThrottleConfig,
 }
 
 /// The listeners' connection caps, as sized at start.
@@ -91,7 +96,7 @@ impl EdgeConfig {
         .find(|(_, v)| *v == 0);
         match zero {
             Some((name, _)) => Err(format!("{name} must be above zero")),
-            None => Ok(()),
+            None => self.throttle.validate(),
         }
     }
 

@@ -57,7 +57,8 @@ async fn add(
     body: Result<Json<NewService>, JsonRejection>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     let Json(new) = body?;
-    let registered = services::add(&state.pool, &new.name, &new.base_url).await?;
+    let allowed = &state.settings.destinations;
+    let registered = services::add_within(&state.pool, &new.name, &new.base_url, allowed).await?;
     tracing::info!(service = %registered.service.name, "service registered through the admin API");
     Ok((
         StatusCode::CREATED,
@@ -137,7 +138,8 @@ async fn set_url(
     body: Result<Json<NewUrl>, JsonRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let Json(new) = body?;
-    let service = services::set_url(&state.pool, &name, &new.base_url).await?;
+    let allowed = &state.settings.destinations;
+    let service = services::set_url_within(&state.pool, &name, &new.base_url, allowed).await?;
     tracing::info!(service = %name, base_url = %service.base_url, "service moved through the admin API");
     Ok(Json(
         state.settings.mask_json(json!({ "service": service })),

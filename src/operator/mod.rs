@@ -34,6 +34,7 @@ pub use config::OperatorConfig;
 pub use worker::Worker;
 
 use crate::config::PumpConfig;
+use crate::destinations::Destinations;
 use crate::throttle::Throttle;
 
 /// What the panel and the admin API share.
@@ -57,6 +58,8 @@ pub struct Settings {
     pub panel_origin: String,
     pub secure_cookie: bool,
     pub session_ttl: Duration,
+    /// Where services registered through the admin API may point.
+    pub destinations: Destinations,
     /// Failed admin-token tries (panel log-ins and the admin API) per
     /// client address; `watchpump serve` shares its throttle with the API.
     pub throttle: Arc<Throttle>,
@@ -74,6 +77,7 @@ impl Settings {
             panel_url,
             session_ttl: op.session_ttl(),
             throttle: Arc::new(Throttle::default()),
+            destinations: pump.destinations(),
         }
     }
 

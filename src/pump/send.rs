@@ -68,7 +68,10 @@ pub struct Sender {
 
 impl Sender {
     pub fn new(cfg: &PumpConfig) -> Result<Self, reqwest::Error> {
+        let destinations = cfg.destinations();
         let client = reqwest::Client::builder()
+            .dns_resolver(destinations.resolver())
+            .connector_layer(destinations.connect_guard())
             .connect_timeout(cfg.connect_timeout())
             .timeout(cfg.request_timeout())
             .redirect(reqwest::redirect::Policy::none())
