@@ -3,6 +3,7 @@
 
 pub mod auth;
 pub mod error;
+pub mod text;
 pub mod watches;
 
 use std::sync::Arc;
@@ -48,6 +49,7 @@ pub fn app(state: AppState) -> Router {
         .fallback(|| async { ApiError::NotFound("no such endpoint".into()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(axum::middleware::from_fn(text::refuse_unreadable))
         .with_state(state)
 }
 

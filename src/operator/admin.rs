@@ -38,6 +38,9 @@ pub fn routes() -> Router<OperatorState> {
         .route("/api/v1/admin/watches", get(watches))
         .route("/api/v1/admin/warnings", get(warnings))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(axum::middleware::from_fn(
+            crate::api::text::refuse_unreadable,
+        ))
 }
 
 /// The caller holds the admin token.

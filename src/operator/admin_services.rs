@@ -33,6 +33,9 @@ pub fn routes() -> Router<OperatorState> {
             post(rotate_token),
         )
         .route("/api/v1/admin/services/{name}/url", put(set_url))
+        .layer(axum::middleware::from_fn(
+            crate::api::text::refuse_unreadable,
+        ))
 }
 
 async fn list(_: Admin, State(state): State<OperatorState>) -> Result<Json<Value>, ApiError> {

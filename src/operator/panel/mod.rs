@@ -47,6 +47,22 @@ pub fn routes() -> Router<OperatorState> {
         .route("/panel/deliveries/{id}/retry", post(deliveries::retry))
         .route("/panel/{*rest}", get(not_found))
         .layer(DefaultBodyLimit::max(FORM_LIMIT))
+        .layer(axum::middleware::from_fn(refuse_unreadable))
+}
+
+/// 400 as a page for a path or query PostgreSQL could not take
+/// ([`crate::api::text`]).
+async fn refuse_unreadable(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    match crate::api::text::unreadable(request.uri()) {
+        Some(why) => PanelError::BadRequest(format!(
+            "This address cannot be read: {why}. Filters must be text."
+        ))
+        .into_response(),
+        None => next.run(request).await,
+    }
 }
 
 /// A logged-in operator. Without a valid session a page load is sent to
@@ -109,6 +125,8 @@ impl FromRequestParts<OperatorState> for SameOrigin {
 #[derive(Debug, thiserror::Error)]
 pub enum PanelError {
     #[error("{0}")]
+    BadRequest(String),
+    #[error("{0}")]
     NotFound(String),
     #[error("{0}")]
     Conflict(String),
@@ -149,6 +167,7 @@ impl From<ActionError> for PanelError {
 impl IntoResponse for PanelError {
     fn into_response(self) -> Response {
         let (status, title) = match &self {
+            PanelError::BadRequest(_) => (StatusCode::BAD_REQUEST, "Bad request"),
             PanelError::NotFound(_) => (StatusCode::NOT_FOUND, "Not found"),
             PanelError::Conflict(_) => (StatusCode::CONFLICT, "Not done"),
             PanelError::Invalid(_) => (StatusCode::UNPROCESSABLE_ENTITY, "Not done"),
