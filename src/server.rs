@@ -76,14 +76,12 @@ pub async fn serve(
         &cfg.pump,
         &settings.panel_url,
     )?;
-    let app = api::app(AppState {
-        pool: pool.clone(),
-        throttle,
-    })
-    .merge(operator::router(operator::OperatorState {
-        pool: pool.clone(),
-        settings: std::sync::Arc::new(settings),
-    }));
+    let app = api::app_with(AppState { pool: pool.clone() }, throttle).merge(operator::router(
+        operator::OperatorState {
+            pool: pool.clone(),
+            settings: std::sync::Arc::new(settings),
+        },
+    ));
     let api = tokio::spawn(edge::serve(
         listener,
         app,

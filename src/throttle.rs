@@ -22,9 +22,11 @@
 //! beyond that, after dropping finished windows, new addresses share one
 //! count (a flood from many addresses then locks out only newcomers).
 //!
-//! Behind a reverse proxy every client has the proxy's address: the
-//! throttle then counts them together. (So does the edge's per-address
-//! connection cap.)
+//! The address comes from [`crate::edge::serve`]. Served without it (plain
+//! `axum::serve`, as an embedding may do), addresses are unknown and
+//! failures are logged but not counted. Behind a reverse proxy every client
+//! has the proxy's address: the throttle then counts them together (so
+//! does the edge's per-address connection cap).
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -99,10 +101,11 @@ pub struct Throttle {
     counts: Mutex<HashMap<(Door, IpAddr), Count>>,
 }
 
-/// The address a request came from, from the edge's `ConnectInfo`; served
-/// without it (a test's `axum::serve`), every client is `0.0.0.0`.
+/// The address a request came from, from the `ConnectInfo` that
+/// [`crate::edge::serve`] gives every request; None when served without it
+/// (`axum::serve` without connect info, as an embedding or a test may do).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ClientAddr(pub IpAddr);
+pub struct ClientAddr(pub Option<IpAddr>);
 
 impl ClientAddr {
     pub fn of(parts: &Parts) -> ClientAddr {
@@ -110,7 +113,7 @@ impl ClientAddr {
             parts
                 .extensions
                 .get::<ConnectInfo<SocketAddr>>()
-                .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |c| c.0.ip()),
+                .map(|c| c.0.ip()),
         )
     }
 }
@@ -140,14 +143,25 @@ impl Throttle {
     }
 
     /// `Err(how long until the window ends)` while `client` may not try
-    /// `door`.
-    pub fn check(&self, door: Door, client: IpAddr) -> Result<(), Duration> {
-        self.check_at(door, client, Instant::now())
+    /// `door`. A client whose address is unknown is never held back.
+    pub fn check(&self, door: Door, client: Option<IpAddr>) -> Result<(), Duration> {
+        match client {
+            Some(client) => self.check_at(door, client, Instant::now()),
+            None => Ok(()),
+        }
     }
 
     /// Counts a failure of `client` at `door` and logs it with the
     /// client's address; returns the failures in its window so far.
-    pub fn fail(&self, door: Door, client: IpAddr, what: &str) -> u32 {
+    ///
+    /// A failure whose address is unknown is logged and not counted:
+    /// counted together, one client's failures would lock every client out.
+    pub fn fail(&self, door: Door, client: Option<IpAddr>, what: &str) -> u32 {
+        let Some(client) = client else {
+            tracing::warn!(client = "unknown", ?door,
+                "{what}; not counted: the client's address is unknown (serve through watchpump::edge::serve)");
+            return 0;
+        };
         let failures = self.fail_at(door, client, Instant::now());
         if failures >= self.failures {
             tracing::warn!(%client, ?door, failures, window = ?self.window,
@@ -249,6 +263,16 @@ mod tests {
         assert!(t
             .check_at(Door::Service, "2001:db8:0:1::1".parse().unwrap(), now)
             .is_ok());
+    }
+
+    #[test]
+    fn an_unknown_address_is_neither_counted_nor_held_back() {
+        let t = Throttle::new(1, Duration::from_secs(60));
+        for _ in 0..3 {
+            assert_eq!(t.fail(Door::Service, None, "test"), 0);
+        }
+        assert!(t.check(Door::Service, None).is_ok());
+        assert!(t.check(Door::Service, Some(A)).is_ok());
     }
 
     #[test]

@@ -49,10 +49,12 @@ impl Server {
             throttle: throttle.clone(),
             ..Settings::new(&operator_config(), &pump_config(), addr)
         };
-        let app = watchpump::api::app(AppState {
-            pool: db.pool.clone(),
+        let app = watchpump::api::app_with(
+            AppState {
+                pool: db.pool.clone(),
+            },
             throttle,
-        })
+        )
         .merge(watchpump::operator::router(OperatorState {
             pool: db.pool.clone(),
             settings: Arc::new(settings),

@@ -23,22 +23,19 @@ pub const BODY_LIMIT: usize = 64 * 1024;
 #[derive(Clone)]
 pub struct AppState {
     pub pool: PgPool,
-    /// Failed service-token authentications per client address.
-    pub throttle: Arc<Throttle>,
 }
 
-impl AppState {
-    /// With the default throttle (`watchpump serve` passes its own).
-    pub fn new(pool: PgPool) -> AppState {
-        AppState {
-            pool,
-            throttle: Arc::new(Throttle::default()),
-        }
-    }
-}
-
-/// The API as a router, for `serve` and for tests.
+/// The API as a router, for `serve`, embedding and tests, with the default
+/// throttle of failed service-token authentications (10 a minute per
+/// client address).
 pub fn app(state: AppState) -> Router {
+    app_with(state, Arc::new(Throttle::default()))
+}
+
+/// [`app`] with a throttle of one's own (`watchpump serve` shares its
+/// configured one with the panel and the admin API); the handlers find it
+/// in the request's extensions.
+pub fn app_with(state: AppState, throttle: Arc<Throttle>) -> Router {
     Router::new()
         .route("/api/v1/watches", get(watches::list).post(watches::create))
         .route(
@@ -50,6 +47,7 @@ pub fn app(state: AppState) -> Router {
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .layer(axum::middleware::from_fn(text::refuse_unreadable))
+        .layer(axum::Extension(throttle))
         .with_state(state)
 }
 

@@ -428,7 +428,7 @@ impl AppServer {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let settings = watchpump::operator::Settings::new(operator, &pump_config(), addr);
-        let app = watchpump::api::app(watchpump::api::AppState::new(pool.clone())).merge(
+        let app = watchpump::api::app(watchpump::api::AppState { pool: pool.clone() }).merge(
             watchpump::operator::router(watchpump::operator::OperatorState {
                 pool: pool.clone(),
                 settings: Arc::new(settings),
