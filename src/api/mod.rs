@@ -1,5 +1,7 @@
 //! The HTTP API consumers call, on `WATCHPUMP_LISTEN`: their watches
-//! ([`watches`]), authenticated by their service token ([`auth`]).
+//! ([`watches`]), authenticated by their service token ([`auth`], with
+//! failures throttled per client address), and never handed a path or
+//! query that is not text ([`text`]).
 
 pub mod auth;
 pub mod error;
