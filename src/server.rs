@@ -3,7 +3,7 @@
 //!
 //! Both listeners go through [`crate::edge`], sized so that, full, they
 //! leave file descriptors for the database and the pump's connections to
-//! consumers ([`fd_reserve`]): a flood of clients cannot stop deliveries.
+//! consumers (`fd_reserve`): a flood of clients cannot stop deliveries.
 
 use std::future::Future;
 use std::net::SocketAddr;

@@ -9,7 +9,7 @@
 //! from then on the API cannot accept and the pump cannot open outbound
 //! connections ("Too many open files").
 //!
-//! [`serve`] runs an axum [`Router`] on a listener with these bounds:
+//! [`serve`] runs an axum [`Router`](axum::Router) on a listener with these bounds:
 //!
 //! * **Connections** are capped per listener ([`EdgeLimits::max_connections`]).
 //!   A connection over the cap gets a short `503` with a JSON error body and
