@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::destinations::Destinations;
+
 /// Deliver a producer's committed changes to the services that watch them.
 #[derive(Debug, Parser)]
 #[command(name = "watchpump", version, about)]
@@ -61,6 +63,9 @@ pub enum ServicesCommand {
         /// Print one JSON object {"name", "token", "signing_secret"} instead.
         #[arg(long)]
         json: bool,
+        /// Where base URLs may point (as for `serve`).
+        #[arg(long, env = "WATCHPUMP_ALLOWED_DESTINATIONS", value_parser = Destinations::parse)]
+        allowed_destinations: Option<Destinations>,
     },
     /// List the registered consumer services (never their credentials).
     List,
@@ -81,7 +86,13 @@ pub enum ServicesCommand {
         grace: String,
     },
     /// Point a service at a new base URL.
-    SetUrl { name: String, base_url: String },
+    SetUrl {
+        name: String,
+        base_url: String,
+        /// Where base URLs may point (as for `serve`).
+        #[arg(long, env = "WATCHPUMP_ALLOWED_DESTINATIONS", value_parser = Destinations::parse)]
+        allowed_destinations: Option<Destinations>,
+    },
     /// Remove a service: its token stops working, its watches are removed
     /// and their undelivered deliveries dropped.
     Remove {
@@ -119,6 +130,11 @@ pub struct ServeConfig {
 
     #[command(flatten)]
     pub pump: PumpConfig,
+
+    /// Connection caps and timeouts of the listeners (boxed, as
+    /// `operator`).
+    #[command(flatten)]
+    pub edge: Box<crate::edge::EdgeConfig>,
 
     /// Panel, admin API, warnings to notify, pruning (boxed: it would
     /// make every `Command` as large as itself).
@@ -213,6 +229,15 @@ pub struct PumpConfig {
     /// A name for this pump in leases and logs (default: host and process id).
     #[arg(long, env = "WATCHPUMP_PUMP_NAME")]
     pub pump_name: Option<String>,
+
+    /// Where deliveries may go: comma-separated host names, addresses and
+    /// networks (10.0.0.0/8). When set, only these are accepted, at
+    /// `services add`/`set-url` and at send time. Set or not, link-local
+    /// and cloud metadata addresses (169.254.0.0/16, fe80::/10,
+    /// 100.100.100.200, fd00:ec2::254) are refused unless an entry names
+    /// them (an address or network inside them).
+    #[arg(long, env = "WATCHPUMP_ALLOWED_DESTINATIONS", value_parser = Destinations::parse)]
+    pub allowed_destinations: Option<Destinations>,
 }
 
 impl PumpConfig {
@@ -259,6 +284,10 @@ impl PumpConfig {
     }
     pub fn probe_interval(&self) -> Duration {
         Duration::from_millis(self.probe_interval_ms)
+    }
+    /// Where deliveries may go ([`crate::destinations`]).
+    pub fn destinations(&self) -> Destinations {
+        self.allowed_destinations.clone().unwrap_or_default()
     }
 
     /// A pump name unique enough for leases: host, process id, and a random tag.

@@ -13,11 +13,14 @@
 //! - [`schema`]: applies `sql/migrations/*.sql` once and `sql/functions/*.sql`
 //!   every time; the durable logic (emit, claim, complete, sweep) is SQL there.
 //! - [`emit()`](emit::emit): the producer's call, in the producer's transaction.
-//! - [`services`]: the registry of consumer services and their hashed tokens.
+//! - [`services`]: the registry of consumer services and their hashed tokens;
+//!   [`destinations`]: where their base URLs may point.
 //! - [`signing`]: Standard Webhooks signatures on every delivery, and their
 //!   verification for consumers.
 //! - [`message`]: what a consumer receives (URL, headers, body), for the
 //!   pump that sends it and the panel that shows it.
+//! - [`redact`]: the one function that masks tokens and other credentials
+//!   before an answer is stored and before anything is shown.
 //! - [`pump`]: the delivery engine. [`pump::Pump::run`] is the loop:
 //!   wake-ups ([`pump::wakeup`]: NOTIFY and sweep), claims
 //!   ([`pump::store`]), per-consumer health ([`pump::health`]), HTTP sends
@@ -33,6 +36,10 @@
 //! - [`metrics`]: Prometheus metric names and the exporter;
 //!   [`metrics::backlog`] reads the backlog gauges from the database, one
 //!   pump at a time.
+//! - [`edge`]: the HTTP listeners' defences: connection caps, header, body,
+//!   idle and write timeouts, the open-file limit and its budget.
+//! - [`throttle`]: failed authentications per client address (admin
+//!   token, panel log-in, service tokens), 429 once they are used up.
 //! - [`server`]: `watchpump serve`: pool, migrations, pump, API, shutdown.
 //! - [`cli`]: the `watchpump` command.
 //! - [`kit`]: the consumer's side, for services that receive deliveries:
@@ -53,6 +60,10 @@ pub mod cli;
 #[cfg(feature = "producer")]
 pub mod config;
 #[cfg(feature = "producer")]
+pub mod destinations;
+#[cfg(feature = "producer")]
+pub mod edge;
+#[cfg(feature = "producer")]
 pub mod emit;
 #[cfg(feature = "kit")]
 pub mod error;
@@ -66,12 +77,16 @@ pub mod operator;
 #[cfg(feature = "producer")]
 pub mod pump;
 #[cfg(feature = "producer")]
+pub mod redact;
+#[cfg(feature = "producer")]
 pub mod schema;
 #[cfg(feature = "producer")]
 pub mod server;
 #[cfg(feature = "producer")]
 pub mod services;
 pub mod signing;
+#[cfg(feature = "producer")]
+pub mod throttle;
 #[cfg(feature = "producer")]
 pub mod watches;
 

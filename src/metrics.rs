@@ -1,5 +1,10 @@
 //! Prometheus metrics: their names, in one place, and the exporter.
 //!
+//! The exporter is the recorder of `metrics-exporter-prometheus` with
+//! `/metrics` served by an axum route through [`crate::edge`], so that the
+//! metrics listener has the same timeouts and caps as the API (the
+//! exporter's own listener has none and spins at the open-file limit).
+//!
 //! Labels are bounded: a consumer service's name at most, never an object,
 //! resource or delivery. `docs/metrics.md` documents each metric.
 //!
@@ -8,9 +13,16 @@
 
 pub mod backlog;
 
+use std::future::Future;
 use std::net::SocketAddr;
+use std::time::Duration;
 
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+use axum::http::header;
+use axum::routing::get;
+use axum::Router;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+use crate::edge::{self, EdgeLimits};
 
 pub const DELIVERIES: &str = "watchpump_deliveries_total";
 pub const DELIVERY_LATENCY: &str = "watchpump_delivery_latency_seconds";
@@ -51,11 +63,14 @@ const ATTEMPT_BUCKETS: &[f64] = &[
 ];
 const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0];
 
-/// Installs the global recorder and serves `/metrics` on `addr`.
-/// Must be called from within a tokio runtime.
-pub fn install(addr: SocketAddr) -> Result<(), String> {
-    PrometheusBuilder::new()
-        .with_http_listener(addr)
+/// How often the recorder drains histograms and drops idle series; the
+/// exporter's own listener did it this often too.
+const UPKEEP_EVERY: Duration = Duration::from_secs(5);
+
+/// Installs the global recorder (once per process) and returns the handle
+/// that renders the scrape.
+pub fn install_recorder() -> Result<PrometheusHandle, String> {
+    let handle = PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Full(DELIVERY_LATENCY.into()), LATENCY_BUCKETS)
         .and_then(|b| {
             b.set_buckets_for_metric(Matcher::Full(ATTEMPT_DURATION.into()), ATTEMPT_BUCKETS)
@@ -64,14 +79,67 @@ pub fn install(addr: SocketAddr) -> Result<(), String> {
             b.set_buckets_for_metric(Matcher::Full(CLAIMED_BATCH_SIZE.into()), BATCH_BUCKETS)
         })
         .map_err(|e| e.to_string())?
-        .install()
-        .map_err(|e| format!("cannot serve metrics on {addr}: {e}"))?;
+        .install_recorder()
+        .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
     metrics::gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
     for source in ["notify", "sweep", "reconnect"] {
         metrics::counter!(WAKEUPS, "source" => source).absolute(0);
     }
     metrics::counter!(LISTENER_RECONNECTS).absolute(0);
     metrics::gauge!(BACKLOG_LEADER).increment(0.0);
+    Ok(handle)
+}
+
+/// `GET /metrics`: the scrape in Prometheus's text format.
+pub fn router(handle: PrometheusHandle) -> Router {
+    Router::new().route(
+        "/metrics",
+        get(move || {
+            let body = handle.render();
+            async move { ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body) }
+        }),
+    )
+}
+
+/// Serves `/metrics` on `listener` through the edge, and keeps the
+/// recorder's upkeep running, until `shutdown` resolves.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    handle: PrometheusHandle,
+    limits: EdgeLimits,
+    shutdown: impl Future<Output = ()> + Send,
+) -> std::io::Result<()> {
+    let upkeep = {
+        let handle = handle.clone();
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(UPKEEP_EVERY);
+            loop {
+                every.tick().await;
+                handle.run_upkeep();
+            }
+        })
+    };
+    let served = edge::serve(listener, router(handle), limits, "metrics", shutdown).await;
+    upkeep.abort();
+    served
+}
+
+/// Installs the recorder and serves `/metrics` on `addr` for the life of
+/// the process, with the edge's default limits; for tests and embedding
+/// (`watchpump serve` uses [`install_recorder`] and [`serve`]). Must be
+/// called from within a tokio runtime.
+pub fn install(addr: SocketAddr) -> Result<(), String> {
+    let listener = std::net::TcpListener::bind(addr)
+        .and_then(|l| l.set_nonblocking(true).map(|()| l))
+        .and_then(tokio::net::TcpListener::from_std)
+        .map_err(|e| format!("cannot serve metrics on {addr}: {e}"))?;
+    let handle = install_recorder()?;
+    tokio::spawn(serve(
+        listener,
+        handle,
+        EdgeLimits::default(),
+        std::future::pending(),
+    ));
     Ok(())
 }
 

@@ -1,7 +1,12 @@
 //! `watchpump serve`: connect, migrate, then run the pump, the watches API
 //! and the metrics endpoint until SIGTERM or Ctrl-C.
+//!
+//! Both listeners go through [`crate::edge`], sized so that, full, they
+//! leave file descriptors for the database and the pump's connections to
+//! consumers (`fd_reserve`): a flood of clients cannot stop deliveries.
 
-use std::future::{Future, IntoFuture};
+use std::future::Future;
+use std::net::SocketAddr;
 
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, PgConnection, PgPool};
@@ -12,7 +17,7 @@ use crate::api::{self, AppState};
 use crate::config::ServeConfig;
 use crate::error::{Error, Result};
 use crate::pump::Pump;
-use crate::{metrics, operator, schema, services};
+use crate::{edge, metrics, operator, schema, services};
 
 /// Opens a pool on `database_url` with `size` connections. One connection
 /// is made first, so that a bad URL or a refused connection says why at
@@ -83,66 +88,77 @@ pub async fn serve(
 ) -> Result<()> {
     cfg.pump.validate().map_err(Error::Config)?;
     cfg.operator.validate().map_err(Error::Config)?;
+    cfg.edge.validate().map_err(Error::Config)?;
+    let metrics_addr = metrics_addr(&cfg)?;
+    let soft_limit = open_file_limit();
     // One connection more than asked for: the listener keeps one for itself.
     let pool = connect(database_url, cfg.db_pool.max(2) + 1).await?;
     let applied = schema::migrate(&pool).await?;
     if !applied.is_empty() {
         tracing::info!(?applied, "schema updated");
     }
-    if cfg.metrics_listen != "off" {
-        let addr = cfg.metrics_listen.parse().map_err(|e| {
-            Error::Config(format!(
-                "metrics listen address {:?}: {e}",
-                cfg.metrics_listen
-            ))
-        })?;
-        if cfg.backlog_interval_ms == 0 {
-            return Err(Error::Config(
-                "the backlog interval must be above zero".into(),
-            ));
+    let services = services::list(&pool).await?;
+    let budget = budget(&cfg, soft_limit, services.len(), metrics_addr.is_some());
+    let metrics = match (metrics_addr, budget.metrics) {
+        (Some(addr), Some(max)) => {
+            let handle = metrics::install_recorder().map_err(Error::Config)?;
+            for service in &services {
+                metrics::register_service(&service.name);
+            }
+            Some((addr, handle, max))
         }
-        metrics::install(addr).map_err(Error::Config)?;
-        for service in services::list(&pool).await? {
-            metrics::register_service(&service.name);
-        }
-        tracing::info!(%addr, "metrics at /metrics");
-    }
-    let listener = TcpListener::bind(cfg.listen)
-        .await
-        .map_err(|e| Error::Config(format!("cannot listen on {}: {e}", cfg.listen)))?;
+        _ => None,
+    };
+    let listener = bind(cfg.listen, "the watches API").await?;
     tracing::info!(addr = %cfg.listen, "watches API listening");
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
     };
-    let settings = operator::Settings::new(&cfg.operator, &cfg.pump, cfg.listen);
+    let throttle = std::sync::Arc::new(cfg.edge.throttle.throttle());
+    let settings = operator::Settings {
+        throttle: throttle.clone(),
+        ..operator::Settings::new(&cfg.operator, &cfg.pump, cfg.listen)
+    };
     let worker = operator::Worker::new(
         pool.clone(),
         (*cfg.operator).clone(),
         &cfg.pump,
         &settings.panel_url,
     )?;
-    let app = api::app(AppState { pool: pool.clone() }).merge(operator::router(
+    let app = api::app_with(AppState { pool: pool.clone() }, throttle).merge(operator::router(
         operator::OperatorState {
             pool: pool.clone(),
             settings: std::sync::Arc::new(settings),
         },
     ));
-    let api = tokio::spawn(
-        axum::serve(listener, app)
-            .with_graceful_shutdown(stopped(stop_rx.clone()))
-            .into_future(),
-    );
-    let backlog = (cfg.metrics_listen != "off").then(|| {
+    let api = tokio::spawn(edge::serve(
+        listener,
+        app,
+        cfg.edge.api_limits(budget.api),
+        "api",
+        stopped(stop_rx.clone()),
+    ));
+    let mut tasks = Vec::new();
+    if let Some((addr, handle, max)) = metrics {
+        let listener = bind(addr, "metrics").await?;
+        tracing::info!(%addr, "metrics at /metrics");
+        let limits = cfg.edge.metrics_limits(max);
+        let stop = stopped(stop_rx.clone());
+        tasks.push(tokio::spawn(async move {
+            if let Err(e) = metrics::serve(listener, handle, limits, stop).await {
+                tracing::error!(error = %e, "metrics listener failed");
+            }
+        }));
         let interval = std::time::Duration::from_millis(cfg.backlog_interval_ms);
-        tokio::spawn(metrics::backlog::run(
+        tasks.push(tokio::spawn(metrics::backlog::run(
             pool.clone(),
             interval,
             stopped(stop_rx.clone()),
-        ))
-    });
-    let worker = tokio::spawn(worker.run(stopped(stop_rx.clone())));
+        )));
+    }
+    tasks.push(tokio::spawn(worker.run(stopped(stop_rx.clone()))));
     let pump = Pump::new(pool.clone(), cfg.pump)?;
     let pump = tokio::spawn(pump.run(stopped(stop_rx)));
 
@@ -152,13 +168,89 @@ pub async fn serve(
     let pump_result = pump
         .await
         .map_err(|e| Error::Config(format!("pump task: {e}")))?;
-    let _ = api.await;
-    let _ = worker.await;
-    if let Some(backlog) = backlog {
-        let _ = backlog.await;
+    if let Ok(Err(e)) = api.await {
+        tracing::error!(error = %e, "API listener failed");
+    }
+    for task in tasks {
+        let _ = task.await;
     }
     pool.close().await;
     pump_result
+}
+
+/// The metrics listener's address, or None when it is off.
+fn metrics_addr(cfg: &ServeConfig) -> Result<Option<SocketAddr>> {
+    if cfg.metrics_listen == "off" {
+        return Ok(None);
+    }
+    if cfg.backlog_interval_ms == 0 {
+        return Err(Error::Config(
+            "the backlog interval must be above zero".into(),
+        ));
+    }
+    cfg.metrics_listen.parse().map(Some).map_err(|e| {
+        Error::Config(format!(
+            "metrics listen address {:?}: {e}",
+            cfg.metrics_listen
+        ))
+    })
+}
+
+async fn bind(addr: SocketAddr, what: &str) -> Result<TcpListener> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|e| Error::Config(format!("cannot listen on {addr} for {what}: {e}")))
+}
+
+/// Raises the soft open-file limit to the hard one and returns it; when
+/// that fails, the limit as it is (logged by the edge).
+fn open_file_limit() -> u64 {
+    match edge::raise_open_file_limit() {
+        Ok((soft, _)) => soft,
+        Err(_) => edge::fd::current_open_file_limit().unwrap_or(1024),
+    }
+}
+
+/// The listeners' caps within the open-file limit, logged.
+fn budget(
+    cfg: &ServeConfig,
+    soft_limit: u64,
+    services: usize,
+    metrics: bool,
+) -> edge::config::Budget {
+    let reserve = fd_reserve(cfg, services);
+    let budget = cfg.edge.budget(soft_limit, reserve, metrics);
+    tracing::info!(soft_limit, reserve, api_connections = budget.api,
+        metrics_connections = ?budget.metrics, "connection budget");
+    if budget.api < cfg.edge.max_connections {
+        tracing::warn!(
+            configured = cfg.edge.max_connections,
+            budget = budget.api,
+            "the open-file limit leaves the API listener fewer connections than WATCHPUMP_MAX_CONNECTIONS"
+        );
+    }
+    budget
+}
+
+/// Connections `pump::pump_pool` opens at most (claims, the
+/// completer, the listener, one spare).
+const PUMP_DB_CONNECTIONS: u64 = 4;
+
+/// Consumers reserved for at least, however few are registered at start:
+/// services added later must find descriptors too.
+const RESERVED_CONSUMERS: u64 = 16;
+
+/// File descriptors the listeners must leave to everything else at peak:
+/// every database connection (the pool, the pump's own, the backlog
+/// collector's) and the pump's connections to consumers, at most
+/// `WATCHPUMP_SERVICE_CONCURRENCY` per consumer (in flight or kept alive:
+/// the pump's HTTP client keeps at most that many idle per consumer), for
+/// the registered consumers and no fewer than [`RESERVED_CONSUMERS`], plus
+/// one for notify.
+fn fd_reserve(cfg: &ServeConfig, services: usize) -> u64 {
+    let database = u64::from(cfg.db_pool.max(2) + 1) + PUMP_DB_CONNECTIONS + 1;
+    let consumers = (services as u64).max(RESERVED_CONSUMERS);
+    database + consumers * u64::from(cfg.pump.service_concurrency) + 1
 }
 
 /// Resolves on SIGTERM or Ctrl-C (SIGINT). The handlers are installed when

@@ -19,6 +19,7 @@ use sha2::{Digest, Sha256};
 use sqlx::PgPool;
 use subtle::ConstantTimeEq;
 
+use crate::destinations::Destinations;
 use crate::error::{Error, Result};
 use crate::signing::SigningSecret;
 
@@ -78,10 +79,22 @@ const COLUMNS: &str = "id, name, base_url, created_at";
 
 /// Registers a consumer service and returns it with its new token and
 /// signing secret, which are shown this once (only the token's hash is
-/// stored).
+/// stored). The base URL must not point at a link-local or metadata address
+/// ([`add_within`] takes a configured list).
 pub async fn add(pool: &PgPool, name: &str, base_url: &str) -> Result<Registered> {
+    add_within(pool, name, base_url, &Destinations::default()).await
+}
+
+/// [`add`], with the base URL checked against `allowed`
+/// (`WATCHPUMP_ALLOWED_DESTINATIONS`).
+pub async fn add_within(
+    pool: &PgPool,
+    name: &str,
+    base_url: &str,
+    allowed: &Destinations,
+) -> Result<Registered> {
     validate_name(name)?;
-    let base_url = normalize_base_url(base_url)?;
+    let base_url = allowed_base_url(base_url, allowed).await?;
     let (secret, hash) = new_token_secret();
     let signing_secret = SigningSecret::generate().to_whsec();
     let service: Service = sqlx::query_as(&format!(
@@ -289,7 +302,17 @@ pub async fn rotate_token(
 
 /// Points `name` at a new base URL (checked as [`add`] checks it).
 pub async fn set_url(pool: &PgPool, name: &str, base_url: &str) -> Result<Service> {
-    let base_url = normalize_base_url(base_url)?;
+    set_url_within(pool, name, base_url, &Destinations::default()).await
+}
+
+/// [`set_url`], with the base URL checked against `allowed`.
+pub async fn set_url_within(
+    pool: &PgPool,
+    name: &str,
+    base_url: &str,
+    allowed: &Destinations,
+) -> Result<Service> {
+    let base_url = allowed_base_url(base_url, allowed).await?;
     sqlx::query_as(&format!(
         "update watchpump.services set base_url = $2, version = version + 1
          where name = $1 and removed_at is null returning {COLUMNS}"
@@ -376,6 +399,17 @@ pub fn normalize_base_url(raw: &str) -> Result<String> {
         return Err(invalid("must not have a query or fragment"));
     }
     Ok(url.as_str().trim_end_matches('/').to_string())
+}
+
+/// [`normalize_base_url`], then refused unless `allowed` lets deliveries go
+/// there. Nothing is sent to it.
+async fn allowed_base_url(raw: &str, allowed: &Destinations) -> Result<String> {
+    let base_url = normalize_base_url(raw)?;
+    allowed
+        .check_url(&base_url)
+        .await
+        .map_err(|why| Error::Invalid(format!("base URL {base_url:?}: {why}")))?;
+    Ok(base_url)
 }
 
 /// `raw` with anything between `://` and an `@` before the path masked, for

@@ -1,14 +1,19 @@
 //! The calling service, from `Authorization: Bearer <service token>`.
 
+use std::sync::Arc;
+
 use axum::extract::FromRequestParts;
 use axum::http::header::AUTHORIZATION;
 use axum::http::request::Parts;
 
 use crate::api::{error::ApiError, AppState};
 use crate::services::{self, Service};
+use crate::throttle::{ClientAddr, Door, Throttle};
 
 /// The consumer service making the request. Extracting it rejects a missing,
-/// malformed or wrong token with 401, before the body is read.
+/// malformed or wrong token with 401, before the body is read, and an
+/// address that has used up its failures ([`crate::throttle`]) with 429,
+/// before the token is looked at.
 pub struct Caller(pub Service);
 
 impl FromRequestParts<AppState> for Caller {
@@ -18,18 +23,37 @@ impl FromRequestParts<AppState> for Caller {
         parts: &mut Parts,
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
-        let token = parts
-            .headers
-            .get(AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
+        let ClientAddr(client) = ClientAddr::of(parts);
+        // Always there: `api::app_with` puts it in every request.
+        let throttle = parts.extensions.get::<Arc<Throttle>>().cloned();
+        if let Some(throttle) = &throttle {
+            throttle
+                .check(Door::Service, client)
+                .map_err(ApiError::Throttled)?;
+        }
+        let Some(presented) = parts.headers.get(AUTHORIZATION) else {
+            return Err(ApiError::Unauthorized);
+        };
+        let token = presented
+            .to_str()
+            .ok()
             // The scheme is case-insensitive (RFC 9110, 11.1).
             .and_then(|v| v.split_once(' '))
             .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("Bearer"))
-            .map(|(_, token)| token.trim())
-            .ok_or(ApiError::Unauthorized)?;
-        services::authenticate(&state.pool, token)
-            .await?
-            .map(Caller)
-            .ok_or(ApiError::Unauthorized)
+            .map(|(_, token)| token.trim());
+        let service = match token {
+            Some(token) => services::authenticate(&state.pool, token).await?,
+            None => None,
+        };
+        service.map(Caller).ok_or_else(|| {
+            if let Some(throttle) = &throttle {
+                throttle.fail(
+                    Door::Service,
+                    client,
+                    "wrong service token on the watches API",
+                );
+            }
+            ApiError::Unauthorized
+        })
     }
 }

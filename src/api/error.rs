@@ -25,6 +25,10 @@ pub enum ApiError {
     UnsupportedMediaType(String),
     #[error("method not allowed")]
     MethodNotAllowed,
+    /// Too many failed authentications from the caller's address; the
+    /// time until it may try again.
+    #[error("too many failed authentications from your address; try again in {} s", crate::throttle::retry_after_secs(*.0))]
+    Throttled(std::time::Duration),
     #[error("internal error")]
     Internal(#[source] crate::Error),
 }
@@ -42,6 +46,7 @@ impl ApiError {
                 (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type")
             }
             ApiError::MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed"),
+            ApiError::Throttled(_) => (StatusCode::TOO_MANY_REQUESTS, "too_many_failures"),
             ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         }
     }
@@ -102,6 +107,11 @@ impl IntoResponse for ApiError {
                 header::WWW_AUTHENTICATE,
                 header::HeaderValue::from_static("Bearer"),
             );
+        }
+        if let ApiError::Throttled(wait) = self {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, crate::throttle::retry_after(wait));
         }
         response
     }

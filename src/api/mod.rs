@@ -1,15 +1,21 @@
 //! The HTTP API consumers call, on `WATCHPUMP_LISTEN`: their watches
-//! ([`watches`]), authenticated by their service token ([`auth`]).
+//! ([`watches`]), authenticated by their service token ([`auth`], with
+//! failures throttled per client address), and never handed a path or
+//! query that is not text ([`text`]).
 
 pub mod auth;
 pub mod error;
+pub mod text;
 pub mod watches;
+
+use std::sync::Arc;
 
 use axum::extract::DefaultBodyLimit;
 use axum::routing::get;
 use axum::Router;
 use sqlx::PgPool;
 
+use crate::throttle::Throttle;
 use error::ApiError;
 
 /// Largest request body the API reads.
@@ -21,8 +27,17 @@ pub struct AppState {
     pub pool: PgPool,
 }
 
-/// The API as a router, for `serve` and for tests.
+/// The API as a router, for `serve`, embedding and tests, with the default
+/// throttle of failed service-token authentications (10 a minute per
+/// client address).
 pub fn app(state: AppState) -> Router {
+    app_with(state, Arc::new(Throttle::default()))
+}
+
+/// [`app`] with a throttle of one's own (`watchpump serve` shares its
+/// configured one with the panel and the admin API); the handlers find it
+/// in the request's extensions.
+pub fn app_with(state: AppState, throttle: Arc<Throttle>) -> Router {
     Router::new()
         .route("/api/v1/watches", get(watches::list).post(watches::create))
         .route(
@@ -33,6 +48,8 @@ pub fn app(state: AppState) -> Router {
         .fallback(|| async { ApiError::NotFound("no such endpoint".into()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(axum::middleware::from_fn(text::refuse_unreadable))
+        .layer(axum::Extension(throttle))
         .with_state(state)
 }
 

@@ -1,6 +1,8 @@
 //! `/api/v1/admin`: the operator's JSON API, with the admin token as
 //! `Authorization: Bearer`. Same error shape and validation as the watches
-//! API ([`ApiError`]); everything here also works from psql.
+//! API ([`ApiError`]); everything here also works from psql. Every answer
+//! goes through [`crate::operator::Settings::mask_json`]: consumers' answers
+//! stored before masking existed, or echoing something new, show no token.
 
 use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, Query, State};
@@ -17,6 +19,7 @@ use crate::api::error::ApiError;
 use crate::api::BODY_LIMIT;
 use crate::operator::store::{self, ActionError, DeliveryFilter, WatchFilter};
 use crate::operator::{auth, OperatorState};
+use crate::throttle::{ClientAddr, Door};
 
 /// How admin API actions appear in a delivery's history.
 pub const ACTOR: &str = "admin-api";
@@ -35,6 +38,9 @@ pub fn routes() -> Router<OperatorState> {
         .route("/api/v1/admin/watches", get(watches))
         .route("/api/v1/admin/warnings", get(warnings))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(axum::middleware::from_fn(
+            crate::api::text::refuse_unreadable,
+        ))
 }
 
 /// The caller holds the admin token.
@@ -45,10 +51,15 @@ pub enum AdminRejection {
     /// No admin token is configured: the admin API is off.
     Off,
     Unauthorized,
+    /// Too many failed tries from the caller's address ([`crate::throttle`]).
+    Throttled(std::time::Duration),
 }
 
 impl IntoResponse for AdminRejection {
     fn into_response(self) -> Response {
+        if let AdminRejection::Throttled(wait) = self {
+            return ApiError::Throttled(wait).into_response();
+        }
         let (status, code, message) = match self {
             AdminRejection::Off => (
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -60,6 +71,7 @@ impl IntoResponse for AdminRejection {
                 "unauthorized",
                 "the admin token is required: Authorization: Bearer <WATCHPUMP_ADMIN_TOKEN>",
             ),
+            AdminRejection::Throttled(_) => unreachable!("answered above"),
         };
         let body = Json(json!({ "error": { "code": code, "message": message } }));
         let mut response = (status, body).into_response();
@@ -85,9 +97,20 @@ impl FromRequestParts<OperatorState> for Admin {
             .admin_token
             .as_deref()
             .ok_or(AdminRejection::Off)?;
+        let ClientAddr(client) = ClientAddr::of(parts);
+        let throttle = &state.settings.throttle;
+        throttle
+            .check(Door::Admin, client)
+            .map_err(AdminRejection::Throttled)?;
+        if !parts.headers.contains_key(header::AUTHORIZATION) {
+            return Err(AdminRejection::Unauthorized);
+        }
         match auth::bearer(&parts.headers) {
             Some(presented) if auth::token_matches(configured, presented) => Ok(Admin),
-            _ => Err(AdminRejection::Unauthorized),
+            _ => {
+                throttle.fail(Door::Admin, client, "wrong admin token on the admin API");
+                Err(AdminRejection::Unauthorized)
+            }
         }
     }
 }
@@ -105,7 +128,9 @@ impl From<ActionError> for ApiError {
 
 async fn backlog(_: Admin, State(state): State<OperatorState>) -> Result<Json<Value>, ApiError> {
     let services = store::backlog(&state.pool).await?;
-    Ok(Json(json!({ "services": services })))
+    Ok(Json(
+        state.settings.mask_json(json!({ "services": services })),
+    ))
 }
 
 /// `{"deliveries": [...], "next_before": <id or null>}`; pass `next_before`
@@ -126,9 +151,9 @@ async fn deliveries(
     let next_before = (page.len() as i64 == limit)
         .then(|| page.last().map(|d| d.delivery_id))
         .flatten();
-    Ok(Json(
+    Ok(Json(state.settings.mask_json(
         json!({ "deliveries": page, "next_before": next_before }),
-    ))
+    )))
 }
 
 /// The delivery, its attempts and its history.
@@ -143,11 +168,11 @@ async fn delivery(
         .ok_or_else(|| no_such_delivery(id))?;
     let attempts = store::attempts(&state.pool, id).await?;
     let history = store::history(&state.pool, id).await?;
-    Ok(Json(json!({
+    Ok(Json(state.settings.mask_json(json!({
         "delivery": delivery,
         "attempts": attempts,
         "history": history,
-    })))
+    }))))
 }
 
 async fn attempts(
@@ -160,7 +185,9 @@ async fn attempts(
         return Err(no_such_delivery(id));
     }
     let attempts = store::attempts(&state.pool, id).await?;
-    Ok(Json(json!({ "attempts": attempts })))
+    Ok(Json(
+        state.settings.mask_json(json!({ "attempts": attempts })),
+    ))
 }
 
 /// Requeues a failed or dropped delivery: 200 with its previous state, 404
@@ -172,11 +199,11 @@ async fn retry(
 ) -> Result<Json<Value>, ApiError> {
     let id = delivery_id(id)?;
     let previous = store::retry(&state.pool, id, ACTOR).await?;
-    Ok(Json(json!({
+    Ok(Json(state.settings.mask_json(json!({
         "delivery_id": id,
         "previous_state": previous,
         "state": "pending",
-    })))
+    }))))
 }
 
 #[derive(Debug, Deserialize)]
@@ -195,11 +222,11 @@ async fn retry_failed(
 ) -> Result<Json<Value>, ApiError> {
     let Json(body) = body?;
     let requeued = store::retry_failed(&state.pool, &name, body.since, ACTOR).await?;
-    Ok(Json(json!({
+    Ok(Json(state.settings.mask_json(json!({
         "service": name,
         "since": body.since,
         "requeued": requeued,
-    })))
+    }))))
 }
 
 /// `{"watches": [...], "next_before": <id or null>}`, newest first.
@@ -220,7 +247,9 @@ async fn watches(
     let next_before = (page.len() as i64 == limit)
         .then(|| page.last().map(|w| w.watch_id))
         .flatten();
-    Ok(Json(json!({ "watches": page, "next_before": next_before })))
+    Ok(Json(state.settings.mask_json(
+        json!({ "watches": page, "next_before": next_before }),
+    )))
 }
 
 #[derive(Debug, Deserialize)]
@@ -236,7 +265,9 @@ async fn warnings(
 ) -> Result<Json<Value>, ApiError> {
     let Query(q) = query?;
     let warnings = store::warnings(&state.pool, q.service.as_deref(), 100).await?;
-    Ok(Json(json!({ "warnings": warnings })))
+    Ok(Json(
+        state.settings.mask_json(json!({ "warnings": warnings })),
+    ))
 }
 
 fn delivery_id(id: Result<Path<i64>, PathRejection>) -> Result<i64, ApiError> {

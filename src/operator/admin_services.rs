@@ -2,7 +2,7 @@
 //! doing what `watchpump services ...` does: register, list, rotate the
 //! signing secret or the token (the old one keeps working for an overlap),
 //! move to a new URL, remove. Credentials appear only in the answer that
-//! creates them.
+//! creates them; every other answer is masked (`Settings::mask_json`).
 
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, State};
@@ -33,11 +33,16 @@ pub fn routes() -> Router<OperatorState> {
             post(rotate_token),
         )
         .route("/api/v1/admin/services/{name}/url", put(set_url))
+        .layer(axum::middleware::from_fn(
+            crate::api::text::refuse_unreadable,
+        ))
 }
 
 async fn list(_: Admin, State(state): State<OperatorState>) -> Result<Json<Value>, ApiError> {
     let services = services::list(&state.pool).await?;
-    Ok(Json(json!({ "services": services })))
+    Ok(Json(
+        state.settings.mask_json(json!({ "services": services })),
+    ))
 }
 
 #[derive(Debug, Deserialize)]
@@ -55,7 +60,8 @@ async fn add(
     body: Result<Json<NewService>, JsonRejection>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     let Json(new) = body?;
-    let registered = services::add(&state.pool, &new.name, &new.base_url).await?;
+    let allowed = &state.settings.destinations;
+    let registered = services::add_within(&state.pool, &new.name, &new.base_url, allowed).await?;
     tracing::info!(service = %registered.service.name, "service registered through the admin API");
     Ok((
         StatusCode::CREATED,
@@ -135,9 +141,12 @@ async fn set_url(
     body: Result<Json<NewUrl>, JsonRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let Json(new) = body?;
-    let service = services::set_url(&state.pool, &name, &new.base_url).await?;
+    let allowed = &state.settings.destinations;
+    let service = services::set_url_within(&state.pool, &name, &new.base_url, allowed).await?;
     tracing::info!(service = %name, base_url = %service.base_url, "service moved through the admin API");
-    Ok(Json(json!({ "service": service })))
+    Ok(Json(
+        state.settings.mask_json(json!({ "service": service })),
+    ))
 }
 
 /// Removes the service, its watches and their undelivered deliveries.

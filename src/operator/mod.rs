@@ -34,6 +34,8 @@ pub use config::OperatorConfig;
 pub use worker::Worker;
 
 use crate::config::PumpConfig;
+use crate::destinations::Destinations;
+use crate::throttle::Throttle;
 
 /// What the panel and the admin API share.
 #[derive(Clone)]
@@ -56,6 +58,11 @@ pub struct Settings {
     pub panel_origin: String,
     pub secure_cookie: bool,
     pub session_ttl: Duration,
+    /// Where services registered through the admin API may point.
+    pub destinations: Destinations,
+    /// Failed admin-token tries (panel log-ins and the admin API) per
+    /// client address; `watchpump serve` shares its throttle with the API.
+    pub throttle: Arc<Throttle>,
 }
 
 impl Settings {
@@ -69,23 +76,41 @@ impl Settings {
             secure_cookie: panel_url.starts_with("https://"),
             panel_url,
             session_ttl: op.session_ttl(),
+            throttle: Arc::new(Throttle::default()),
+            destinations: pump.destinations(),
         }
     }
 
-    /// `text` with every secret the panel must not show replaced: the
-    /// producer's token, the admin token, and consumer service tokens
-    /// (`wps_<id>_<64 hex digits>`), wherever they appear (a consumer may
-    /// echo a header back in its answer).
+    /// `text` with every secret the panel and the admin API must not show
+    /// replaced: the producer's token, the admin token, and whatever looks
+    /// like a credential ([`crate::redact::mask`], which the pump also
+    /// applies before it stores an answer), wherever they appear (a
+    /// consumer may echo a header back in its answer).
     pub fn mask(&self, text: &str) -> String {
-        let mut out = text.to_string();
-        for secret in [Some(&self.producer_token), self.admin_token.as_ref()]
+        let secrets: Vec<&str> = [Some(&self.producer_token), self.admin_token.as_ref()]
             .into_iter()
             .flatten()
-            .filter(|s| !s.is_empty())
-        {
-            out = out.replace(secret.as_str(), MASK);
+            .map(String::as_str)
+            .collect();
+        crate::redact::mask(text, &secrets)
+    }
+
+    /// `value` with [`Settings::mask`] applied to every string in it.
+    pub fn mask_json(&self, value: serde_json::Value) -> serde_json::Value {
+        use serde_json::Value;
+        match value {
+            Value::String(s) => Value::String(self.mask(&s)),
+            Value::Array(items) => {
+                Value::Array(items.into_iter().map(|v| self.mask_json(v)).collect())
+            }
+            Value::Object(fields) => Value::Object(
+                fields
+                    .into_iter()
+                    .map(|(k, v)| (k, self.mask_json(v)))
+                    .collect(),
+            ),
+            other => other,
         }
-        mask_service_tokens(&out)
     }
 }
 
@@ -102,32 +127,7 @@ impl std::fmt::Debug for Settings {
     }
 }
 
-/// What a masked secret reads as.
-pub const MASK: &str = "••••••••";
-
-fn mask_service_tokens(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut rest = text;
-    while let Some(at) = rest.find("wps_") {
-        out.push_str(&rest[..at]);
-        let candidate = &rest[at + 4..];
-        let digits = candidate.bytes().take_while(u8::is_ascii_digit).count();
-        let secret = candidate.get(digits + 1..digits + 65);
-        let is_token = digits > 0
-            && candidate.as_bytes().get(digits) == Some(&b'_')
-            && secret.is_some_and(|s| s.bytes().all(|b| b.is_ascii_hexdigit()));
-        if is_token {
-            out.push_str(&rest[at..at + 4 + digits + 1]);
-            out.push_str(MASK);
-            rest = &candidate[digits + 65..];
-        } else {
-            out.push_str("wps_");
-            rest = candidate;
-        }
-    }
-    out.push_str(rest);
-    out
-}
+pub use crate::redact::MASK;
 
 /// The panel and the admin API, to merge into the API's router.
 pub fn router(state: OperatorState) -> Router {

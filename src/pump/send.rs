@@ -85,7 +85,10 @@ pub struct Sender {
 
 impl Sender {
     pub fn new(cfg: &PumpConfig) -> Result<Self, reqwest::Error> {
+        let destinations = cfg.destinations();
         let client = reqwest::Client::builder()
+            .dns_resolver(destinations.resolver())
+            .connector_layer(destinations.connect_guard())
             .connect_timeout(cfg.connect_timeout())
             .timeout(cfg.request_timeout())
             .redirect(reqwest::redirect::Policy::none())
@@ -201,7 +204,8 @@ impl Sender {
                 break;
             }
         }
-        Ok((status, retry_after, storable_text(&head)))
+        let token = self.authorization.trim_start_matches("Bearer ");
+        Ok((status, retry_after, storable_text(&head, &[token])))
     }
 
     /// When to try again after failed attempt number `attempt`: exponential
@@ -237,9 +241,14 @@ impl Sender {
 }
 
 /// Bytes as text PostgreSQL can store: invalid UTF-8 and NUL (which `text`
-/// refuses, failing the whole batch of outcomes) become U+FFFD.
-fn storable_text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).replace('\0', "\u{FFFD}")
+/// refuses, failing the whole batch of outcomes) become U+FFFD; and without
+/// secrets: `secrets` and anything that looks like a credential are masked
+/// ([`crate::redact`]), as a consumer may echo its request back.
+fn storable_text(bytes: &[u8], secrets: &[&str]) -> String {
+    crate::redact::mask(
+        &String::from_utf8_lossy(bytes).replace('\0', "\u{FFFD}"),
+        secrets,
+    )
 }
 
 fn status_class(code: u16) -> &'static str {
@@ -260,7 +269,7 @@ fn describe(e: &reqwest::Error) -> String {
         text.push_str(&cause.to_string());
         source = cause.source();
     }
-    storable_text(text.as_bytes())
+    storable_text(text.as_bytes(), &[])
 }
 
 #[cfg(test)]
@@ -305,6 +314,6 @@ mod tests {
 
     #[test]
     fn answers_are_stored_without_nul_bytes() {
-        assert_eq!(storable_text(b"a\0b\xff"), "a\u{FFFD}b\u{FFFD}");
+        assert_eq!(storable_text(b"a\0b\xff", &[]), "a\u{FFFD}b\u{FFFD}");
     }
 }

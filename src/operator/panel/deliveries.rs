@@ -86,7 +86,8 @@ fn parse_time(field: &str, value: Option<&str>) -> Result<Option<DateTime<Utc>>,
         })
 }
 
-pub(super) fn deliveries_table(rows: &[Delivery]) -> String {
+/// The deliveries as table rows; their last errors masked with `s`.
+pub(super) fn deliveries_table(rows: &[Delivery], s: &Settings) -> String {
     let mut t = String::from(
         "<table><tr><th>#</th><th>Created</th><th>Service</th><th>Object</th><th>Kind</th>\
          <th>Seq</th><th>State</th><th>Attempts</th><th>Last answer</th></tr>",
@@ -100,7 +101,7 @@ pub(super) fn deliveries_table(rows: &[Delivery]) -> String {
             d.sequence,
             html::state(&d.state),
             d.attempts,
-            html::outcome(d.last_status, d.last_error.as_deref()),
+            html::outcome(d.last_status, d.last_error.as_deref().map(|e| s.mask(e)).as_deref()),
             id = d.delivery_id,
             svc = esc(&d.service),
         ));
@@ -143,7 +144,7 @@ pub async fn list(
     if rows.is_empty() {
         body.push_str(r#"<p class="muted">No deliveries match.</p>"#);
     } else {
-        body.push_str(&deliveries_table(&rows));
+        body.push_str(&deliveries_table(&rows, &state.settings));
     }
     if rows.len() as i64 == PAGE {
         let mut pairs = q.pairs();

@@ -20,6 +20,7 @@ use serde::Deserialize;
 
 use crate::operator::store::ActionError;
 use crate::operator::{auth, OperatorState};
+use crate::throttle::{self, ClientAddr, Door};
 use html::esc;
 
 /// Forms are a few fields; nothing bigger is read.
@@ -46,6 +47,22 @@ pub fn routes() -> Router<OperatorState> {
         .route("/panel/deliveries/{id}/retry", post(deliveries::retry))
         .route("/panel/{*rest}", get(not_found))
         .layer(DefaultBodyLimit::max(FORM_LIMIT))
+        .layer(axum::middleware::from_fn(refuse_unreadable))
+}
+
+/// 400 as a page for a path or query PostgreSQL could not take
+/// ([`crate::api::text`]).
+async fn refuse_unreadable(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    match crate::api::text::unreadable(request.uri()) {
+        Some(why) => PanelError::BadRequest(format!(
+            "This address cannot be read: {why}. Filters must be text."
+        ))
+        .into_response(),
+        None => next.run(request).await,
+    }
 }
 
 /// A logged-in operator. Without a valid session a page load is sent to
@@ -108,6 +125,8 @@ impl FromRequestParts<OperatorState> for SameOrigin {
 #[derive(Debug, thiserror::Error)]
 pub enum PanelError {
     #[error("{0}")]
+    BadRequest(String),
+    #[error("{0}")]
     NotFound(String),
     #[error("{0}")]
     Conflict(String),
@@ -148,6 +167,7 @@ impl From<ActionError> for PanelError {
 impl IntoResponse for PanelError {
     fn into_response(self) -> Response {
         let (status, title) = match &self {
+            PanelError::BadRequest(_) => (StatusCode::BAD_REQUEST, "Bad request"),
             PanelError::NotFound(_) => (StatusCode::NOT_FOUND, "Not found"),
             PanelError::Conflict(_) => (StatusCode::CONFLICT, "Not done"),
             PanelError::Invalid(_) => (StatusCode::UNPROCESSABLE_ENTITY, "Not done"),
@@ -210,14 +230,31 @@ struct Login {
     token: String,
 }
 
+/// Too many failed log-ins from this address: 429, the token unchecked.
+fn locked_out(wait: std::time::Duration) -> Response {
+    let message = format!(
+        "Too many failed log-ins from your address. Try again in {} seconds.",
+        throttle::retry_after_secs(wait)
+    );
+    let mut page = login_page(StatusCode::TOO_MANY_REQUESTS, Some(&message));
+    page.headers_mut()
+        .insert(header::RETRY_AFTER, throttle::retry_after(wait));
+    page
+}
+
 async fn login(
     State(state): State<OperatorState>,
     _: SameOrigin,
+    ClientAddr(client): ClientAddr,
     form: Result<Form<Login>, axum::extract::rejection::FormRejection>,
 ) -> Result<Response, PanelError> {
     let Some(token) = state.settings.admin_token.as_deref() else {
         return Ok(panel_off());
     };
+    let throttle = &state.settings.throttle;
+    if let Err(wait) = throttle.check(Door::Admin, client) {
+        return Ok(locked_out(wait));
+    }
     let Ok(Form(login)) = form else {
         return Ok(login_page(
             StatusCode::BAD_REQUEST,
@@ -225,7 +262,7 @@ async fn login(
         ));
     };
     if !auth::token_matches(token, &login.token) {
-        tracing::warn!("panel login with a wrong token");
+        throttle.fail(Door::Admin, client, "panel log-in with a wrong token");
         return Ok(login_page(
             StatusCode::UNAUTHORIZED,
             Some("That is not the admin token."),

@@ -11,7 +11,7 @@ use super::deliveries::deliveries_table;
 use super::html::{self, esc};
 use super::{PanelError, Session};
 use crate::operator::store::{self, Backlog, DeliveryFilter, Warning, WatchFilter};
-use crate::operator::OperatorState;
+use crate::operator::{OperatorState, Settings};
 
 pub async fn overview(
     _: Session,
@@ -26,13 +26,13 @@ pub async fn overview(
     if failures.is_empty() {
         body.push_str(r#"<p class="muted">No failed deliveries.</p>"#);
     } else {
-        body.push_str(&deliveries_table(&failures));
+        body.push_str(&deliveries_table(&failures, &state.settings));
         body.push_str(
             r#"<p><a href="/panel/deliveries?state=failed">All failed deliveries →</a></p>"#,
         );
     }
     body.push_str("<h2>Latest warnings to notify</h2>");
-    body.push_str(&warnings_table(&warnings));
+    body.push_str(&warnings_table(&warnings, &state.settings));
     Ok(html::page(StatusCode::OK, "Overview", &body, true))
 }
 
@@ -73,7 +73,8 @@ fn failed_link(service: &str, n: i64) -> String {
     format!(r#"<a href="/panel/deliveries{}">{n}</a>"#, esc(&q))
 }
 
-pub(super) fn warnings_table(rows: &[Warning]) -> String {
+/// The warnings as table rows; their last errors masked with `s`.
+pub(super) fn warnings_table(rows: &[Warning], s: &Settings) -> String {
     if rows.is_empty() {
         return r#"<p class="muted">No warnings.</p>"#.into();
     }
@@ -93,7 +94,7 @@ pub(super) fn warnings_table(rows: &[Warning]) -> String {
             html::time(w.created_at),
             html::time(w.send_after),
             w.attempts,
-            html::outcome(w.last_status, w.last_error.as_deref()),
+            html::outcome(w.last_status, w.last_error.as_deref().map(|e| s.mask(e)).as_deref()),
             html::opt_time(w.finished_at),
             svc = esc(&w.service),
         ));
@@ -172,7 +173,7 @@ pub async fn service(
     if failed.is_empty() {
         body.push_str(r#"<p class="muted">None.</p>"#);
     } else {
-        body.push_str(&deliveries_table(&failed));
+        body.push_str(&deliveries_table(&failed, &state.settings));
     }
     let q = |state: &str| {
         esc(&html::query(&[
@@ -187,7 +188,7 @@ pub async fn service(
         esc(&html::query(&[("service", name.clone())])),
     ));
     body.push_str("<h2>Warnings to notify</h2>");
-    body.push_str(&warnings_table(&warnings));
+    body.push_str(&warnings_table(&warnings, &state.settings));
     Ok(html::page(
         StatusCode::OK,
         &format!("Service {name}"),
@@ -203,7 +204,7 @@ pub async fn warnings(
     let rows = store::warnings(&state.pool, None, 200).await?;
     let body = format!(
         r#"<p class="muted">When deliveries to a service end failed, one warning per service per fold window goes to notify; failures in between are folded into it (counted, not sent again).</p>{}"#,
-        warnings_table(&rows)
+        warnings_table(&rows, &state.settings)
     );
     Ok(html::page(StatusCode::OK, "Warnings", &body, true))
 }

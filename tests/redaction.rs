@@ -1,0 +1,155 @@
+//! No secrets where they do not belong (issue 9): a consumer that echoes its
+//! request back, `Authorization` header included, must not put the
+//! producer's token into `watchpump.attempts`, the admin API or the panel.
+//! Rows stored before masking existed are masked when shown.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::http::HeaderMap;
+use axum::routing::post;
+use common::*;
+use serde_json::{json, Value};
+use watchpump::redact::MASK;
+
+const WAIT: Duration = Duration::from_secs(30);
+
+/// A consumer that answers 200 with what it was sent: the `Authorization`
+/// header as a header line and as JSON, the token on its own, and some
+/// other credentials a careless service might print.
+async fn echo_consumer() -> SocketAddr {
+    let app = axum::Router::new().route(
+        "/{*path}",
+        post(|headers: HeaderMap| async move {
+            let authorization = headers["authorization"].to_str().unwrap().to_string();
+            let token = authorization.trim_start_matches("Bearer ");
+            format!(
+                "authorization: {authorization}\r\n{}\r\nbare {token}; basic dXNlcjpwYXNzd29yZA== whsec_c2VjcmV0c2VjcmV0",
+                json!({ "headers": { "Authorization": authorization } })
+            )
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    addr
+}
+
+fn assert_masked(what: &str, text: &str) {
+    for secret in [PRODUCER_TOKEN, "dXNlcjpwYXNzd29yZA==", "c2VjcmV0c2VjcmV0"] {
+        assert!(!text.contains(secret), "{what} shows {secret:?}: {text}");
+    }
+    assert!(text.contains(MASK), "{what}: {text}");
+}
+
+async fn admin_get(server: &AppServer, path: &str) -> String {
+    let resp = reqwest::Client::new()
+        .get(server.url(path))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200, "{path}");
+    resp.text().await.unwrap()
+}
+
+async fn panel_get(server: &AppServer, path: &str) -> String {
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let login = client
+        .post(server.url("/panel/login"))
+        .header("origin", server.origin())
+        .form(&[("token", ADMIN_TOKEN)])
+        .send()
+        .await
+        .unwrap();
+    let cookie = login.headers()["set-cookie"].to_str().unwrap();
+    let cookie = cookie.split(';').next().unwrap().to_string();
+    let resp = client
+        .get(server.url(path))
+        .header("cookie", cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200, "{path}");
+    resp.text().await.unwrap()
+}
+
+#[tokio::test]
+async fn an_echoed_authorization_header_is_stored_and_shown_masked() {
+    let db = TestDb::new().await;
+    let consumer = echo_consumer().await;
+    let (service, _) = db.add_service("echo", &format!("http://{consumer}")).await;
+    db.add_watch(service.id, "app", "acme/", all()).await;
+    let change = db.emit("acme/web", "push", json!({})).await;
+    let id = delivery_of(&db, change).await;
+    let pump = RunningPump::start(&db.pool, pump_config());
+    eventually(WAIT, "the delivery is delivered", || async {
+        db.delivery_state(id).await == "delivered"
+    })
+    .await;
+    pump.stop().await.unwrap();
+
+    let head: String =
+        sqlx::query_scalar("select response_head from watchpump.attempts where delivery_id = $1")
+            .bind(id)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_masked("the stored response_head", &head);
+    assert!(
+        head.contains(&format!("authorization: Bearer {MASK}")),
+        "{head}"
+    );
+    assert!(head.contains(&format!("bare {MASK}")), "{head}");
+
+    let server = AppServer::start(&db.pool, &operator_config()).await;
+    let answer = admin_get(&server, &format!("/api/v1/admin/deliveries/{id}")).await;
+    assert_masked("the admin API", &answer);
+    let v: Value = serde_json::from_str(&answer).unwrap();
+    assert_eq!(v["attempts"][0]["response_head"], json!(head));
+}
+
+#[tokio::test]
+async fn rows_stored_before_masking_are_masked_in_the_admin_api_and_the_panel() {
+    let db = TestDb::new().await;
+    let pump = RunningPump::start(&db.pool, pump_config());
+    let (_, id) = failed_delivery(&db, "deploy", "acme/web", json!({})).await;
+    pump.stop().await.unwrap();
+    let leaked = format!(
+        "HTTP 500: authorization: Bearer {PRODUCER_TOKEN}; basic dXNlcjpwYXNzd29yZA== whsec_c2VjcmV0c2VjcmV0"
+    );
+    // Where the failed delivery's attempts and last error are kept (the
+    // `attempts` view reads both tables).
+    for sql in [
+        "update watchpump.attempt_log set response_head = $2, error = $2 where delivery_id = $1",
+        "update watchpump.settled set last_error = $2, last_response_head = $2 where id = $1",
+    ] {
+        sqlx::query(sql)
+            .bind(id)
+            .bind(&leaked)
+            .execute(&db.pool)
+            .await
+            .unwrap();
+    }
+    let server = AppServer::start(&db.pool, &operator_config()).await;
+    for path in [
+        format!("/api/v1/admin/deliveries/{id}"),
+        format!("/api/v1/admin/deliveries/{id}/attempts"),
+        "/api/v1/admin/deliveries?state=failed".to_string(),
+    ] {
+        assert_masked(&path, &admin_get(&server, &path).await);
+    }
+    for path in [
+        format!("/panel/deliveries/{id}"),
+        "/panel/deliveries?state=failed".to_string(),
+        "/panel".to_string(),
+        "/panel/services/deploy".to_string(),
+    ] {
+        assert_masked(&path, &panel_get(&server, &path).await);
+    }
+}
