@@ -17,8 +17,9 @@
 //!   [`destinations`]: where their base URLs may point.
 //! - [`signing`]: Standard Webhooks signatures on every delivery, and their
 //!   verification for consumers.
-//! - [`message`]: what a consumer receives (URL, headers, body), for the
-//!   pump that sends it and the panel that shows it.
+//! - [`delivery`]: a delivery as its consumer receives it (message, body,
+//!   URL, signed headers) and what an attempt came to, for the pump that
+//!   sends it and the panel that shows it.
 //! - [`redact`]: the one function that masks tokens and other credentials
 //!   before an answer is stored and before anything is shown.
 //! - [`pump`]: the delivery engine. [`pump::Pump::run`] is the loop:
@@ -50,7 +51,7 @@
 //! # Features
 //!
 //! `producer` (default) builds everything above; `kit` builds only
-//! [`kit`], [`signing`], [`message`] and [`error`], without the pump's
+//! [`kit`], [`signing`], [`delivery`] and [`error`], without the pump's
 //! dependencies (reqwest, clap, metrics).
 
 #[cfg(feature = "producer")]
@@ -59,6 +60,7 @@ pub mod api;
 pub mod cli;
 #[cfg(feature = "producer")]
 pub mod config;
+pub mod delivery;
 #[cfg(feature = "producer")]
 pub mod destinations;
 #[cfg(feature = "producer")]
@@ -69,7 +71,6 @@ pub mod emit;
 pub mod error;
 #[cfg(feature = "kit")]
 pub mod kit;
-pub mod message;
 #[cfg(feature = "producer")]
 pub mod metrics;
 #[cfg(feature = "producer")]

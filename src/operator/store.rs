@@ -6,6 +6,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use sqlx::{PgPool, Postgres, QueryBuilder};
 
+use crate::delivery::Message;
 use crate::error::{Error, Result};
 
 /// Delivery states, as `watchpump.deliveries.state` allows them.
@@ -62,14 +63,13 @@ pub struct Delivery {
     pub last_action: Option<String>,
 }
 
-/// What the panel needs beyond the log row to show the request as sent.
+/// A delivery's message as the pump sends it, and its service's base URL:
+/// what the panel needs to show the request as sent.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct Sent {
+    #[sqlx(flatten)]
+    pub message: Message,
     pub base_url: String,
-    pub occurred_at: DateTime<Utc>,
-    /// The change's payload as PostgreSQL prints jsonb: the pump embeds
-    /// exactly this text in the body.
-    pub payload: String,
 }
 
 /// One attempt to send a delivery.
@@ -325,17 +325,12 @@ pub async fn delivery(pool: &PgPool, id: i64) -> Result<Option<Delivery>> {
     .await?)
 }
 
+/// `watchpump.message()`: the delivery as the pump sends it.
 pub async fn sent(pool: &PgPool, id: i64) -> Result<Option<Sent>> {
-    Ok(sqlx::query_as(
-        "select s.base_url, c.occurred_at, c.payload::text as payload
-         from watchpump.deliveries d
-         join watchpump.changes c on c.id = d.change_id
-         join watchpump.services s on s.id = d.service_id
-         where d.id = $1",
-    )
-    .bind(id)
-    .fetch_optional(pool)
-    .await?)
+    Ok(sqlx::query_as("select * from watchpump.message($1)")
+        .bind(id)
+        .fetch_optional(pool)
+        .await?)
 }
 
 pub async fn attempts(pool: &PgPool, delivery_id: i64) -> Result<Vec<Attempt>> {

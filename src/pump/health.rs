@@ -12,6 +12,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::delivery::outcome::{AttemptResult, Failure};
+
 /// Per-service claim limits, in the shape `watchpump.claim()` takes them.
 #[derive(Debug, Default)]
 pub struct Slots {
@@ -27,6 +29,21 @@ pub struct Slots {
 pub enum Answer {
     Answered,
     Failed,
+}
+
+impl Answer {
+    /// What an attempt says about its consumer's health: a server error,
+    /// a timeout, a refused connection or 429 count against it; any other
+    /// answer means it is up (a 4xx is about this delivery, not the service).
+    pub fn of(result: &AttemptResult) -> Answer {
+        match result {
+            AttemptResult::Retry {
+                failure: Failure::Status(500..=599 | 429) | Failure::Timeout | Failure::Connect,
+                ..
+            } => Answer::Failed,
+            _ => Answer::Answered,
+        }
+    }
 }
 
 /// What an attempt changed about its service.

@@ -27,12 +27,14 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::config::PumpConfig;
+use crate::delivery::outcome::{AttemptResult, Finished};
+use crate::delivery::request::Target;
+use crate::delivery::Claimed;
 use crate::error::{Error, Result};
 use crate::metrics as m;
 use crate::services;
-use health::{Health, Transition};
-use send::{Finished, Outcome, Sender, Target};
-use store::Claimed;
+use health::{Answer, Health, Transition};
+use send::Sender;
 use wakeup::Signals;
 
 /// Most finished attempts written back in one statement.
@@ -355,7 +357,7 @@ fn dispatch(
     let mut health = shared.health.lock().unwrap();
     for (delivery, target) in claimed {
         if let Some(lost) = &delivery.expired_lease_of {
-            tracing::warn!(service = %target.destination.name, delivery_id = delivery.delivery_id, pump = %lost,
+            tracing::warn!(service = %target.destination.name, delivery_id = delivery.message.delivery_id, pump = %lost,
                 "lease ran out (that pump died or hung before reporting); sending again");
         }
         let in_flight = health.claimed(delivery.service_id, &target.destination.name, now);
@@ -370,7 +372,7 @@ fn dispatch(
             // (watch, object) until then). After a 410 the slot waits for
             // the write-back instead, so that the gone watch's other
             // deliveries are dropped before one of them is sent.
-            let gone = finished.outcome == Outcome::Gone;
+            let gone = finished.result == AttemptResult::Gone;
             let came_back = !gone && answered(&shared, &finished);
             let _ = done.send(Answered {
                 finished,
@@ -397,10 +399,10 @@ struct Answered {
 /// may have gone down or come back.
 fn answered(shared: &Shared, f: &Finished) -> bool {
     let service = f.target.destination.name.as_str();
-    metrics::histogram!(m::ATTEMPT_DURATION, "service" => service.to_string(), "result" => f.result)
+    metrics::histogram!(m::ATTEMPT_DURATION, "service" => service.to_string(), "result" => f.result.as_label())
         .record(f.duration.as_secs_f64());
     let mut health = shared.health.lock().unwrap();
-    let transition = health.finished(f.claimed.service_id, f.answer(), Instant::now());
+    let transition = health.finished(f.claimed.service_id, Answer::of(&f.result), Instant::now());
     metrics::gauge!(m::IN_FLIGHT, "service" => service.to_string())
         .set(health.in_flight(f.claimed.service_id) as f64);
     match transition {
@@ -460,14 +462,14 @@ async fn complete_batch(shared: &Shared, batch: &[Answered]) {
         let health = shared.health.lock().unwrap();
         let by_id: HashMap<i64, &Finished> = finished
             .iter()
-            .map(|f| (f.claimed.delivery_id, *f))
+            .map(|f| (f.claimed.message.delivery_id, *f))
             .collect();
         let mut retries = shared.retries.lock().unwrap();
         for s in &settled {
             let finished = by_id.get(&s.delivery_id).copied();
             record_settled(&health, s, finished);
-            let retry_at = match (finished.map(|f| f.outcome), s.state.as_str()) {
-                (Some(Outcome::Retry { next_attempt_at }), "pending") => Some(next_attempt_at),
+            let retry_at = match (finished.and_then(|f| f.result.retry_at()), s.state.as_str()) {
+                (Some(at), "pending") => Some(at),
                 _ => None,
             };
             if let Some(at) = retry_at.filter(|_| retries.len() < RETRY_TIMERS) {
@@ -504,7 +506,7 @@ async fn write_back(shared: &Shared, batch: &[&Finished]) -> Option<Vec<store::S
                     match store::complete(&shared.pool, &shared.name, one).await {
                         Ok(rows) => settled.extend(rows),
                         Err(e) => {
-                            tracing::error!(error = %e, delivery_id = one[0].claimed.delivery_id,
+                            tracing::error!(error = %e, delivery_id = one[0].claimed.message.delivery_id,
                             "cannot record this attempt; its lease will expire and it will be sent again")
                         }
                     }
@@ -545,7 +547,7 @@ fn record_settled(health: &Health, s: &store::Settled, finished: Option<&Finishe
     };
     if let (Some(f), "delivered") = (finished, outcome) {
         let answered = f.started + chrono::Duration::from_std(f.duration).unwrap_or_default();
-        let latency = (answered - f.claimed.occurred_at)
+        let latency = (answered - f.claimed.message.occurred_at)
             .to_std()
             .unwrap_or_default();
         metrics::histogram!(m::DELIVERY_LATENCY, "service" => service.clone())

@@ -223,7 +223,7 @@ pub fn delivery(id: i64, watch_id: i64, object: &str, sequence: i64) -> Delivery
     }
 }
 
-/// The pump's headers (`watchpump::message::headers`) for `body` at
+/// The pump's headers (`watchpump::delivery::request::headers`) for `body` at
 /// `timestamp`, signed with `secret`, with the producer's token.
 pub fn signed(
     id: i64,
@@ -231,7 +231,7 @@ pub fn signed(
     body: &[u8],
     secret: &SigningSecret,
 ) -> Vec<(String, String)> {
-    watchpump::message::headers(
+    watchpump::delivery::request::headers(
         &format!("Bearer {PRODUCER_TOKEN}"),
         id,
         1,

@@ -2,7 +2,6 @@
 //! delivery with the request as sent and every attempt, and the retry
 //! actions.
 
-use crate::message;
 use axum::extract::rejection::{FormRejection, PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
@@ -13,6 +12,7 @@ use serde::Deserialize;
 
 use super::html::{self, esc};
 use super::{PanelError, SameOrigin, Session, ACTOR};
+use crate::delivery::request;
 use crate::operator::store::{self, Delivery, DeliveryFilter, STATES};
 use crate::operator::{OperatorState, Settings, MASK};
 
@@ -270,29 +270,14 @@ fn summary(d: &Delivery, s: &Settings) -> String {
 }
 
 fn request_as_sent(d: &Delivery, sent: &store::Sent, s: &Settings) -> String {
-    let attempt = d.attempts.max(1);
-    let payload = message::payload(&sent.payload);
-    let body = message::Body {
-        delivery_id: d.delivery_id,
-        change_id: d.change_id,
-        watch_id: d.watch_id,
-        producer: &s.producer,
-        resource: &d.resource,
-        object: &d.object,
-        kind: &d.kind,
-        sequence: d.sequence,
-        occurred_at: &sent.occurred_at,
-        attempt,
-        payload: &payload,
-    }
-    .to_bytes();
-    let url = message::events_url(&sent.base_url, &s.producer);
+    let m = &sent.message;
+    let url = request::events_url(&sent.base_url, &s.producer);
     let when = if d.attempts == 0 {
         "as it will be sent"
     } else {
         "as sent on the last attempt"
     };
-    let request = message::render(&url, d.delivery_id, attempt, &body, MASK);
+    let request = request::render(&url, m.delivery_id, m.attempt, &m.body(&s.producer), MASK);
     format!(
         r#"<h2>Request <span class="muted">({when}; tokens masked)</span></h2><pre id="request">{}</pre>"#,
         esc(&s.mask(&request))
