@@ -80,6 +80,8 @@ pub mod pump;
 #[cfg(feature = "producer")]
 pub mod redact;
 #[cfg(feature = "producer")]
+pub mod retry;
+#[cfg(feature = "producer")]
 pub mod schema;
 #[cfg(feature = "producer")]
 pub mod server;

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use common::*;
 use serde_json::{json, Value};
+use watchpump::operator::notify::WarningState;
 use watchpump::operator::Worker;
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -650,7 +651,7 @@ async fn without_a_notify_url_the_warning_is_logged() {
     set_state(&db, &all, "failed", None).await;
     let step = worker(&db, None).step().await.unwrap();
     assert_eq!(step.handed.len(), 1);
-    assert_eq!(step.handed[0].state, "logged");
+    assert_eq!(step.handed[0].state, WarningState::Logged);
 }
 
 #[tokio::test]

@@ -16,8 +16,7 @@ pub mod send;
 pub mod store;
 pub mod wakeup;
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -32,6 +31,7 @@ use crate::delivery::request::Target;
 use crate::delivery::Claimed;
 use crate::error::{Error, Result};
 use crate::metrics as m;
+use crate::retry::Wakeups;
 use crate::services;
 use health::{Answer, Health, Transition};
 use send::Sender;
@@ -41,9 +41,6 @@ use wakeup::Signals;
 const COMPLETE_BATCH: usize = 1000;
 /// How long the pump waits after a failed claim (database unreachable).
 const CLAIM_ERROR_PAUSE: Duration = Duration::from_millis(250);
-/// Retry times this pump remembers to wake up for; later ones wait for the
-/// sweep.
-const RETRY_TIMERS: usize = 10_000;
 
 /// A delivery pump. Several may run against one database.
 pub struct Pump {
@@ -57,9 +54,8 @@ struct Shared {
     sender: Sender,
     health: Mutex<Health>,
     signals: Arc<Signals>,
-    /// When retries this pump scheduled fall due, soonest first, so that a
-    /// retry goes out on time rather than at the next sweep.
-    retries: Mutex<BinaryHeap<Reverse<Instant>>>,
+    /// When retries this pump scheduled fall due.
+    retries: Mutex<Wakeups>,
     /// Each service's URL, name and signing keys, as of the version claim()
     /// reported.
     destinations: Mutex<HashMap<i64, Arc<Target>>>,
@@ -75,7 +71,7 @@ impl Pump {
         let health = Health::new(
             cfg.service_concurrency,
             cfg.down_after_failures,
-            cfg.probe_interval(),
+            cfg.retry_policy(),
         );
         let name = cfg.pump_name();
         let shared = Shared {
@@ -84,7 +80,7 @@ impl Pump {
             sender,
             health: Mutex::new(health),
             signals: Arc::new(Signals::default()),
-            retries: Mutex::new(BinaryHeap::new()),
+            retries: Mutex::new(Wakeups::default()),
             destinations: Mutex::new(HashMap::new()),
             cfg,
         };
@@ -249,7 +245,7 @@ async fn claim_loop(
             pause = Some(poll_interval);
         }
         let next_probe = shared.health.lock().unwrap().next_probe_at();
-        let next_retry = next_retry_at(shared);
+        let next_retry = shared.retries.lock().unwrap().next(Instant::now());
         let next_sweep = last_sweep.map(|at| at + shared.cfg.sweep_interval());
         tokio::select! {
             _ = &mut shutdown => break,
@@ -261,17 +257,6 @@ async fn claim_loop(
             _ = sleep_until(pause.map(|p| Instant::now() + p)) => {}
         }
     }
-}
-
-/// The soonest remembered retry that is still ahead; passed ones are
-/// forgotten (the claim that follows a wake-up takes them).
-fn next_retry_at(shared: &Shared) -> Option<Instant> {
-    let now = Instant::now();
-    let mut retries = shared.retries.lock().unwrap();
-    while retries.peek().is_some_and(|Reverse(at)| *at <= now) {
-        retries.pop();
-    }
-    retries.peek().map(|Reverse(at)| *at)
 }
 
 /// Sleeps until `at`; with no time, never wakes.
@@ -472,9 +457,8 @@ async fn complete_batch(shared: &Shared, batch: &[Answered]) {
                 (Some(at), "pending") => Some(at),
                 _ => None,
             };
-            if let Some(at) = retry_at.filter(|_| retries.len() < RETRY_TIMERS) {
-                let wait = (at - chrono::Utc::now()).to_std().unwrap_or_default();
-                retries.push(Reverse(now + wait));
+            if let Some(at) = retry_at {
+                retries.remember(at, now);
             }
         }
     }

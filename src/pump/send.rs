@@ -1,17 +1,18 @@
 //! One delivery attempt in typed stages: [`prepare`] the request (body and
 //! signed headers, [`crate::delivery`]), [`Sender::call`] the consumer, and
-//! read its answer into an [`AttemptResult`] with a retry time.
+//! read its answer into an [`AttemptResult`] with a retry time
+//! ([`crate::retry`]).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use backoff::backoff::Backoff;
 use chrono::{DateTime, Utc};
 
 use crate::config::PumpConfig;
 use crate::delivery::outcome::{AttemptResult, Failure, Finished};
 use crate::delivery::request::{self, Target};
 use crate::delivery::Claimed;
+use crate::retry::{self, RetryPolicy};
 
 /// How many bytes of a consumer's answer are kept with the attempt.
 const RESPONSE_HEAD_BYTES: usize = 512;
@@ -22,8 +23,7 @@ pub struct Sender {
     client: reqwest::Client,
     producer: String,
     authorization: String,
-    retry_initial: Duration,
-    retry_max: Duration,
+    retry: RetryPolicy,
 }
 
 /// What the consumer answered: its status, the Retry-After it asked for,
@@ -52,8 +52,7 @@ impl Sender {
             client,
             producer: cfg.producer.clone(),
             authorization: format!("Bearer {}", cfg.producer_token),
-            retry_initial: cfg.retry_initial(),
-            retry_max: cfg.retry_max(),
+            retry: cfg.retry_policy(),
         })
     }
 
@@ -73,7 +72,7 @@ impl Sender {
                     200..=299 => AttemptResult::Delivered { status: code },
                     410 => AttemptResult::Gone,
                     _ => AttemptResult::Retry {
-                        at: self.retry_at(attempt, answer.retry_after),
+                        at: self.retry.retry_at(attempt, answer.retry_after),
                         failure: Failure::Status(code),
                     },
                 };
@@ -87,7 +86,7 @@ impl Sender {
                 } else {
                     Failure::Connect
                 };
-                let at = self.retry_at(attempt, None);
+                let at = self.retry.retry_at(attempt, None);
                 (
                     AttemptResult::Retry { at, failure },
                     Some(describe(&e)),
@@ -133,8 +132,7 @@ impl Sender {
             .headers()
             .get(reqwest::header::RETRY_AFTER)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .map(Duration::from_secs);
+            .and_then(retry::parse_retry_after);
         // Keep the head of the answer for the operator; reading the rest of a
         // small body lets the connection go back to the pool.
         let mut head = Vec::new();
@@ -151,35 +149,6 @@ impl Sender {
             retry_after,
             head: storable_text(&head, &[token]),
         })
-    }
-
-    /// When to try again after failed attempt number `attempt`: exponential
-    /// back-off with jitter, or the consumer's Retry-After within the same
-    /// bounds.
-    pub fn retry_at(&self, attempt: i32, retry_after: Option<Duration>) -> DateTime<Utc> {
-        let delay = match retry_after {
-            Some(asked) => asked.clamp(self.retry_initial, self.retry_max),
-            None => self.backoff_delay(attempt),
-        };
-        Utc::now() + delay
-    }
-
-    fn backoff_delay(&self, attempt: i32) -> Duration {
-        let exponent = attempt.saturating_sub(1).clamp(0, 30) as u32;
-        let base = self
-            .retry_initial
-            .saturating_mul(2u32.saturating_pow(exponent))
-            .min(self.retry_max);
-        let mut policy = backoff::ExponentialBackoff {
-            current_interval: base,
-            initial_interval: self.retry_initial,
-            randomization_factor: 0.25,
-            multiplier: 2.0,
-            max_interval: self.retry_max,
-            max_elapsed_time: None,
-            ..backoff::ExponentialBackoff::default()
-        };
-        policy.next_backoff().unwrap_or(base).min(self.retry_max)
     }
 }
 
@@ -210,39 +179,6 @@ fn describe(e: &reqwest::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn sender() -> Sender {
-        let mut cfg = PumpConfig::new("git", "t");
-        cfg.retry_initial_ms = 1000;
-        cfg.retry_max_ms = 60_000;
-        Sender::new(&cfg).unwrap()
-    }
-
-    #[test]
-    fn retry_delays_grow_with_jitter_and_stay_bounded() {
-        let s = sender();
-        let d1 = s.backoff_delay(1);
-        let d3 = s.backoff_delay(3);
-        let d20 = s.backoff_delay(20);
-        assert!(
-            d1 >= Duration::from_millis(750) && d1 <= Duration::from_millis(1250),
-            "{d1:?}"
-        );
-        assert!(
-            d3 >= Duration::from_millis(3000) && d3 <= Duration::from_millis(5000),
-            "{d3:?}"
-        );
-        assert!(d20 <= Duration::from_secs(60), "{d20:?}");
-    }
-
-    #[test]
-    fn retry_after_is_honoured_within_bounds() {
-        let s = sender();
-        let at = |at: DateTime<Utc>| (at - Utc::now()).num_milliseconds();
-        assert!((29_000..=30_000).contains(&at(s.retry_at(1, Some(Duration::from_secs(30))))));
-        assert!(at(s.retry_at(1, Some(Duration::from_secs(7200)))) <= 60_000);
-        assert!(at(s.retry_at(1, Some(Duration::from_secs(0)))) >= 900);
-    }
 
     #[test]
     fn answers_are_stored_without_nul_bytes() {
