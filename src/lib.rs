@@ -70,6 +70,8 @@ pub mod emit;
 #[cfg(feature = "kit")]
 pub mod error;
 #[cfg(feature = "kit")]
+pub mod http;
+#[cfg(feature = "kit")]
 pub mod kit;
 #[cfg(feature = "producer")]
 pub mod metrics;

@@ -409,6 +409,21 @@ async fn the_admin_api_needs_the_token_lists_with_filters_and_pages_by_keyset() 
 }
 
 #[tokio::test]
+async fn the_admin_api_reads_the_bearer_scheme_in_any_case_as_the_watches_api_does() {
+    let db = TestDb::new().await;
+    let server = AppServer::start(&db.pool, &operator_config()).await;
+    for scheme in ["Bearer", "bearer", "BEARER"] {
+        let res = reqwest::Client::new()
+            .get(server.url("/api/v1/admin/backlog"))
+            .header("authorization", format!("{scheme} {ADMIN_TOKEN}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 200, "{scheme}");
+    }
+}
+
+#[tokio::test]
 async fn the_admin_api_is_off_without_a_token() {
     let db = TestDb::new().await;
     let server = AppServer::start(&db.pool, &watchpump::operator::OperatorConfig::new()).await;

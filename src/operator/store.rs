@@ -189,41 +189,6 @@ pub struct WatchFilter {
     pub limit: Option<i64>,
 }
 
-/// Why an action on deliveries did not happen; the API maps each to a status.
-#[derive(Debug, thiserror::Error)]
-pub enum ActionError {
-    #[error("{0}")]
-    NotFound(String),
-    #[error("{0}")]
-    Conflict(String),
-    #[error("{0}")]
-    Invalid(String),
-    #[error(transparent)]
-    Other(#[from] Error),
-}
-
-impl From<sqlx::Error> for ActionError {
-    /// The SQLSTATEs `0300_operator.sql` raises, with the function's name
-    /// taken off the message.
-    fn from(e: sqlx::Error) -> Self {
-        if let sqlx::Error::Database(d) = &e {
-            let message = d
-                .message()
-                .split_once(": ")
-                .filter(|(f, _)| f.starts_with("watchpump."))
-                .map_or(d.message(), |(_, m)| m)
-                .to_string();
-            match d.code().as_deref() {
-                Some("P0002") => return ActionError::NotFound(message),
-                Some("55000") => return ActionError::Conflict(message),
-                Some("22023") | Some("22004") => return ActionError::Invalid(message),
-                _ => {}
-            }
-        }
-        ActionError::Other(Error::Database(e))
-    }
-}
-
 pub async fn backlog(pool: &PgPool) -> Result<Vec<Backlog>> {
     Ok(sqlx::query_as(
         "select service_id, service, pending, in_flight, due_now, failed_24h,
@@ -412,27 +377,31 @@ pub async fn warnings(pool: &PgPool, service: Option<&str>, limit: i64) -> Resul
     .await?)
 }
 
-/// `watchpump.retry()`: returns the state the delivery had.
-pub async fn retry(pool: &PgPool, delivery_id: i64, actor: &str) -> Result<String, ActionError> {
-    Ok(sqlx::query_scalar("select watchpump.retry($1, $2)")
+/// `watchpump.retry()`: returns the state the delivery had. Its refusals
+/// are [`Error::raised`]: no such delivery, or not in a state to retry.
+pub async fn retry(pool: &PgPool, delivery_id: i64, actor: &str) -> Result<String> {
+    sqlx::query_scalar("select watchpump.retry($1, $2)")
         .bind(delivery_id)
         .bind(actor)
         .fetch_one(pool)
-        .await?)
+        .await
+        .map_err(Error::raised)
 }
 
 /// `watchpump.retry_failed()`: returns how many deliveries were requeued.
+/// Its refusals are [`Error::raised`].
 pub async fn retry_failed(
     pool: &PgPool,
     service: &str,
     since: DateTime<Utc>,
     actor: &str,
-) -> Result<i64, ActionError> {
+) -> Result<i64> {
     let n: i32 = sqlx::query_scalar("select watchpump.retry_failed($1, $2, $3)")
         .bind(service)
         .bind(since)
         .bind(actor)
         .fetch_one(pool)
-        .await?;
+        .await
+        .map_err(Error::raised)?;
     Ok(i64::from(n))
 }

@@ -10,9 +10,10 @@ use axum::Form;
 use chrono::{DateTime, NaiveDateTime, Utc};
 use serde::Deserialize;
 
-use super::html::{self, esc};
-use super::{PanelError, SameOrigin, Session, ACTOR};
+use super::{SameOrigin, Session, ACTOR};
 use crate::delivery::request;
+use crate::http::html::{self, esc};
+use crate::http::{AsHtml, HttpError};
 use crate::operator::store::{self, Delivery, DeliveryFilter, STATES};
 use crate::operator::{OperatorState, Settings, MASK};
 
@@ -32,11 +33,11 @@ pub struct ListQuery {
 }
 
 impl ListQuery {
-    fn filter(&self) -> Result<DeliveryFilter, PanelError> {
+    fn filter(&self) -> Result<DeliveryFilter, HttpError> {
         let before = match self.before.as_deref().filter(|b| !b.is_empty()) {
             Some(b) => Some(
                 b.parse()
-                    .map_err(|_| PanelError::Invalid("before must be a delivery id".into()))?,
+                    .map_err(|_| HttpError::Invalid("before must be a delivery id".into()))?,
             ),
             None => None,
         };
@@ -68,7 +69,7 @@ impl ListQuery {
 
 /// A time from a form: RFC 3339, or what `<input type="datetime-local">`
 /// sends (`2026-10-21T14:30`), taken as UTC.
-fn parse_time(field: &str, value: Option<&str>) -> Result<Option<DateTime<Utc>>, PanelError> {
+fn parse_time(field: &str, value: Option<&str>) -> Result<Option<DateTime<Utc>>, HttpError> {
     let Some(value) = value.map(str::trim).filter(|v| !v.is_empty()) else {
         return Ok(None);
     };
@@ -80,7 +81,7 @@ fn parse_time(field: &str, value: Option<&str>) -> Result<Option<DateTime<Utc>>,
         .find_map(|f| NaiveDateTime::parse_from_str(value, f).ok())
         .map(|t| Some(t.and_utc()))
         .ok_or_else(|| {
-            PanelError::Invalid(format!(
+            HttpError::Invalid(format!(
                 "{field} must be a time like 2026-10-21T14:30 (UTC), not {value:?}"
             ))
         })
@@ -114,8 +115,8 @@ pub async fn list(
     _: Session,
     State(state): State<OperatorState>,
     query: Result<Query<ListQuery>, QueryRejection>,
-) -> Result<Response, PanelError> {
-    let Query(q) = query.map_err(|e| PanelError::Invalid(e.body_text()))?;
+) -> Result<Response, AsHtml> {
+    let Query(q) = query.map_err(|e| HttpError::Invalid(e.body_text()))?;
     let filter = q.filter()?;
     let rows = store::deliveries(&state.pool, &filter).await?;
     let chosen = filter.state.as_deref().unwrap_or("");
@@ -167,10 +168,10 @@ pub async fn show(
     State(state): State<OperatorState>,
     id: Result<Path<i64>, PathRejection>,
     done: Result<Query<ShowQuery>, QueryRejection>,
-) -> Result<Response, PanelError> {
+) -> Result<Response, AsHtml> {
     let id = delivery_id(id)?;
     let Some(d) = store::delivery(&state.pool, id).await? else {
-        return Err(no_such_delivery(id));
+        return Err(no_such_delivery(id).into());
     };
     let sent = store::sent(&state.pool, id).await?;
     let attempts = store::attempts(&state.pool, id).await?;
@@ -289,7 +290,7 @@ pub async fn retry(
     _: SameOrigin,
     State(state): State<OperatorState>,
     id: Result<Path<i64>, PathRejection>,
-) -> Result<Response, PanelError> {
+) -> Result<Response, AsHtml> {
     let id = delivery_id(id)?;
     store::retry(&state.pool, id, ACTOR).await?;
     Ok(Redirect::to(&format!("/panel/deliveries/{id}?done=retried")).into_response())
@@ -306,10 +307,10 @@ pub async fn retry_failed(
     State(state): State<OperatorState>,
     Path(name): Path<String>,
     form: Result<Form<RetryFailed>, FormRejection>,
-) -> Result<Response, PanelError> {
-    let Form(form) = form.map_err(|e| PanelError::Invalid(e.body_text()))?;
+) -> Result<Response, AsHtml> {
+    let Form(form) = form.map_err(|e| HttpError::Invalid(e.body_text()))?;
     let since = parse_time("since", Some(&form.since))?
-        .ok_or_else(|| PanelError::Invalid("since is required".into()))?;
+        .ok_or_else(|| HttpError::Invalid("since is required".into()))?;
     let n = store::retry_failed(&state.pool, &name, since, ACTOR).await?;
     let to = format!(
         "/panel/services/{}{}",
@@ -319,11 +320,11 @@ pub async fn retry_failed(
     Ok(Redirect::to(&to).into_response())
 }
 
-fn delivery_id(id: Result<Path<i64>, PathRejection>) -> Result<i64, PanelError> {
+fn delivery_id(id: Result<Path<i64>, PathRejection>) -> Result<i64, HttpError> {
     id.map(|Path(id)| id)
-        .map_err(|_| PanelError::NotFound("There is no such delivery: ids are integers.".into()))
+        .map_err(|_| HttpError::NotFound("There is no such delivery: ids are integers.".into()))
 }
 
-fn no_such_delivery(id: i64) -> PanelError {
-    PanelError::NotFound(format!("There is no delivery {id}."))
+fn no_such_delivery(id: i64) -> HttpError {
+    HttpError::NotFound(format!("There is no delivery {id}."))
 }
