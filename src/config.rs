@@ -140,7 +140,7 @@ pub struct ServeConfig {
     /// Panel, admin API, warnings to notify, pruning (boxed: it would
     /// make every `Command` as large as itself).
     #[command(flatten)]
-    pub operator: Box<crate::operator::OperatorConfig>,
+    pub operator: Box<crate::operator::config::OperatorConfig>,
 }
 
 /// How the pump delivers.
