@@ -9,6 +9,7 @@
 //! - [`request`]: where it goes, its headers with their signatures, and the
 //!   request as an operator reads it.
 //! - [`outcome`]: what an attempt came to ([`outcome::AttemptResult`]).
+//! - [`State`]: where a delivery is, the six words the SQL allows.
 //!
 //! # Adding a field to the body
 //!
@@ -21,9 +22,12 @@
 //!    fields it does not know; add it there for them to read it.
 
 pub mod request;
+pub mod state;
 
 #[cfg(feature = "producer")]
 pub mod outcome;
+
+pub use state::State;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;

@@ -6,18 +6,8 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use sqlx::{PgPool, Postgres, QueryBuilder};
 
-use crate::delivery::Message;
+use crate::delivery::{Message, State};
 use crate::error::{Error, Result};
-
-/// Delivery states, as `watchpump.deliveries.state` allows them.
-pub const STATES: &[&str] = &[
-    "pending",
-    "in_flight",
-    "delivered",
-    "superseded",
-    "dropped",
-    "failed",
-];
 
 /// Most rows one page of a list may hold.
 pub const MAX_PAGE: i64 = 500;
@@ -52,7 +42,8 @@ pub struct Delivery {
     pub kind: String,
     pub change_id: i64,
     pub sequence: i64,
-    pub state: String,
+    #[sqlx(try_from = "String")]
+    pub state: State,
     pub attempts: i32,
     pub next_attempt_at: DateTime<Utc>,
     pub deadline: DateTime<Utc>,
@@ -155,10 +146,10 @@ impl DeliveryFilter {
 
     pub fn validate(&self) -> Result<()> {
         if let Some(state) = &self.state {
-            if !STATES.contains(&state.as_str()) {
+            if state.parse::<State>().is_err() {
                 return Err(Error::Invalid(format!(
                     "state must be one of {}",
-                    STATES.join(", ")
+                    State::list()
                 )));
             }
         }
@@ -206,18 +197,16 @@ const DELIVERY_COLUMNS: &str = "delivery_id, created_at, service, watch_id, reso
 
 /// One page of deliveries, newest first. Each filter becomes a condition
 /// only when given, and the state and the service's id are written into the
-/// statement as literals (the state is checked against [`STATES`], the id
+/// statement as literals (the state is one of [`State`], the id
 /// comes from the database): the planner then sees which partial index
 /// fits and how rare the service is, with any plan cache. The limit is a
 /// literal too, never a generic-plan guess.
 pub async fn deliveries(pool: &PgPool, filter: &DeliveryFilter) -> Result<Vec<Delivery>> {
     filter.validate()?;
-    let state = filter.state.as_ref().map(|state| {
-        *STATES
-            .iter()
-            .find(|s| **s == state.as_str())
-            .expect("validated")
-    });
+    let state = filter
+        .state
+        .as_ref()
+        .map(|state| state.parse::<State>().expect("validated"));
     let service_id = match &filter.service {
         Some(service) => {
             let id: Option<i64> =

@@ -28,7 +28,7 @@ use tokio::time::Instant;
 use crate::config::PumpConfig;
 use crate::delivery::outcome::{AttemptResult, Finished};
 use crate::delivery::request::Target;
-use crate::delivery::Claimed;
+use crate::delivery::{Claimed, State};
 use crate::error::{Error, Result};
 use crate::metrics as m;
 use crate::retry::Wakeups;
@@ -453,8 +453,8 @@ async fn complete_batch(shared: &Shared, batch: &[Answered]) {
         for s in &settled {
             let finished = by_id.get(&s.delivery_id).copied();
             record_settled(&health, s, finished);
-            let retry_at = match (finished.and_then(|f| f.result.retry_at()), s.state.as_str()) {
-                (Some(at), "pending") => Some(at),
+            let retry_at = match (finished.and_then(|f| f.result.retry_at()), s.state) {
+                (Some(at), State::Pending) => Some(at),
                 _ => None,
             };
             if let Some(at) = retry_at {
@@ -525,11 +525,11 @@ fn record_settled(health: &Health, s: &store::Settled, finished: Option<&Finishe
         .map(|f| f.target.destination.name.clone())
         .or_else(|| health.name(s.service_id).map(str::to_string))
         .unwrap_or_else(|| s.service_id.to_string());
-    let outcome = match s.state.as_str() {
-        "pending" => "retry_scheduled",
-        other => other,
+    let outcome = match s.state {
+        State::Pending => "retry_scheduled",
+        other => other.as_str(),
     };
-    if let (Some(f), "delivered") = (finished, outcome) {
+    if let (Some(f), State::Delivered) = (finished, s.state) {
         let answered = f.started + chrono::Duration::from_std(f.duration).unwrap_or_default();
         let latency = (answered - f.claimed.message.occurred_at)
             .to_std()

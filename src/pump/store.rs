@@ -4,7 +4,7 @@
 use sqlx::PgPool;
 
 use crate::delivery::outcome::Finished;
-use crate::delivery::Claimed;
+use crate::delivery::{Claimed, State};
 use crate::error::Result;
 use crate::pump::health::Slots;
 
@@ -13,7 +13,8 @@ use crate::pump::health::Slots;
 pub struct Settled {
     pub delivery_id: i64,
     pub service_id: i64,
-    pub state: String,
+    #[sqlx(try_from = "String")]
+    pub state: State,
 }
 
 /// Per-service overdue counts from a sweep.

@@ -12,9 +12,10 @@ use serde::Deserialize;
 
 use super::{SameOrigin, Session, ACTOR};
 use crate::delivery::request;
+use crate::delivery::State as DeliveryState;
 use crate::http::html::{self, esc};
 use crate::http::{AsHtml, HttpError};
-use crate::operator::store::{self, Delivery, DeliveryFilter, STATES};
+use crate::operator::store::{self, Delivery, DeliveryFilter};
 use crate::operator::{OperatorState, Settings, MASK};
 
 /// Rows per page of the list.
@@ -100,7 +101,7 @@ pub(super) fn deliveries_table(rows: &[Delivery], s: &Settings) -> String {
             esc(&d.object),
             esc(&d.kind),
             d.sequence,
-            html::state(&d.state),
+            html::state(d.state.as_str()),
             d.attempts,
             html::outcome(d.last_status, d.last_error.as_deref().map(|e| s.mask(e)).as_deref()),
             id = d.delivery_id,
@@ -121,10 +122,10 @@ pub async fn list(
     let rows = store::deliveries(&state.pool, &filter).await?;
     let chosen = filter.state.as_deref().unwrap_or("");
     let mut options = String::from(r#"<option value="">any</option>"#);
-    for s in STATES {
+    for s in DeliveryState::ALL.map(DeliveryState::as_str) {
         options.push_str(&format!(
             r#"<option value="{s}"{}>{}</option>"#,
-            if *s == chosen { " selected" } else { "" },
+            if s == chosen { " selected" } else { "" },
             s.replace('_', " ")
         ));
     }
@@ -184,7 +185,7 @@ pub async fn show(
         }
     }
     body.push_str(&summary(&d, s));
-    if d.state == "failed" || d.state == "dropped" {
+    if matches!(d.state, DeliveryState::Failed | DeliveryState::Dropped) {
         body.push_str(&format!(
             r#"<form method="post" action="/panel/deliveries/{id}/retry"><p><button class="act" id="retry" type="submit">Retry</button> <span class="muted">back to pending, due now, same delivery id</span></p></form>"#
         ));
@@ -237,7 +238,7 @@ fn summary(d: &Delivery, s: &Settings) -> String {
             )
         })
         .unwrap_or_default();
-    let next = if d.state == "pending" {
+    let next = if d.state == DeliveryState::Pending {
         format!(
             "<dt>Next attempt</dt><dd>{}</dd>",
             html::time(d.next_attempt_at)
@@ -252,7 +253,7 @@ fn summary(d: &Delivery, s: &Settings) -> String {
 <dt>Created</dt><dd>{}</dd><dt>Attempts</dt><dd>{}</dd>{next}<dt>Deadline</dt><dd>{}</dd>
 <dt>Finished</dt><dd>{}</dd><dt>Last answer</dt><dd>{}</dd>{superseded}
 <dt>Last action</dt><dd>{}</dd></dl>"#,
-        html::state(&d.state),
+        html::state(d.state.as_str()),
         d.watch_id,
         esc(&d.resource),
         esc(&d.watch_object),
