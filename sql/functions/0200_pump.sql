@@ -21,10 +21,8 @@
 -- lock a pump needs, nor waits on one; retry() and retry_failed() (0300_operator.sql) refuse to
 -- requeue older news once newer news of the object was sent or is on its way.
 --
--- The functions here are PL/pgSQL with `set jit = off` (JIT compiles for
--- milliseconds what runs in microseconds) and `set plan_cache_mode =
--- force_generic_plan` (the generic plans are right for every call, checked
--- with EXPLAIN; planning each call again cost more than running it).
+-- Why each function here sets `jit = off` and `force_generic_plan`: the
+-- note on plans at the top of 0100_emit.sql.
 
 -- The advisory lock that serialises decisions about one (watch, object):
 -- class 2003856752 ('wpmp'), so that it cannot meet a producer's own
