@@ -1,11 +1,20 @@
 //! watchpump: a producer service's changes, delivered durably to the
 //! consumer services that watch them (ADR 0021).
 //!
-//! A producer records a change with [`emit`] inside its own PostgreSQL
+//! A producer records a change with [`emit()`](fn@emit) inside its own PostgreSQL
 //! transaction; the same transaction writes one delivery per matching watch.
 //! The pump pushes each delivery to `POST <consumer>/api/v1/<producer>/events`,
 //! retrying with back-off until the delivery's deadline, superseding older
 //! news of the same object, and dropping a watch whose consumer answers 410.
+//!
+//! # Where a change goes
+//!
+//! | to change | open | which says the rest |
+//! |---|---|---|
+//! | a field of the delivery body | `src/delivery/mod.rs` | the SQL columns (`claim()` and `message()` in `sql/functions/0200_pump.sql`), [`delivery::Message`], [`delivery::Body`] |
+//! | the retry policy | `src/retry.rs` | back-off, Retry-After, the deadline (SQL), probing, and which function enforces each |
+//! | supersession, the per-object order | `sql/functions/0200_pump.sql` | the order rule at its top; `supersede_older()` is the one function every path calls; watch removal is `remove_watch()` in `0050_registry.sql` |
+//! | an error at the HTTP edge | `src/http/error.rs` | [`http::HttpError`]: one status per variant, as JSON or as a page; the bearer token is read by `src/http/bearer.rs` alone |
 //!
 //! # Layout
 //!
@@ -18,14 +27,20 @@
 //! - [`signing`]: Standard Webhooks signatures on every delivery, and their
 //!   verification for consumers.
 //! - [`delivery`]: a delivery as its consumer receives it (message, body,
-//!   URL, signed headers) and what an attempt came to, for the pump that
-//!   sends it and the panel that shows it.
+//!   URL, signed headers), what an attempt came to, and the states a
+//!   delivery goes through ([`delivery::State`]), for the pump that sends
+//!   it and the panel that shows it.
+//! - [`retry`]: when a failed delivery or warning is tried again, and how a
+//!   consumer that is down is probed.
 //! - [`redact`]: the one function that masks tokens and other credentials
 //!   before an answer is stored and before anything is shown.
 //! - [`pump`]: the delivery engine. [`pump::Pump::run`] is the loop:
 //!   wake-ups ([`pump::wakeup`]: NOTIFY and sweep), claims
 //!   ([`pump::store`]), per-consumer health ([`pump::health`]), HTTP sends
-//!   ([`pump::send`]) and the batched write-back of outcomes.
+//!   ([`pump::send`]) and the batched write-back of outcomes;
+//!   [`pump::Pump::step`] is one turn of it, for tests to drive.
+//! - [`http`]: what the HTTP front ends share: the one error type, the
+//!   bearer parser, request text checks, the panel's HTML blocks.
 //! - [`api`]: the watches API consumers call (axum).
 //! - [`watches`]: what a watch may be: names, the safe jsonpath subset its
 //!   filter must be in ([`watches::filter`]), what a service's filters on

@@ -114,7 +114,7 @@ pub struct Wakeups {
 
 impl Wakeups {
     /// Remembers a retry at `at` (wall clock), as seen at `now`; beyond
-    /// [`MAX_WAKEUPS`] it is left to the sweep.
+    /// `MAX_WAKEUPS` it is left to the sweep.
     pub fn remember(&mut self, at: DateTime<Utc>, now: Instant) {
         if self.due.len() < MAX_WAKEUPS {
             let wait = (at - Utc::now()).to_std().unwrap_or_default();

@@ -1,8 +1,8 @@
 //! The pump: claims due deliveries, sends them, and records what happened.
 //!
-//! One loop ([`Pump::run`], [`claiming`]) claims and dispatches; each send
+//! One loop ([`Pump::run`], `claiming.rs`) claims and dispatches; each send
 //! runs as its own task ([`send`]); a completer task writes finished
-//! attempts back in batches ([`recording`]). Between claims the loop sleeps
+//! attempts back in batches (`recording.rs`). Between claims the loop sleeps
 //! until a NOTIFY ([`wakeup`]), its sweep timer, a finished send freeing a
 //! slot, or a down consumer's probe time ([`health`]). [`Pump::step`] does
 //! one turn of all that in order, for tests to drive.

@@ -1,5 +1,5 @@
-//! One delivery attempt in typed stages: [`prepare`] the request (body and
-//! signed headers, [`crate::delivery`]), [`Sender::call`] the consumer, and
+//! One delivery attempt in typed stages: `prepare` the request (body and
+//! signed headers, [`crate::delivery`]), `Sender::call` the consumer, and
 //! read its answer into an [`AttemptResult`] with a retry time
 //! ([`crate::retry`]).
 

@@ -11,7 +11,7 @@
 //! old secret keeps signing next to the new one, until the overlap ends.
 //!
 //! What a registration is checked against (name, base URL, durations) is
-//! [`input`].
+//! `input.rs`.
 
 mod input;
 
