@@ -20,7 +20,8 @@
 //!
 //! - [`config`]: command line and environment (`--help` documents each knob).
 //! - [`schema`]: applies `sql/migrations/*.sql` once and `sql/functions/*.sql`
-//!   every time; the durable logic (emit, claim, complete, sweep) is SQL there.
+//!   every time ([`sql_files`], which the kit's inbox uses too); the durable
+//!   logic (emit, claim, complete, sweep) is SQL there.
 //! - [`emit()`](emit::emit): the producer's call, in the producer's transaction.
 //! - [`services`]: the registry of consumer services and their hashed tokens;
 //!   [`destinations`]: where their base URLs may point.
@@ -66,8 +67,8 @@
 //! # Features
 //!
 //! `producer` (default) builds everything above; `kit` builds only
-//! [`kit`], [`signing`], [`delivery`] and [`error`], without the pump's
-//! dependencies (reqwest, clap, metrics).
+//! [`kit`], [`signing`], [`delivery`], [`http`], [`sql_files`] and
+//! [`error`], without the pump's dependencies (reqwest, clap, metrics).
 
 #[cfg(feature = "producer")]
 pub mod api;
@@ -105,6 +106,8 @@ pub mod server;
 #[cfg(feature = "producer")]
 pub mod services;
 pub mod signing;
+#[cfg(feature = "kit")]
+pub mod sql_files;
 #[cfg(feature = "producer")]
 pub mod throttle;
 #[cfg(feature = "producer")]
