@@ -133,10 +133,11 @@ impl Wakeups {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn policy() -> RetryPolicy {
+    /// The policy unit tests share: 1 s doubling to 60 s, probes up to 1 s.
+    pub(crate) fn policy() -> RetryPolicy {
         RetryPolicy {
             initial: Duration::from_secs(1),
             max: Duration::from_secs(60),

@@ -196,14 +196,7 @@ impl Health {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn policy() -> RetryPolicy {
-        RetryPolicy {
-            initial: Duration::from_secs(1),
-            max: Duration::from_secs(60),
-            probe_max: Duration::from_secs(1),
-        }
-    }
+    use crate::retry::tests::policy;
 
     fn slot_of(slots: &Slots, id: i64) -> (i32, bool) {
         let i = slots.service_ids.iter().position(|s| *s == id).unwrap();
