@@ -109,7 +109,7 @@ pub async fn serve(
         }
         _ => None,
     };
-    let listener = bind(cfg.listen, "the watches API").await?;
+    let listener = bind(cfg.listen, "the watches API", "--listen / WATCHPUMP_LISTEN").await?;
     tracing::info!(addr = %cfg.listen, "watches API listening");
 
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -142,7 +142,12 @@ pub async fn serve(
     ));
     let mut tasks = Vec::new();
     if let Some((addr, handle, max)) = metrics {
-        let listener = bind(addr, "metrics").await?;
+        let listener = bind(
+            addr,
+            "metrics",
+            "--metrics-listen / WATCHPUMP_METRICS_LISTEN",
+        )
+        .await?;
         tracing::info!(%addr, "metrics at /metrics");
         let limits = cfg.edge.metrics_limits(max);
         let stop = stopped(stop_rx.clone());
@@ -196,10 +201,14 @@ fn metrics_addr(cfg: &ServeConfig) -> Result<Option<SocketAddr>> {
     })
 }
 
-async fn bind(addr: SocketAddr, what: &str) -> Result<TcpListener> {
-    TcpListener::bind(addr)
-        .await
-        .map_err(|e| Error::Config(format!("cannot listen on {addr} for {what}: {e}")))
+/// Binds a listener; the error names the setting to change, since the
+/// usual cause is another process on the port.
+async fn bind(addr: SocketAddr, what: &str, setting: &str) -> Result<TcpListener> {
+    TcpListener::bind(addr).await.map_err(|e| {
+        Error::Config(format!(
+            "cannot listen on {addr} for {what}: {e}; choose another address with {setting}"
+        ))
+    })
 }
 
 /// Raises the soft open-file limit to the hard one and returns it; when
