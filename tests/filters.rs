@@ -7,8 +7,6 @@
 
 mod common;
 
-use std::process::Command;
-
 use common::*;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
@@ -391,10 +389,8 @@ async fn migrate_reports_stored_filters_outside_the_language_and_keeps_them_work
         "the old probe"
     );
 
-    let out = Command::new(env!("CARGO_BIN_EXE_watchpump"))
+    let out = watchpump_cli(Some(&api.db.url))
         .arg("migrate")
-        .env("DATABASE_URL", &api.db.url)
-        .env_remove("RUST_LOG")
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
