@@ -6,9 +6,7 @@ use std::time::Duration;
 
 use watchpump::kit::WatchRequest;
 
-use crate::common::{
-    self, eventually, operator_config, pump_config, AppServer, RunningPump, TestDb,
-};
+use crate::common::{self, operator_config, pump_config, AppServer, RunningPump, TestDb};
 use crate::support::{delivery, now, post, signed, Consumer, LossyProxy, Work, WORK_SCHEMA};
 
 const MAIN: &str = "acme/web/refs/heads/main";
@@ -33,15 +31,8 @@ impl Producer {
     async fn emit_delivered(&self, object: &str, payload: serde_json::Value) -> i64 {
         let change = self.db.emit(object, "push", payload).await;
         let id = common::delivery_of(&self.db, change).await;
-        self.wait_state(id, "delivered").await;
+        self.db.wait_state(id, "delivered", LIMIT).await;
         id
-    }
-
-    async fn wait_state(&self, id: i64, state: &str) {
-        eventually(LIMIT, &format!("delivery {id} is {state}"), || async {
-            self.db.delivery_state(id).await == state
-        })
-        .await;
     }
 
     /// Attempts made and the last answer's status, from the operator's view.
@@ -219,7 +210,7 @@ async fn gone_answers_410_and_the_producer_removes_the_watch() {
         p.db.emit(MAIN, "push", serde_json::json!({"after": "1"}))
             .await;
     let id = common::delivery_of(&p.db, change).await;
-    p.wait_state(id, "dropped").await;
+    p.db.wait_state(id, "dropped", LIMIT).await;
 
     let live: bool =
         sqlx::query_scalar("select live from watchpump.watch_list where watch_id = $1")
@@ -272,11 +263,11 @@ async fn a_rotated_secret_verifies_with_the_old_or_the_new_secret_during_the_ove
     // The consumer switches to the new secret alone (a second endpoint on
     // the same inbox, where the service now points).
     let new = watchpump::signing::SigningSecret::parse(&new).unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let switched = crate::support::Served::start(
-        listener,
-        crate::support::endpoint(&c.db.pool, vec![new], work.clone()),
-    )
+    let switched = common::Served::on_loopback(crate::support::endpoint(
+        &c.db.pool,
+        vec![new],
+        work.clone(),
+    ))
     .await;
     watchpump::services::set_url(&p.db.pool, "deploy", &switched.base_url())
         .await
