@@ -8,46 +8,10 @@ use common::*;
 use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, WWW_AUTHENTICATE};
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
-use watchpump::api::{app, AppState, BODY_LIMIT};
-use watchpump::services::Service;
+use watchpump::api::BODY_LIMIT;
 
-/// A database, the API serving it on loopback, and two consumer services.
-struct Api {
-    db: TestDb,
-    base: String,
-    http: reqwest::Client,
-    deploy: Service,
-    deploy_token: String,
-    docs: Service,
-    docs_token: String,
-}
-
-impl Api {
-    async fn start() -> Api {
-        let db = TestDb::new().await;
-        let (deploy, deploy_token) = db.add_service("deploy", "http://127.0.0.1:9").await;
-        let (docs, docs_token) = db.add_service("docs", "http://127.0.0.1:9").await;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let router = app(AppState {
-            pool: db.pool.clone(),
-        });
-        tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
-        Api {
-            db,
-            base: format!("http://{addr}"),
-            http: reqwest::Client::new(),
-            deploy,
-            deploy_token,
-            docs,
-            docs_token,
-        }
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.base)
-    }
-
+/// The calls these tests make.
+impl WatchesApi {
     /// A request with `Authorization: Bearer <token>`.
     fn call(&self, method: Method, path: &str, token: &str) -> reqwest::RequestBuilder {
         self.http.request(method, self.url(path)).bearer_auth(token)
@@ -65,21 +29,6 @@ impl Api {
         let resp = self.call(Method::GET, path, token).send().await.unwrap();
         assert_eq!(resp.status(), StatusCode::OK, "GET {path}");
         resp.json().await.unwrap()
-    }
-
-    /// Every row watchpump keeps, as text: equal snapshots mean nothing was
-    /// inserted, updated or deleted in between.
-    async fn snapshot(&self) -> String {
-        sqlx::query_scalar(
-            "select concat_ws(E'\\n',
-                (select jsonb_agg(to_jsonb(s) order by s.id) from watchpump.services s)::text,
-                (select jsonb_agg(to_jsonb(w) order by w.id) from watchpump.watches w)::text,
-                (select jsonb_agg(to_jsonb(d) order by d.id) from watchpump.deliveries d)::text,
-                (select jsonb_agg(to_jsonb(c) order by c.id) from watchpump.changes c)::text)",
-        )
-        .fetch_one(&self.db.pool)
-        .await
-        .unwrap()
     }
 
     async fn count_watches(&self) -> i64 {
@@ -134,20 +83,10 @@ async fn deliveries_of_watch(db: &TestDb, watch_id: i64) -> Vec<(i64, String)> {
         .unwrap()
 }
 
-async fn watches_of_change(db: &TestDb, change_id: i64) -> Vec<i64> {
-    sqlx::query_scalar(
-        "select watch_id from watchpump.deliveries where change_id = $1 order by watch_id",
-    )
-    .bind(change_id)
-    .fetch_all(&db.pool)
-    .await
-    .unwrap()
-}
-
 #[tokio::test]
 async fn create_returns_201_with_the_watch_and_the_identical_watch_again_returns_200_and_the_same_id(
 ) {
-    let api = Api::start().await;
+    let api = WatchesApi::start().await;
     let body = json!({
         "resource": "app-7",
         "object": "acme/web/refs/heads/main",
@@ -230,7 +169,7 @@ async fn create_returns_201_with_the_watch_and_the_identical_watch_again_returns
 
 #[tokio::test]
 async fn list_shows_only_the_callers_own_watches_paginated_and_removed_ones_on_request() {
-    let api = Api::start().await;
+    let api = WatchesApi::start().await;
     // Interleaved ids, so that another service's watches sit between ours.
     let mut mine = Vec::new();
     let mut theirs = Vec::new();
@@ -363,7 +302,7 @@ async fn list_shows_only_the_callers_own_watches_paginated_and_removed_ones_on_r
 
 #[tokio::test]
 async fn get_own_watch_is_200_and_another_services_is_404_like_a_nonexistent_id() {
-    let api = Api::start().await;
+    let api = WatchesApi::start().await;
     let mine = api
         .db
         .add_watch(
@@ -385,7 +324,7 @@ async fn get_own_watch_is_200_and_another_services_is_404_like_a_nonexistent_id(
     assert_eq!(got, serde_json::to_value(&mine).unwrap());
     assert_eq!(got["filters"], json!({"kinds": ["push"]}));
 
-    let before = api.snapshot().await;
+    let before = api.db.snapshot().await;
     let other = api
         .call(
             Method::GET,
@@ -424,7 +363,7 @@ async fn get_own_watch_is_200_and_another_services_is_404_like_a_nonexistent_id(
         n
     };
     assert_eq!(names(&other_headers), names(&none_headers));
-    assert_eq!(api.snapshot().await, before);
+    assert_eq!(api.db.snapshot().await, before);
 
     // The owner still sees it.
     let got = api
@@ -435,7 +374,7 @@ async fn get_own_watch_is_200_and_another_services_is_404_like_a_nonexistent_id(
 
 #[tokio::test]
 async fn delete_own_watch_is_204_drops_its_pending_deliveries_and_shows_it_removed() {
-    let api = Api::start().await;
+    let api = WatchesApi::start().await;
     let db = &api.db;
     let doomed = db
         .add_watch(api.deploy.id, "app-7", "acme/web/", all())
@@ -512,7 +451,7 @@ async fn delete_own_watch_is_204_drops_its_pending_deliveries_and_shows_it_remov
     );
 
     // Deleting it again is harmless and changes nothing.
-    let before = api.snapshot().await;
+    let before = api.db.snapshot().await;
     let resp = api
         .call(
             Method::DELETE,
@@ -523,12 +462,12 @@ async fn delete_own_watch_is_204_drops_its_pending_deliveries_and_shows_it_remov
         .await
         .unwrap();
     assert_eq!(resp.status(), StatusCode::NO_CONTENT);
-    assert_eq!(api.snapshot().await, before);
+    assert_eq!(api.db.snapshot().await, before);
 }
 
 #[tokio::test]
 async fn delete_of_another_services_watch_is_404_and_changes_nothing() {
-    let api = Api::start().await;
+    let api = WatchesApi::start().await;
     let theirs = api
         .db
         .add_watch(api.docs.id, "site", "acme/web/", all())
@@ -537,7 +476,7 @@ async fn delete_of_another_services_watch_is_404_and_changes_nothing() {
     assert_eq!(api.db.count_state("pending").await, 1);
     let nonexistent = theirs.id + 1000;
 
-    let before = api.snapshot().await;
+    let before = api.db.snapshot().await;
     let resp = api
         .call(
             Method::DELETE,
@@ -562,7 +501,7 @@ async fn delete_of_another_services_watch_is_404_and_changes_nothing() {
         other_message.replace(&theirs.id.to_string(), "ID"),
         none_message.replace(&nonexistent.to_string(), "ID"),
     );
-    assert_eq!(api.snapshot().await, before, "nothing changed");
+    assert_eq!(api.db.snapshot().await, before, "nothing changed");
     let (removed,): (bool,) =
         sqlx::query_as("select removed_at is not null from watchpump.watches where id = $1")
             .bind(theirs.id)
@@ -575,7 +514,7 @@ async fn delete_of_another_services_watch_is_404_and_changes_nothing() {
 
 #[tokio::test]
 async fn requests_without_a_valid_service_token_are_401_and_change_nothing() {
-    let api = Api::start().await;
+    let api = WatchesApi::start().await;
     let theirs = api
         .db
         .add_watch(api.docs.id, "site", "acme/web/", all())
@@ -625,7 +564,7 @@ async fn requests_without_a_valid_service_token_are_401_and_change_nothing() {
         (Method::DELETE, format!("/api/v1/watches/{}", theirs.id)),
     ];
 
-    let before = api.snapshot().await;
+    let before = api.db.snapshot().await;
     let watches_before = api.count_watches().await;
     for (what, authorization) in &bad_authorizations {
         for (method, path) in &requests {
@@ -647,7 +586,7 @@ async fn requests_without_a_valid_service_token_are_401_and_change_nothing() {
         }
     }
     assert_eq!(api.count_watches().await, watches_before);
-    assert_eq!(api.snapshot().await, before, "nothing changed");
+    assert_eq!(api.db.snapshot().await, before, "nothing changed");
 
     // The right token works, so the failures above were the tokens'.
     let resp = api.create(&api.deploy_token, body).await;
@@ -667,7 +606,7 @@ type BodyCase = (
 
 #[tokio::test]
 async fn invalid_bodies_are_refused_with_the_right_status_and_change_nothing() {
-    let api = Api::start().await;
+    let api = WatchesApi::start().await;
     // A watch to collide with, so that "nothing changed" means something.
     api.db
         .add_watch(api.deploy.id, "app", "acme/web/", all())
@@ -732,7 +671,7 @@ async fn invalid_bodies_are_refused_with_the_right_status_and_change_nothing() {
             StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type", "JSON"),
     ];
 
-    let before = api.snapshot().await;
+    let before = api.db.snapshot().await;
     let watches_before = api.count_watches().await;
     for (what, content_type, body, status, code, says) in cases {
         let mut req = api.call(Method::POST, "/api/v1/watches", &api.deploy_token);
@@ -749,7 +688,7 @@ async fn invalid_bodies_are_refused_with_the_right_status_and_change_nothing() {
         );
         assert_eq!(api.count_watches().await, watches_before, "{what}");
     }
-    assert_eq!(api.snapshot().await, before, "nothing changed");
+    assert_eq!(api.db.snapshot().await, before, "nothing changed");
 
     // The same request, valid, is accepted: the failures were the bodies'.
     let resp = api
@@ -763,12 +702,12 @@ async fn invalid_bodies_are_refused_with_the_right_status_and_change_nothing() {
 
 #[tokio::test]
 async fn bad_paths_unknown_routes_and_wrong_methods_answer_json_errors_and_change_nothing() {
-    let api = Api::start().await;
+    let api = WatchesApi::start().await;
     let mine = api
         .db
         .add_watch(api.deploy.id, "app", "acme/web/", all())
         .await;
-    let before = api.snapshot().await;
+    let before = api.db.snapshot().await;
     let t = &api.deploy_token;
     let cases: Vec<(Method, String, StatusCode, &str)> = vec![
         (
@@ -850,12 +789,12 @@ async fn bad_paths_unknown_routes_and_wrong_methods_answer_json_errors_and_chang
         assert_eq!(resp.status(), status, "{method} {path}");
         expect_error(resp, status, code).await;
     }
-    assert_eq!(api.snapshot().await, before, "nothing changed");
+    assert_eq!(api.db.snapshot().await, before, "nothing changed");
 }
 
 #[tokio::test]
 async fn a_watch_created_through_the_api_gets_deliveries_for_exactly_the_matching_changes() {
-    let api = Api::start().await;
+    let api = WatchesApi::start().await;
     let db = &api.db;
     let resp = api
         .create(
@@ -949,7 +888,7 @@ async fn match_filters_that_would_make_emit_fail_are_refused_and_emit_keeps_work
     // emit() evaluates every matching watch's filter in the producer's own
     // transaction: a filter that raises an error there would fail the
     // producer's writes. These parse, but raise for some payloads.
-    let api = Api::start().await;
+    let api = WatchesApi::start().await;
     let object = "acme/web/refs/heads/main";
     let payload = json!({"a": "2020-01-01 10:00:00+02", "b": "2020-01-01", "v": 1});
     let refused = [
@@ -960,7 +899,7 @@ async fn match_filters_that_would_make_emit_fail_are_refused_and_emit_keeps_work
         r#"$.b.DateTime("xyz") == 1"#,
         "$.a.datetime() < $.b.datetime()",
     ];
-    let before = api.snapshot().await;
+    let before = api.db.snapshot().await;
     for path in refused {
         let resp = api
             .create(
@@ -971,7 +910,7 @@ async fn match_filters_that_would_make_emit_fail_are_refused_and_emit_keeps_work
         let message = expect_error(resp, StatusCode::UNPROCESSABLE_ENTITY, "invalid").await;
         assert!(message.starts_with("filters.match: "), "{path}: {message}");
     }
-    assert_eq!(api.snapshot().await, before, "nothing changed");
+    assert_eq!(api.db.snapshot().await, before, "nothing changed");
     // Look-alikes in keys and strings are fine.
     let mut accepted = Vec::new();
     for path in [
@@ -998,7 +937,7 @@ async fn match_filters_that_would_make_emit_fail_are_refused_and_emit_keeps_work
 
 #[tokio::test]
 async fn the_bearer_scheme_is_case_insensitive() {
-    let api = Api::start().await;
+    let api = WatchesApi::start().await;
     for scheme in ["Bearer", "bearer", "BEARER"] {
         let resp = api
             .http

@@ -395,12 +395,6 @@ async fn the_admin_api_runs_the_lifecycle_with_json_errors() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    let listed: Value = admin(http.get(app.url("/api/v1/admin/services")))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let listed = json_of(admin(http.get(app.url("/api/v1/admin/services")))).await;
     assert_eq!(listed["services"], json!([]));
 }

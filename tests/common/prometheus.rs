@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use super::ports::free_port;
+use super::servers::json_of;
 
 /// How long Prometheus may take to start.
 const STARTUP: Duration = Duration::from_secs(30);
@@ -288,15 +289,7 @@ impl Prometheus {
     }
 
     pub async fn get(&self, path: &str) -> Value {
-        let answer: Value = self
-            .http
-            .get(format!("{}{path}", self.base))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let answer = json_of(self.http.get(format!("{}{path}", self.base))).await;
         assert_eq!(answer["status"], "success", "{path}: {answer}");
         answer
     }

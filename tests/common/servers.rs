@@ -1,5 +1,5 @@
 //! Servers on loopback: any router ([`Served`], [`serve`]), the watches
-//! API alone ([`api_server`]), and the API with the panel and the admin API
+//! API alone ([`WatchesApi`]), and the API with the panel and the admin API
 //! as `watchpump serve` serves them ([`AppServer`]), with the operator's
 //! ways in (the admin token, a panel session).
 
@@ -11,6 +11,9 @@ use sqlx::PgPool;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
+use watchpump::services::Service;
+
+use super::db::TestDb;
 use super::pump::pump_config;
 use super::ADMIN_TOKEN;
 
@@ -72,11 +75,43 @@ pub async fn serve(app: Router) -> SocketAddr {
     addr
 }
 
-/// The watches API alone (`watchpump::api::app`) on loopback for as long as
-/// the test runs; returns its origin, `http://<addr>`.
-pub async fn api_server(pool: &PgPool) -> String {
-    let app = watchpump::api::app(watchpump::api::AppState { pool: pool.clone() });
-    format!("http://{}", serve(app).await)
+/// The watches API alone (`watchpump::api::app`) on loopback, on a fresh
+/// database with two consumer services registered, `deploy` and `docs`;
+/// served for as long as the test runs. A test file adds the calls it makes
+/// in an `impl WatchesApi` of its own.
+pub struct WatchesApi {
+    pub db: TestDb,
+    pub base: String,
+    pub http: reqwest::Client,
+    pub deploy: Service,
+    pub deploy_token: String,
+    pub docs: Service,
+    pub docs_token: String,
+}
+
+impl WatchesApi {
+    pub async fn start() -> WatchesApi {
+        let db = TestDb::new().await;
+        let (deploy, deploy_token) = db.add_service("deploy", "http://127.0.0.1:9").await;
+        let (docs, docs_token) = db.add_service("docs", "http://127.0.0.1:9").await;
+        let app = watchpump::api::app(watchpump::api::AppState {
+            pool: db.pool.clone(),
+        });
+        let addr = serve(app).await;
+        WatchesApi {
+            db,
+            base: format!("http://{addr}"),
+            http: reqwest::Client::new(),
+            deploy,
+            deploy_token,
+            docs,
+            docs_token,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
 }
 
 /// Operator settings for tests: the admin token set, everything else default.
