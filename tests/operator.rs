@@ -47,10 +47,7 @@ async fn the_views_show_backlog_log_watches_and_history_of_real_rows() {
         .await;
     ok.wait_for(1, WAIT).await;
     let delivered = delivery_of(&db, delivered).await;
-    eventually(WAIT, "delivered", || async {
-        db.delivery_state(delivered).await == "delivered"
-    })
-    .await;
+    db.wait_state(delivered, "delivered", WAIT).await;
     let (_docs, failed) = failed_delivery(&db, "docs", "acme/docs", json!({"n": 1})).await;
     pump.stop().await.unwrap();
     // With the pump stopped, a new change waits, due now.
@@ -154,10 +151,7 @@ async fn retry_from_sql_brings_a_failed_delivery_to_the_consumer_with_the_same_i
     let last = got.last().unwrap();
     assert_eq!(last.body["delivery_id"], id);
     assert_eq!(last.headers["watchpump-delivery"], id.to_string());
-    eventually(WAIT, "delivered after the retry", || async {
-        db.delivery_state(id).await == "delivered"
-    })
-    .await;
+    db.wait_state(id, "delivered", WAIT).await;
     pump.stop().await.unwrap();
 
     let fresh_deadline: bool = sqlx::query_scalar(
@@ -456,10 +450,7 @@ async fn retry_from_the_admin_api_brings_a_failed_delivery_to_the_consumer() {
     assert_eq!(body["previous_state"], "failed");
     let got = consumer.wait_for(before + 1, WAIT).await;
     assert_eq!(got.last().unwrap().body["delivery_id"], id);
-    eventually(WAIT, "delivered", || async {
-        db.delivery_state(id).await == "delivered"
-    })
-    .await;
+    db.wait_state(id, "delivered", WAIT).await;
 
     let (status, body) = post(format!("/api/v1/admin/deliveries/{id}/retry"), None).await;
     assert_eq!(
@@ -493,10 +484,7 @@ async fn retry_from_the_admin_api_brings_a_failed_delivery_to_the_consumer() {
     consumer.reply_with(500);
     let change = emit_with_window(&db, "acme/web/main", "push", json!({}), "1 second").await;
     let second = delivery_of(&db, change).await;
-    eventually(WAIT, "second delivery fails", || async {
-        db.delivery_state(second).await == "failed"
-    })
-    .await;
+    db.wait_state(second, "failed", WAIT).await;
     consumer.reply_with(200);
     let before = consumer.count();
     let (status, body) = post(
@@ -809,11 +797,7 @@ async fn one_pump_at_a_time_runs_the_operator_task_and_another_takes_over() {
 async fn serve_wires_the_panel_the_admin_api_and_the_operator_task() {
     use clap::Parser;
     let db = TestDb::new().await;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let listen = format!("127.0.0.1:{port}");
     let cli = watchpump::config::Cli::parse_from([
         "watchpump",

@@ -10,7 +10,6 @@ use watchpump::pump::Pump;
 
 use super::consumer::Receiver;
 use super::db::{all, delivery_of, emit_with_window, TestDb};
-use super::wait::eventually;
 use super::{PRODUCER, PRODUCER_TOKEN};
 
 /// The pump configuration tests use: quick sweeps and short retries, so
@@ -71,9 +70,6 @@ pub async fn failed_delivery(
     db.add_watch(svc.id, "app-1", object, all()).await;
     let change = emit_with_window(db, object, "push", payload, "1 second").await;
     let id = delivery_of(db, change).await;
-    eventually(Duration::from_secs(30), "the delivery fails", || async {
-        db.delivery_state(id).await == "failed"
-    })
-    .await;
+    db.wait_state(id, "failed", Duration::from_secs(30)).await;
     (consumer, id)
 }
