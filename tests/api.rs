@@ -17,6 +17,17 @@ impl WatchesApi {
         self.http.request(method, self.url(path)).bearer_auth(token)
     }
 
+    /// Sends a request without a body with `Authorization: Bearer <token>`.
+    async fn send(&self, method: Method, path: &str, token: &str) -> reqwest::Response {
+        self.call(method, path, token).send().await.unwrap()
+    }
+
+    /// `/api/v1/watches/{id}` as the `deploy` service.
+    async fn deploy_watch(&self, method: Method, id: i64) -> reqwest::Response {
+        let path = format!("/api/v1/watches/{id}");
+        self.send(method, &path, &self.deploy_token).await
+    }
+
     async fn create(&self, token: &str, body: Value) -> reqwest::Response {
         self.call(Method::POST, "/api/v1/watches", token)
             .json(&body)
@@ -26,7 +37,7 @@ impl WatchesApi {
     }
 
     async fn get_json(&self, token: &str, path: &str) -> Value {
-        let resp = self.call(Method::GET, path, token).send().await.unwrap();
+        let resp = self.send(Method::GET, path, token).await;
         assert_eq!(resp.status(), StatusCode::OK, "GET {path}");
         resp.json().await.unwrap()
     }
@@ -288,14 +299,12 @@ async fn list_shows_only_the_callers_own_watches_paginated_and_removed_ones_on_r
     // Limits out of range are refused.
     for bad in ["limit=0", "limit=1001", "limit=x", "after=x", "colour=red"] {
         let resp = api
-            .call(
+            .send(
                 Method::GET,
                 &format!("/api/v1/watches?{bad}"),
                 &api.deploy_token,
             )
-            .send()
-            .await
-            .unwrap();
+            .await;
         expect_error(resp, StatusCode::BAD_REQUEST, "bad_request").await;
     }
 }
@@ -325,26 +334,10 @@ async fn get_own_watch_is_200_and_another_services_is_404_like_a_nonexistent_id(
     assert_eq!(got["filters"], json!({"kinds": ["push"]}));
 
     let before = api.db.snapshot().await;
-    let other = api
-        .call(
-            Method::GET,
-            &format!("/api/v1/watches/{}", theirs.id),
-            &api.deploy_token,
-        )
-        .send()
-        .await
-        .unwrap();
+    let other = api.deploy_watch(Method::GET, theirs.id).await;
     let other_headers = other.headers().clone();
     let other_message = expect_error(other, StatusCode::NOT_FOUND, "not_found").await;
-    let none = api
-        .call(
-            Method::GET,
-            &format!("/api/v1/watches/{nonexistent}"),
-            &api.deploy_token,
-        )
-        .send()
-        .await
-        .unwrap();
+    let none = api.deploy_watch(Method::GET, nonexistent).await;
     let none_headers = none.headers().clone();
     let none_message = expect_error(none, StatusCode::NOT_FOUND, "not_found").await;
     // Nothing but the id itself differs between the two answers.
@@ -393,15 +386,7 @@ async fn delete_own_watch_is_204_drops_its_pending_deliveries_and_shows_it_remov
     let pending = doomed_deliveries[1].0;
     set_state(db, &[delivered], "delivered", None).await;
 
-    let resp = api
-        .call(
-            Method::DELETE,
-            &format!("/api/v1/watches/{}", doomed.id),
-            &api.deploy_token,
-        )
-        .send()
-        .await
-        .unwrap();
+    let resp = api.deploy_watch(Method::DELETE, doomed.id).await;
     assert_eq!(resp.status(), StatusCode::NO_CONTENT);
     assert!(resp.bytes().await.unwrap().is_empty());
 
@@ -452,15 +437,7 @@ async fn delete_own_watch_is_204_drops_its_pending_deliveries_and_shows_it_remov
 
     // Deleting it again is harmless and changes nothing.
     let before = api.db.snapshot().await;
-    let resp = api
-        .call(
-            Method::DELETE,
-            &format!("/api/v1/watches/{}", doomed.id),
-            &api.deploy_token,
-        )
-        .send()
-        .await
-        .unwrap();
+    let resp = api.deploy_watch(Method::DELETE, doomed.id).await;
     assert_eq!(resp.status(), StatusCode::NO_CONTENT);
     assert_eq!(api.db.snapshot().await, before);
 }
@@ -477,25 +454,9 @@ async fn delete_of_another_services_watch_is_404_and_changes_nothing() {
     let nonexistent = theirs.id + 1000;
 
     let before = api.db.snapshot().await;
-    let resp = api
-        .call(
-            Method::DELETE,
-            &format!("/api/v1/watches/{}", theirs.id),
-            &api.deploy_token,
-        )
-        .send()
-        .await
-        .unwrap();
+    let resp = api.deploy_watch(Method::DELETE, theirs.id).await;
     let other_message = expect_error(resp, StatusCode::NOT_FOUND, "not_found").await;
-    let resp = api
-        .call(
-            Method::DELETE,
-            &format!("/api/v1/watches/{nonexistent}"),
-            &api.deploy_token,
-        )
-        .send()
-        .await
-        .unwrap();
+    let resp = api.deploy_watch(Method::DELETE, nonexistent).await;
     let none_message = expect_error(resp, StatusCode::NOT_FOUND, "not_found").await;
     assert_eq!(
         other_message.replace(&theirs.id.to_string(), "ID"),

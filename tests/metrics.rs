@@ -154,20 +154,7 @@ async fn the_sweep_counts_failures_for_their_service() {
     let db = TestDb::new().await;
     let (service, _) = db.add_service("never-sent-to", "http://127.0.0.1:9").await;
     db.add_watch(service.id, "r", "acme/", all()).await;
-    let mut tx = db.pool.begin().await.unwrap();
-    let change = watchpump::emit(&mut tx, "acme/x", "push", &json!({}))
-        .await
-        .unwrap();
-    sqlx::query(
-        "update watchpump.queue
-         set deadline = now() - interval '1 second', next_attempt_at = now() + interval '1 hour'
-         where change_id = $1",
-    )
-    .bind(change)
-    .execute(&mut *tx)
-    .await
-    .unwrap();
-    tx.commit().await.unwrap();
+    let change = emit_overdue(&db, "acme/x").await;
     let pump = RunningPump::start(&db.pool, pump_config());
     db.wait_state(delivery_of(&db, change).await, "failed", WAIT)
         .await;
@@ -321,20 +308,7 @@ async fn run_scenario(db: &TestDb, ok: &Receiver, flaky: &Receiver, slow: &Recei
     slow.reply_with(200);
 
     // Failed in the sweep: a pending delivery, not due, past its deadline.
-    let mut tx = db.pool.begin().await.unwrap();
-    let change = watchpump::emit(&mut tx, "acme/ok/overdue", "push", &json!({}))
-        .await
-        .unwrap();
-    sqlx::query(
-        "update watchpump.queue
-         set deadline = now() - interval '1 second', next_attempt_at = now() + interval '1 hour'
-         where change_id = $1",
-    )
-    .bind(change)
-    .execute(&mut *tx)
-    .await
-    .unwrap();
-    tx.commit().await.unwrap();
+    let change = emit_overdue(db, "acme/ok/overdue").await;
     db.wait_state(delivery_of(db, change).await, "failed", WAIT)
         .await;
 
@@ -860,6 +834,26 @@ struct Waiting {
     /// Seconds since the epoch.
     oldest_due_at: Option<f64>,
     now: f64,
+}
+
+/// Emits a change whose delivery is pending, not due for an hour, and past
+/// its deadline: the sweep fails it.
+async fn emit_overdue(db: &TestDb, object: &str) -> i64 {
+    let mut tx = db.pool.begin().await.unwrap();
+    let change = watchpump::emit(&mut tx, object, "push", &json!({}))
+        .await
+        .unwrap();
+    sqlx::query(
+        "update watchpump.queue
+         set deadline = now() - interval '1 second', next_attempt_at = now() + interval '1 hour'
+         where change_id = $1",
+    )
+    .bind(change)
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    change
 }
 
 fn sorted(names: &[&'static str]) -> Vec<&'static str> {

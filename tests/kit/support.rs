@@ -43,6 +43,15 @@ impl ConsumerDb {
         sqlx::query_scalar(sql).fetch_one(&self.pool).await.unwrap()
     }
 
+    /// Rows in the consumer's work table, and deliveries in its inbox.
+    pub async fn work_and_inbox(&self) -> (i64, i64) {
+        (
+            self.count("select count(*) from work").await,
+            self.count("select count(*) from watchpump_inbox.deliveries")
+                .await,
+        )
+    }
+
     /// How many rows the inbox and the consumer's work table hold: what a
     /// refused request must leave as it was.
     pub async fn footprint(&self) -> (i64, i64, i64, i64) {
