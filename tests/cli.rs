@@ -676,3 +676,30 @@ async fn logs_are_plain_text_on_a_pipe_and_one_json_object_a_line_on_request() {
         }
     }
 }
+
+#[tokio::test]
+async fn serve_on_a_port_in_use_names_the_setting_that_moves_it() {
+    let db = TestDb::new().await;
+    // Held for the whole test: the port stays in use.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let in_use = taken.local_addr().unwrap().to_string();
+    let serve = |listen: &str, metrics: &str| {
+        watchpump_cli(Some(&db.url))
+            .arg("serve")
+            .env("WATCHPUMP_LISTEN", listen)
+            .env("WATCHPUMP_METRICS_LISTEN", metrics)
+            .env("WATCHPUMP_PRODUCER", "git")
+            .env("WATCHPUMP_PRODUCER_TOKEN", "x")
+            .output()
+            .unwrap()
+    };
+
+    let api = serve(&in_use, "off");
+    assert_fails_saying(&api, &format!("cannot listen on {in_use}"));
+    assert_fails_saying(&api, "WATCHPUMP_LISTEN");
+
+    let free = format!("127.0.0.1:{}", free_port());
+    let metrics = serve(&free, &in_use);
+    assert_fails_saying(&metrics, &format!("cannot listen on {in_use} for metrics"));
+    assert_fails_saying(&metrics, "WATCHPUMP_METRICS_LISTEN");
+}

@@ -658,6 +658,48 @@ async fn without_a_notify_url_the_warning_is_logged() {
 }
 
 #[tokio::test]
+async fn pruning_removes_watches_removed_long_ago_and_keeps_recent_and_live_ones() {
+    let db = TestDb::new().await;
+    let (svc, _) = db.add_service("deploy", "http://127.0.0.1:9").await;
+    let long_gone = db.add_watch(svc.id, "a", "acme/a", all()).await.id;
+    let recently_gone = db.add_watch(svc.id, "b", "acme/b", all()).await.id;
+    let gone_with_queue = db.add_watch(svc.id, "c", "acme/c", all()).await.id;
+    let live = db.add_watch(svc.id, "d", "acme/d", all()).await.id;
+    // A delivery still queued for a watch removed long ago keeps the watch.
+    db.emit("acme/c", "push", json!({})).await;
+    for (id, days) in [(long_gone, 40), (recently_gone, 3), (gone_with_queue, 40)] {
+        sqlx::query(
+            "update watchpump.watches set removed_at = now() - make_interval(days => $2),
+                    removed_reason = 'test' where id = $1",
+        )
+        .bind(id)
+        .bind(days)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    }
+
+    let worker = Worker::new(
+        db.pool.clone(),
+        operator_config(),
+        &pump_config(),
+        "http://p/panel",
+    )
+    .unwrap();
+    worker.prune().await.unwrap();
+
+    let left: Vec<i64> = sqlx::query_scalar("select id from watchpump.watches order by id")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        left,
+        vec![recently_gone, gone_with_queue, live],
+        "only the watch removed past both retentions, with nothing queued, goes"
+    );
+}
+
+#[tokio::test]
 async fn pruning_removes_only_rows_past_retention_and_keeps_failed_ones() {
     let db = TestDb::new().await;
     let (svc, _) = db.add_service("deploy", "http://127.0.0.1:9").await;
