@@ -7,6 +7,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 
 use crate::destinations::Destinations;
+use crate::retry::RetryPolicy;
 
 /// Deliver a producer's committed changes to the services that watch them.
 #[derive(Debug, Parser)]
@@ -139,7 +140,7 @@ pub struct ServeConfig {
     /// Panel, admin API, warnings to notify, pruning (boxed: it would
     /// make every `Command` as large as itself).
     #[command(flatten)]
-    pub operator: Box<crate::operator::OperatorConfig>,
+    pub operator: Box<crate::operator::config::OperatorConfig>,
 }
 
 /// How the pump delivers.
@@ -191,6 +192,7 @@ pub struct PumpConfig {
     #[arg(long, env = "WATCHPUMP_SERVICE_CONCURRENCY", default_value_t = 64)]
     pub service_concurrency: u32,
 
+    // The retry policy these bound: src/retry.rs.
     /// First retry delay; it doubles with each attempt (with jitter).
     #[arg(long, env = "WATCHPUMP_RETRY_INITIAL_MS", default_value_t = 1000)]
     pub retry_initial_ms: u64,
@@ -284,6 +286,14 @@ impl PumpConfig {
     }
     pub fn probe_interval(&self) -> Duration {
         Duration::from_millis(self.probe_interval_ms)
+    }
+    /// The retry delays' and probe pauses' bounds ([`crate::retry`]).
+    pub fn retry_policy(&self) -> RetryPolicy {
+        RetryPolicy {
+            initial: self.retry_initial(),
+            max: self.retry_max(),
+            probe_max: self.probe_interval(),
+        }
     }
     /// Where deliveries may go ([`crate::destinations`]).
     pub fn destinations(&self) -> Destinations {

@@ -1,30 +1,47 @@
 //! watchpump: a producer service's changes, delivered durably to the
 //! consumer services that watch them (ADR 0021).
 //!
-//! A producer records a change with [`emit`] inside its own PostgreSQL
+//! A producer records a change with [`emit()`](fn@emit) inside its own PostgreSQL
 //! transaction; the same transaction writes one delivery per matching watch.
 //! The pump pushes each delivery to `POST <consumer>/api/v1/<producer>/events`,
 //! retrying with back-off until the delivery's deadline, superseding older
 //! news of the same object, and dropping a watch whose consumer answers 410.
 //!
+//! # Where a change goes
+//!
+//! | to change | open | which says the rest |
+//! |---|---|---|
+//! | a field of the delivery body | `src/delivery/mod.rs` | the SQL columns (`claim()` and `message()` in `sql/functions/0200_pump.sql`), [`delivery::Message`], [`delivery::Body`] |
+//! | the retry policy | `src/retry.rs` | back-off, Retry-After, the deadline (SQL), probing, and which function enforces each |
+//! | supersession, the per-object order | `sql/functions/0200_pump.sql` | the order rule at its top; `supersede_older()` is the one function every path calls; watch removal is `remove_watch()` in `0050_registry.sql` |
+//! | an error at the HTTP edge | `src/http/error.rs` | [`http::HttpError`]: one status per variant, as JSON or as a page; the bearer token is read by `src/http/bearer.rs` alone |
+//!
 //! # Layout
 //!
 //! - [`config`]: command line and environment (`--help` documents each knob).
 //! - [`schema`]: applies `sql/migrations/*.sql` once and `sql/functions/*.sql`
-//!   every time; the durable logic (emit, claim, complete, sweep) is SQL there.
+//!   every time ([`sql_files`], which the kit's inbox uses too); the durable
+//!   logic (emit, claim, complete, sweep) is SQL there.
 //! - [`emit()`](emit::emit): the producer's call, in the producer's transaction.
 //! - [`services`]: the registry of consumer services and their hashed tokens;
 //!   [`destinations`]: where their base URLs may point.
 //! - [`signing`]: Standard Webhooks signatures on every delivery, and their
 //!   verification for consumers.
-//! - [`message`]: what a consumer receives (URL, headers, body), for the
-//!   pump that sends it and the panel that shows it.
+//! - [`delivery`]: a delivery as its consumer receives it (message, body,
+//!   URL, signed headers), what an attempt came to, and the states a
+//!   delivery goes through ([`delivery::State`]), for the pump that sends
+//!   it and the panel that shows it.
+//! - [`retry`]: when a failed delivery or warning is tried again, and how a
+//!   consumer that is down is probed.
 //! - [`redact`]: the one function that masks tokens and other credentials
 //!   before an answer is stored and before anything is shown.
 //! - [`pump`]: the delivery engine. [`pump::Pump::run`] is the loop:
 //!   wake-ups ([`pump::wakeup`]: NOTIFY and sweep), claims
 //!   ([`pump::store`]), per-consumer health ([`pump::health`]), HTTP sends
-//!   ([`pump::send`]) and the batched write-back of outcomes.
+//!   ([`pump::send`]) and the batched write-back of outcomes;
+//!   [`pump::Pump::step`] is one turn of it, for tests to drive.
+//! - [`http`]: what the HTTP front ends share: the one error type, the
+//!   bearer parser, request text checks, the panel's HTML blocks.
 //! - [`api`]: the watches API consumers call (axum).
 //! - [`watches`]: what a watch may be: names, the safe jsonpath subset its
 //!   filter must be in ([`watches::filter`]), what a service's filters on
@@ -50,8 +67,8 @@
 //! # Features
 //!
 //! `producer` (default) builds everything above; `kit` builds only
-//! [`kit`], [`signing`], [`message`] and [`error`], without the pump's
-//! dependencies (reqwest, clap, metrics).
+//! [`kit`], [`signing`], [`delivery`], [`http`], [`sql_files`] and
+//! [`error`], without the pump's dependencies (reqwest, clap, metrics).
 
 #[cfg(feature = "producer")]
 pub mod api;
@@ -59,6 +76,7 @@ pub mod api;
 pub mod cli;
 #[cfg(feature = "producer")]
 pub mod config;
+pub mod delivery;
 #[cfg(feature = "producer")]
 pub mod destinations;
 #[cfg(feature = "producer")]
@@ -68,8 +86,9 @@ pub mod emit;
 #[cfg(feature = "kit")]
 pub mod error;
 #[cfg(feature = "kit")]
+pub mod http;
+#[cfg(feature = "kit")]
 pub mod kit;
-pub mod message;
 #[cfg(feature = "producer")]
 pub mod metrics;
 #[cfg(feature = "producer")]
@@ -79,12 +98,16 @@ pub mod pump;
 #[cfg(feature = "producer")]
 pub mod redact;
 #[cfg(feature = "producer")]
+pub mod retry;
+#[cfg(feature = "producer")]
 pub mod schema;
 #[cfg(feature = "producer")]
 pub mod server;
 #[cfg(feature = "producer")]
 pub mod services;
 pub mod signing;
+#[cfg(feature = "kit")]
+pub mod sql_files;
 #[cfg(feature = "producer")]
 pub mod throttle;
 #[cfg(feature = "producer")]

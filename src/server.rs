@@ -7,6 +7,7 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, PgConnection, PgPool};
@@ -52,6 +53,47 @@ pub async fn connect(database_url: &str, size: u32) -> Result<PgPool> {
         .await?)
 }
 
+/// How long start-up keeps trying after the database went away under it.
+const START_UP_PATIENCE: Duration = Duration::from_secs(30);
+
+/// Migrates the schema and reads the registered services. The database
+/// answered a moment ago ([`connect`]); if it goes away now (a restart, a
+/// failover), start-up waits for it, up to [`START_UP_PATIENCE`], instead
+/// of exiting and leaving the restart to a supervisor.
+async fn prepare_database(pool: &PgPool) -> Result<Vec<services::Service>> {
+    let started = tokio::time::Instant::now();
+    loop {
+        let attempt = async {
+            let applied = schema::migrate(pool).await?;
+            if !applied.is_empty() {
+                tracing::info!(?applied, "schema updated");
+            }
+            services::list(pool).await
+        };
+        match attempt.await {
+            Err(Error::Database(e)) if is_gone(&e) && started.elapsed() < START_UP_PATIENCE => {
+                tracing::warn!(error = %e, "the database went away during start-up; trying again");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            done => return done,
+        }
+    }
+}
+
+/// The connection broke or the server is shutting down or starting up: the
+/// same statement can succeed once it is back.
+fn is_gone(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::Protocol(_) => true,
+        // 57P01-57P03: admin or crash shutdown, cannot connect now; class
+        // 08: connection exceptions.
+        sqlx::Error::Database(d) => d
+            .code()
+            .is_some_and(|c| c.starts_with("57P") || c.starts_with("08")),
+        _ => false,
+    }
+}
+
 /// A database URL fit for messages: its password replaced.
 fn without_password(url: &str) -> String {
     match reqwest::Url::parse(url) {
@@ -93,11 +135,7 @@ pub async fn serve(
     let soft_limit = open_file_limit();
     // One connection more than asked for: the listener keeps one for itself.
     let pool = connect(database_url, cfg.db_pool.max(2) + 1).await?;
-    let applied = schema::migrate(&pool).await?;
-    if !applied.is_empty() {
-        tracing::info!(?applied, "schema updated");
-    }
-    let services = services::list(&pool).await?;
+    let services = prepare_database(&pool).await?;
     let budget = budget(&cfg, soft_limit, services.len(), metrics_addr.is_some());
     let metrics = match (metrics_addr, budget.metrics) {
         (Some(addr), Some(max)) => {
@@ -109,7 +147,7 @@ pub async fn serve(
         }
         _ => None,
     };
-    let listener = bind(cfg.listen, "the watches API").await?;
+    let listener = bind(cfg.listen, "the watches API", "--listen / WATCHPUMP_LISTEN").await?;
     tracing::info!(addr = %cfg.listen, "watches API listening");
 
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -142,7 +180,12 @@ pub async fn serve(
     ));
     let mut tasks = Vec::new();
     if let Some((addr, handle, max)) = metrics {
-        let listener = bind(addr, "metrics").await?;
+        let listener = bind(
+            addr,
+            "metrics",
+            "--metrics-listen / WATCHPUMP_METRICS_LISTEN",
+        )
+        .await?;
         tracing::info!(%addr, "metrics at /metrics");
         let limits = cfg.edge.metrics_limits(max);
         let stop = stopped(stop_rx.clone());
@@ -196,10 +239,14 @@ fn metrics_addr(cfg: &ServeConfig) -> Result<Option<SocketAddr>> {
     })
 }
 
-async fn bind(addr: SocketAddr, what: &str) -> Result<TcpListener> {
-    TcpListener::bind(addr)
-        .await
-        .map_err(|e| Error::Config(format!("cannot listen on {addr} for {what}: {e}")))
+/// Binds a listener; the error names the setting to change, since the
+/// usual cause is another process on the port.
+async fn bind(addr: SocketAddr, what: &str, setting: &str) -> Result<TcpListener> {
+    TcpListener::bind(addr).await.map_err(|e| {
+        Error::Config(format!(
+            "cannot listen on {addr} for {what}: {e}; choose another address with {setting}"
+        ))
+    })
 }
 
 /// Raises the soft open-file limit to the hard one and returns it; when

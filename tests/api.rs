@@ -8,49 +8,24 @@ use common::*;
 use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, WWW_AUTHENTICATE};
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
-use watchpump::api::{app, AppState, BODY_LIMIT};
-use watchpump::services::Service;
+use watchpump::api::BODY_LIMIT;
 
-/// A database, the API serving it on loopback, and two consumer services.
-struct Api {
-    db: TestDb,
-    base: String,
-    http: reqwest::Client,
-    deploy: Service,
-    deploy_token: String,
-    docs: Service,
-    docs_token: String,
-}
-
-impl Api {
-    async fn start() -> Api {
-        let db = TestDb::new().await;
-        let (deploy, deploy_token) = db.add_service("deploy", "http://127.0.0.1:9").await;
-        let (docs, docs_token) = db.add_service("docs", "http://127.0.0.1:9").await;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let router = app(AppState {
-            pool: db.pool.clone(),
-        });
-        tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
-        Api {
-            db,
-            base: format!("http://{addr}"),
-            http: reqwest::Client::new(),
-            deploy,
-            deploy_token,
-            docs,
-            docs_token,
-        }
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.base)
-    }
-
+/// The calls these tests make.
+impl WatchesApi {
     /// A request with `Authorization: Bearer <token>`.
     fn call(&self, method: Method, path: &str, token: &str) -> reqwest::RequestBuilder {
         self.http.request(method, self.url(path)).bearer_auth(token)
+    }
+
+    /// Sends a request without a body with `Authorization: Bearer <token>`.
+    async fn send(&self, method: Method, path: &str, token: &str) -> reqwest::Response {
+        self.call(method, path, token).send().await.unwrap()
+    }
+
+    /// `/api/v1/watches/{id}` as the `deploy` service.
+    async fn deploy_watch(&self, method: Method, id: i64) -> reqwest::Response {
+        let path = format!("/api/v1/watches/{id}");
+        self.send(method, &path, &self.deploy_token).await
     }
 
     async fn create(&self, token: &str, body: Value) -> reqwest::Response {
@@ -62,24 +37,9 @@ impl Api {
     }
 
     async fn get_json(&self, token: &str, path: &str) -> Value {
-        let resp = self.call(Method::GET, path, token).send().await.unwrap();
+        let resp = self.send(Method::GET, path, token).await;
         assert_eq!(resp.status(), StatusCode::OK, "GET {path}");
         resp.json().await.unwrap()
-    }
-
-    /// Every row watchpump keeps, as text: equal snapshots mean nothing was
-    /// inserted, updated or deleted in between.
-    async fn snapshot(&self) -> String {
-        sqlx::query_scalar(
-            "select concat_ws(E'\\n',
-                (select jsonb_agg(to_jsonb(s) order by s.id) from watchpump.services s)::text,
-                (select jsonb_agg(to_jsonb(w) order by w.id) from watchpump.watches w)::text,
-                (select jsonb_agg(to_jsonb(d) order by d.id) from watchpump.deliveries d)::text,
-                (select jsonb_agg(to_jsonb(c) order by c.id) from watchpump.changes c)::text)",
-        )
-        .fetch_one(&self.db.pool)
-        .await
-        .unwrap()
     }
 
     async fn count_watches(&self) -> i64 {
@@ -134,20 +94,10 @@ async fn deliveries_of_watch(db: &TestDb, watch_id: i64) -> Vec<(i64, String)> {
         .unwrap()
 }
 
-async fn watches_of_change(db: &TestDb, change_id: i64) -> Vec<i64> {
-    sqlx::query_scalar(
-        "select watch_id from watchpump.deliveries where change_id = $1 order by watch_id",
-    )
-    .bind(change_id)
-    .fetch_all(&db.pool)
-    .await
-    .unwrap()
-}
-
 #[tokio::test]
 async fn create_returns_201_with_the_watch_and_the_identical_watch_again_returns_200_and_the_same_id(
 ) {
-    let api = Api::start().await;
+    let api = WatchesApi::start().await;
     let body = json!({
         "resource": "app-7",
         "object": "acme/web/refs/heads/main",
@@ -230,7 +180,7 @@ async fn create_returns_201_with_the_watch_and_the_identical_watch_again_returns
 
 #[tokio::test]
 async fn list_shows_only_the_callers_own_watches_paginated_and_removed_ones_on_request() {
-    let api = Api::start().await;
+    let api = WatchesApi::start().await;
     // Interleaved ids, so that another service's watches sit between ours.
     let mut mine = Vec::new();
     let mut theirs = Vec::new();
@@ -349,21 +299,19 @@ async fn list_shows_only_the_callers_own_watches_paginated_and_removed_ones_on_r
     // Limits out of range are refused.
     for bad in ["limit=0", "limit=1001", "limit=x", "after=x", "colour=red"] {
         let resp = api
-            .call(
+            .send(
                 Method::GET,
                 &format!("/api/v1/watches?{bad}"),
                 &api.deploy_token,
             )
-            .send()
-            .await
-            .unwrap();
+            .await;
         expect_error(resp, StatusCode::BAD_REQUEST, "bad_request").await;
     }
 }
 
 #[tokio::test]
 async fn get_own_watch_is_200_and_another_services_is_404_like_a_nonexistent_id() {
-    let api = Api::start().await;
+    let api = WatchesApi::start().await;
     let mine = api
         .db
         .add_watch(
@@ -385,27 +333,11 @@ async fn get_own_watch_is_200_and_another_services_is_404_like_a_nonexistent_id(
     assert_eq!(got, serde_json::to_value(&mine).unwrap());
     assert_eq!(got["filters"], json!({"kinds": ["push"]}));
 
-    let before = api.snapshot().await;
-    let other = api
-        .call(
-            Method::GET,
-            &format!("/api/v1/watches/{}", theirs.id),
-            &api.deploy_token,
-        )
-        .send()
-        .await
-        .unwrap();
+    let before = api.db.snapshot().await;
+    let other = api.deploy_watch(Method::GET, theirs.id).await;
     let other_headers = other.headers().clone();
     let other_message = expect_error(other, StatusCode::NOT_FOUND, "not_found").await;
-    let none = api
-        .call(
-            Method::GET,
-            &format!("/api/v1/watches/{nonexistent}"),
-            &api.deploy_token,
-        )
-        .send()
-        .await
-        .unwrap();
+    let none = api.deploy_watch(Method::GET, nonexistent).await;
     let none_headers = none.headers().clone();
     let none_message = expect_error(none, StatusCode::NOT_FOUND, "not_found").await;
     // Nothing but the id itself differs between the two answers.
@@ -424,7 +356,7 @@ async fn get_own_watch_is_200_and_another_services_is_404_like_a_nonexistent_id(
         n
     };
     assert_eq!(names(&other_headers), names(&none_headers));
-    assert_eq!(api.snapshot().await, before);
+    assert_eq!(api.db.snapshot().await, before);
 
     // The owner still sees it.
     let got = api
@@ -435,7 +367,7 @@ async fn get_own_watch_is_200_and_another_services_is_404_like_a_nonexistent_id(
 
 #[tokio::test]
 async fn delete_own_watch_is_204_drops_its_pending_deliveries_and_shows_it_removed() {
-    let api = Api::start().await;
+    let api = WatchesApi::start().await;
     let db = &api.db;
     let doomed = db
         .add_watch(api.deploy.id, "app-7", "acme/web/", all())
@@ -454,15 +386,7 @@ async fn delete_own_watch_is_204_drops_its_pending_deliveries_and_shows_it_remov
     let pending = doomed_deliveries[1].0;
     set_state(db, &[delivered], "delivered", None).await;
 
-    let resp = api
-        .call(
-            Method::DELETE,
-            &format!("/api/v1/watches/{}", doomed.id),
-            &api.deploy_token,
-        )
-        .send()
-        .await
-        .unwrap();
+    let resp = api.deploy_watch(Method::DELETE, doomed.id).await;
     assert_eq!(resp.status(), StatusCode::NO_CONTENT);
     assert!(resp.bytes().await.unwrap().is_empty());
 
@@ -512,23 +436,15 @@ async fn delete_own_watch_is_204_drops_its_pending_deliveries_and_shows_it_remov
     );
 
     // Deleting it again is harmless and changes nothing.
-    let before = api.snapshot().await;
-    let resp = api
-        .call(
-            Method::DELETE,
-            &format!("/api/v1/watches/{}", doomed.id),
-            &api.deploy_token,
-        )
-        .send()
-        .await
-        .unwrap();
+    let before = api.db.snapshot().await;
+    let resp = api.deploy_watch(Method::DELETE, doomed.id).await;
     assert_eq!(resp.status(), StatusCode::NO_CONTENT);
-    assert_eq!(api.snapshot().await, before);
+    assert_eq!(api.db.snapshot().await, before);
 }
 
 #[tokio::test]
 async fn delete_of_another_services_watch_is_404_and_changes_nothing() {
-    let api = Api::start().await;
+    let api = WatchesApi::start().await;
     let theirs = api
         .db
         .add_watch(api.docs.id, "site", "acme/web/", all())
@@ -537,32 +453,16 @@ async fn delete_of_another_services_watch_is_404_and_changes_nothing() {
     assert_eq!(api.db.count_state("pending").await, 1);
     let nonexistent = theirs.id + 1000;
 
-    let before = api.snapshot().await;
-    let resp = api
-        .call(
-            Method::DELETE,
-            &format!("/api/v1/watches/{}", theirs.id),
-            &api.deploy_token,
-        )
-        .send()
-        .await
-        .unwrap();
+    let before = api.db.snapshot().await;
+    let resp = api.deploy_watch(Method::DELETE, theirs.id).await;
     let other_message = expect_error(resp, StatusCode::NOT_FOUND, "not_found").await;
-    let resp = api
-        .call(
-            Method::DELETE,
-            &format!("/api/v1/watches/{nonexistent}"),
-            &api.deploy_token,
-        )
-        .send()
-        .await
-        .unwrap();
+    let resp = api.deploy_watch(Method::DELETE, nonexistent).await;
     let none_message = expect_error(resp, StatusCode::NOT_FOUND, "not_found").await;
     assert_eq!(
         other_message.replace(&theirs.id.to_string(), "ID"),
         none_message.replace(&nonexistent.to_string(), "ID"),
     );
-    assert_eq!(api.snapshot().await, before, "nothing changed");
+    assert_eq!(api.db.snapshot().await, before, "nothing changed");
     let (removed,): (bool,) =
         sqlx::query_as("select removed_at is not null from watchpump.watches where id = $1")
             .bind(theirs.id)
@@ -575,7 +475,7 @@ async fn delete_of_another_services_watch_is_404_and_changes_nothing() {
 
 #[tokio::test]
 async fn requests_without_a_valid_service_token_are_401_and_change_nothing() {
-    let api = Api::start().await;
+    let api = WatchesApi::start().await;
     let theirs = api
         .db
         .add_watch(api.docs.id, "site", "acme/web/", all())
@@ -625,7 +525,7 @@ async fn requests_without_a_valid_service_token_are_401_and_change_nothing() {
         (Method::DELETE, format!("/api/v1/watches/{}", theirs.id)),
     ];
 
-    let before = api.snapshot().await;
+    let before = api.db.snapshot().await;
     let watches_before = api.count_watches().await;
     for (what, authorization) in &bad_authorizations {
         for (method, path) in &requests {
@@ -647,7 +547,7 @@ async fn requests_without_a_valid_service_token_are_401_and_change_nothing() {
         }
     }
     assert_eq!(api.count_watches().await, watches_before);
-    assert_eq!(api.snapshot().await, before, "nothing changed");
+    assert_eq!(api.db.snapshot().await, before, "nothing changed");
 
     // The right token works, so the failures above were the tokens'.
     let resp = api.create(&api.deploy_token, body).await;
@@ -667,7 +567,7 @@ type BodyCase = (
 
 #[tokio::test]
 async fn invalid_bodies_are_refused_with_the_right_status_and_change_nothing() {
-    let api = Api::start().await;
+    let api = WatchesApi::start().await;
     // A watch to collide with, so that "nothing changed" means something.
     api.db
         .add_watch(api.deploy.id, "app", "acme/web/", all())
@@ -732,7 +632,7 @@ async fn invalid_bodies_are_refused_with_the_right_status_and_change_nothing() {
             StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type", "JSON"),
     ];
 
-    let before = api.snapshot().await;
+    let before = api.db.snapshot().await;
     let watches_before = api.count_watches().await;
     for (what, content_type, body, status, code, says) in cases {
         let mut req = api.call(Method::POST, "/api/v1/watches", &api.deploy_token);
@@ -749,7 +649,7 @@ async fn invalid_bodies_are_refused_with_the_right_status_and_change_nothing() {
         );
         assert_eq!(api.count_watches().await, watches_before, "{what}");
     }
-    assert_eq!(api.snapshot().await, before, "nothing changed");
+    assert_eq!(api.db.snapshot().await, before, "nothing changed");
 
     // The same request, valid, is accepted: the failures were the bodies'.
     let resp = api
@@ -763,12 +663,12 @@ async fn invalid_bodies_are_refused_with_the_right_status_and_change_nothing() {
 
 #[tokio::test]
 async fn bad_paths_unknown_routes_and_wrong_methods_answer_json_errors_and_change_nothing() {
-    let api = Api::start().await;
+    let api = WatchesApi::start().await;
     let mine = api
         .db
         .add_watch(api.deploy.id, "app", "acme/web/", all())
         .await;
-    let before = api.snapshot().await;
+    let before = api.db.snapshot().await;
     let t = &api.deploy_token;
     let cases: Vec<(Method, String, StatusCode, &str)> = vec![
         (
@@ -850,12 +750,12 @@ async fn bad_paths_unknown_routes_and_wrong_methods_answer_json_errors_and_chang
         assert_eq!(resp.status(), status, "{method} {path}");
         expect_error(resp, status, code).await;
     }
-    assert_eq!(api.snapshot().await, before, "nothing changed");
+    assert_eq!(api.db.snapshot().await, before, "nothing changed");
 }
 
 #[tokio::test]
 async fn a_watch_created_through_the_api_gets_deliveries_for_exactly_the_matching_changes() {
-    let api = Api::start().await;
+    let api = WatchesApi::start().await;
     let db = &api.db;
     let resp = api
         .create(
@@ -949,7 +849,7 @@ async fn match_filters_that_would_make_emit_fail_are_refused_and_emit_keeps_work
     // emit() evaluates every matching watch's filter in the producer's own
     // transaction: a filter that raises an error there would fail the
     // producer's writes. These parse, but raise for some payloads.
-    let api = Api::start().await;
+    let api = WatchesApi::start().await;
     let object = "acme/web/refs/heads/main";
     let payload = json!({"a": "2020-01-01 10:00:00+02", "b": "2020-01-01", "v": 1});
     let refused = [
@@ -960,7 +860,7 @@ async fn match_filters_that_would_make_emit_fail_are_refused_and_emit_keeps_work
         r#"$.b.DateTime("xyz") == 1"#,
         "$.a.datetime() < $.b.datetime()",
     ];
-    let before = api.snapshot().await;
+    let before = api.db.snapshot().await;
     for path in refused {
         let resp = api
             .create(
@@ -971,7 +871,7 @@ async fn match_filters_that_would_make_emit_fail_are_refused_and_emit_keeps_work
         let message = expect_error(resp, StatusCode::UNPROCESSABLE_ENTITY, "invalid").await;
         assert!(message.starts_with("filters.match: "), "{path}: {message}");
     }
-    assert_eq!(api.snapshot().await, before, "nothing changed");
+    assert_eq!(api.db.snapshot().await, before, "nothing changed");
     // Look-alikes in keys and strings are fine.
     let mut accepted = Vec::new();
     for path in [
@@ -998,7 +898,7 @@ async fn match_filters_that_would_make_emit_fail_are_refused_and_emit_keeps_work
 
 #[tokio::test]
 async fn the_bearer_scheme_is_case_insensitive() {
-    let api = Api::start().await;
+    let api = WatchesApi::start().await;
     for scheme in ["Bearer", "bearer", "BEARER"] {
         let resp = api
             .http

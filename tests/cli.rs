@@ -11,28 +11,9 @@ use std::time::{Duration, Instant};
 use common::*;
 use serde_json::json;
 
-const BIN: &str = env!("CARGO_BIN_EXE_watchpump");
-
-/// The binary with a clean environment: no DATABASE_URL or WATCHPUMP_*
-/// from the outside, quiet logs unless asked.
-fn watchpump(database_url: Option<&str>) -> Command {
-    let mut cmd = Command::new(BIN);
-    for (key, _) in std::env::vars_os() {
-        let key = key.to_string_lossy().to_string();
-        if key == "DATABASE_URL" || key.starts_with("WATCHPUMP_") || key == "RUST_LOG" {
-            cmd.env_remove(key);
-        }
-    }
-    if let Some(url) = database_url {
-        cmd.env("DATABASE_URL", url);
-    }
-    cmd.stdin(Stdio::null());
-    cmd
-}
-
 /// Runs to completion and returns what it printed.
 fn run(database_url: Option<&str>, args: &[&str]) -> Output {
-    watchpump(database_url)
+    watchpump_cli(database_url)
         .args(args)
         .output()
         .expect("run the watchpump binary")
@@ -69,23 +50,6 @@ fn assert_fails_saying(out: &Output, says: &str) {
     );
     let err = stderr(out);
     assert!(err.contains(says), "stderr should mention {says:?}: {err}");
-}
-
-/// An empty database on the test cluster, not migrated.
-async fn blank_database() -> (String, sqlx::PgPool) {
-    let admin = std::env::var("WATCHPUMP_TEST_DATABASE_URL")
-        .or_else(|_| std::env::var("DATABASE_URL"))
-        .expect("WATCHPUMP_TEST_DATABASE_URL: run the tests with `make test`");
-    let name = format!("wp_t_{:016x}", rand::random::<u64>());
-    let admin_pool = watchpump::server::connect(&admin, 1).await.unwrap();
-    sqlx::query(&format!("create database {name}"))
-        .execute(&admin_pool)
-        .await
-        .unwrap();
-    admin_pool.close().await;
-    let url = format!("{}/{name}", admin.rsplit_once('/').unwrap().0);
-    let pool = watchpump::server::connect(&url, 2).await.unwrap();
-    (url, pool)
 }
 
 async fn count(db: &TestDb, table: &str) -> i64 {
@@ -127,14 +91,6 @@ fn collect(mut from: impl Read + Send + 'static) -> Arc<Mutex<String>> {
         }
     });
     out
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 #[tokio::test]
@@ -449,7 +405,7 @@ async fn every_command_without_a_database_url_fails_with_a_message() {
         assert_fails_saying(&out, "DATABASE_URL");
         assert_eq!(stdout(&out), "", "{args:?}");
     }
-    let out = watchpump(None)
+    let out = watchpump_cli(None)
         .args(["serve"])
         .env("WATCHPUMP_PRODUCER", "git")
         .env("WATCHPUMP_PRODUCER_TOKEN", "x")
@@ -465,7 +421,7 @@ async fn serve_refuses_a_lease_not_longer_than_the_request_timeout() {
     let db = TestDb::new().await;
     for (lease, timeout) in [("1000", "2000"), ("2000", "2000")] {
         let port = free_port();
-        let mut child = watchpump(Some(&db.url))
+        let mut child = watchpump_cli(Some(&db.url))
             .arg("serve")
             .env("WATCHPUMP_LISTEN", format!("127.0.0.1:{port}"))
             .env("WATCHPUMP_METRICS_LISTEN", "off")
@@ -523,7 +479,7 @@ fn serve_help_documents_the_producer_and_listen_settings() {
 async fn serve_answers_healthz_and_exits_0_on_sigterm() {
     let db = TestDb::new().await;
     let port = free_port();
-    let mut child = watchpump(Some(&db.url))
+    let mut child = watchpump_cli(Some(&db.url))
         .arg("serve")
         .env("WATCHPUMP_LISTEN", format!("127.0.0.1:{port}"))
         .env("WATCHPUMP_METRICS_LISTEN", "off")
@@ -601,7 +557,7 @@ async fn serve_without_a_producer_name_or_token_names_the_variable_to_set() {
         ("WATCHPUMP_PRODUCER", "set WATCHPUMP_PRODUCER"),
         ("WATCHPUMP_PRODUCER_TOKEN", "set WATCHPUMP_PRODUCER_TOKEN"),
     ] {
-        let mut cmd = watchpump(Some(&db.url));
+        let mut cmd = watchpump_cli(Some(&db.url));
         cmd.arg("serve")
             .env("WATCHPUMP_PRODUCER", "git")
             .env("WATCHPUMP_PRODUCER_TOKEN", "x")
@@ -625,7 +581,7 @@ async fn emit_reads_a_large_payload_from_stdin_or_a_file_and_refuses_nul() {
         .collect();
     let big = json!({"paths": paths}).to_string();
     assert!(big.len() > 2_000_000);
-    let mut child = watchpump(Some(&db.url))
+    let mut child = watchpump_cli(Some(&db.url))
         .args(["emit", "acme/web/main", "push", "-"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -680,7 +636,7 @@ async fn logs_are_plain_text_on_a_pipe_and_one_json_object_a_line_on_request() {
     let db = TestDb::new().await;
     for format in ["text", "json"] {
         let port = free_port();
-        let mut child = watchpump(Some(&db.url))
+        let mut child = watchpump_cli(Some(&db.url))
             .arg("serve")
             .env("WATCHPUMP_LISTEN", format!("127.0.0.1:{port}"))
             .env("WATCHPUMP_METRICS_LISTEN", "off")
@@ -719,4 +675,31 @@ async fn logs_are_plain_text_on_a_pipe_and_one_json_object_a_line_on_request() {
             }
         }
     }
+}
+
+#[tokio::test]
+async fn serve_on_a_port_in_use_names_the_setting_that_moves_it() {
+    let db = TestDb::new().await;
+    // Held for the whole test: the port stays in use.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let in_use = taken.local_addr().unwrap().to_string();
+    let serve = |listen: &str, metrics: &str| {
+        watchpump_cli(Some(&db.url))
+            .arg("serve")
+            .env("WATCHPUMP_LISTEN", listen)
+            .env("WATCHPUMP_METRICS_LISTEN", metrics)
+            .env("WATCHPUMP_PRODUCER", "git")
+            .env("WATCHPUMP_PRODUCER_TOKEN", "x")
+            .output()
+            .unwrap()
+    };
+
+    let api = serve(&in_use, "off");
+    assert_fails_saying(&api, &format!("cannot listen on {in_use}"));
+    assert_fails_saying(&api, "WATCHPUMP_LISTEN");
+
+    let free = format!("127.0.0.1:{}", free_port());
+    let metrics = serve(&free, &in_use);
+    assert_fails_saying(&metrics, &format!("cannot listen on {in_use} for metrics"));
+    assert_fails_saying(&metrics, "WATCHPUMP_METRICS_LISTEN");
 }

@@ -63,10 +63,7 @@ async fn a_committed_change_reaches_the_consumer_with_the_documented_body_and_he
         body["occurred_at"].as_str().unwrap().parse().unwrap();
     assert_eq!(sent_at, occurred_at);
 
-    eventually(WAIT, "delivery marked delivered", || async {
-        db.delivery_state(delivery_id).await == "delivered"
-    })
-    .await;
+    db.wait_state(delivery_id, "delivered", WAIT).await;
     let (attempts, status): (i64, Option<i32>) = sqlx::query_as(
         "select count(*), max(status) from watchpump.attempts where delivery_id = $1",
     )

@@ -7,7 +7,6 @@
 
 mod common;
 
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::*;
@@ -42,7 +41,7 @@ async fn link_local_and_metadata_base_urls_are_refused_at_add_and_set_url() {
     assert_eq!(service_count(&db).await, 0);
 
     // The CLI: exit 2, the reason on stderr, nothing written.
-    let out = Command::new(env!("CARGO_BIN_EXE_watchpump"))
+    let out = watchpump_cli(Some(&db.url))
         .args([
             "services",
             "add",
@@ -50,9 +49,6 @@ async fn link_local_and_metadata_base_urls_are_refused_at_add_and_set_url() {
             "--base-url",
             "http://169.254.169.254",
         ])
-        .env("DATABASE_URL", &db.url)
-        .env_remove("WATCHPUMP_ALLOWED_DESTINATIONS")
-        .stdin(Stdio::null())
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -99,7 +95,7 @@ async fn link_local_and_metadata_base_urls_are_refused_at_add_and_set_url() {
 #[tokio::test]
 async fn an_allow_list_refuses_other_destinations_at_add() {
     let db = TestDb::new().await;
-    let out = Command::new(env!("CARGO_BIN_EXE_watchpump"))
+    let out = watchpump_cli(Some(&db.url))
         .args([
             "services",
             "add",
@@ -107,12 +103,10 @@ async fn an_allow_list_refuses_other_destinations_at_add() {
             "--base-url",
             "http://127.0.0.1:9",
         ])
-        .env("DATABASE_URL", &db.url)
         .env(
             "WATCHPUMP_ALLOWED_DESTINATIONS",
             "127.0.0.2, hooks.internal",
         )
-        .stdin(Stdio::null())
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);

@@ -174,15 +174,9 @@ struct Child {
 
 impl Child {
     async fn start(db: &TestDb, per_ip: &str) -> Child {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_watchpump"));
+        let port = free_port();
+        let mut cmd = watchpump_cli(Some(&db.url));
         cmd.arg("serve")
-            .env_remove("RUST_LOG")
-            .env("DATABASE_URL", &db.url)
             .env("WATCHPUMP_LISTEN", format!("127.0.0.1:{port}"))
             .env("WATCHPUMP_METRICS_LISTEN", "off")
             .env("WATCHPUMP_PRODUCER", PRODUCER)

@@ -7,49 +7,16 @@
 
 mod common;
 
-use std::process::Command;
-
 use common::*;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
-use watchpump::api::{app, AppState};
-use watchpump::services::Service;
 use watchpump::watches::cap::MAX_FILTER_COST_PER_OBJECT;
 use watchpump::watches::filter::MAX_COST;
 
 const MAIN: &str = "acme/web/refs/heads/main";
 
-/// A database, the API on loopback, and two consumer services.
-struct Api {
-    db: TestDb,
-    base: String,
-    http: reqwest::Client,
-    deploy: Service,
-    deploy_token: String,
-    docs_token: String,
-}
-
-impl Api {
-    async fn start() -> Api {
-        let db = TestDb::new().await;
-        let (deploy, deploy_token) = db.add_service("deploy", "http://127.0.0.1:9").await;
-        let (_, docs_token) = db.add_service("docs", "http://127.0.0.1:9").await;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let base = format!("http://{}", listener.local_addr().unwrap());
-        let router = app(AppState {
-            pool: db.pool.clone(),
-        });
-        tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
-        Api {
-            db,
-            base,
-            http: reqwest::Client::new(),
-            deploy,
-            deploy_token,
-            docs_token,
-        }
-    }
-
+/// The calls these tests make.
+impl WatchesApi {
     /// `POST /api/v1/watches`; the status and the body.
     async fn create(&self, token: &str, body: Value) -> (StatusCode, Value) {
         let resp = self
@@ -79,21 +46,6 @@ impl Api {
         answer["error"]["message"].as_str().unwrap().to_string()
     }
 
-    /// Every row watchpump keeps, as text: equal snapshots mean nothing was
-    /// inserted, updated or deleted in between.
-    async fn snapshot(&self) -> String {
-        sqlx::query_scalar(
-            "select concat_ws(E'\\n',
-                (select jsonb_agg(to_jsonb(s) order by s.id) from watchpump.services s)::text,
-                (select jsonb_agg(to_jsonb(w) order by w.id) from watchpump.watches w)::text,
-                (select jsonb_agg(to_jsonb(d) order by d.id) from watchpump.deliveries d)::text,
-                (select jsonb_agg(to_jsonb(c) order by c.id) from watchpump.changes c)::text)",
-        )
-        .fetch_one(&self.db.pool)
-        .await
-        .unwrap()
-    }
-
     async fn is_predicate(&self, watch_id: i64) -> Option<bool> {
         sqlx::query_scalar("select match_is_predicate from watchpump.watches where id = $1")
             .bind(watch_id)
@@ -105,13 +57,7 @@ impl Api {
     /// Emits and returns the watches the change was delivered to.
     async fn delivered_to(&self, object: &str, payload: Value) -> Vec<i64> {
         let change = self.db.emit(object, "push", payload).await;
-        sqlx::query_scalar(
-            "select watch_id from watchpump.deliveries where change_id = $1 order by watch_id",
-        )
-        .bind(change)
-        .fetch_all(&self.db.pool)
-        .await
-        .unwrap()
+        watches_of_change(&self.db, change).await
     }
 }
 
@@ -129,8 +75,8 @@ fn paths(n: usize) -> Value {
 
 #[tokio::test]
 async fn the_filter_that_took_seconds_and_gigabytes_is_refused_and_changes_nothing() {
-    let api = Api::start().await;
-    let before = api.snapshot().await;
+    let api = WatchesApi::start().await;
+    let before = api.db.snapshot().await;
     let evil = r#"$.paths[*] ? (exists($.paths[*] ? (exists($.paths[*] ? (@ == "zzz")))))"#;
     let message = api
         .refused(&api.deploy_token, watch("app", "acme/web/", evil))
@@ -161,13 +107,13 @@ async fn the_filter_that_took_seconds_and_gigabytes_is_refused_and_changes_nothi
             .await;
         assert!(message.contains(says), "{filter}: {message}");
     }
-    assert_eq!(api.snapshot().await, before, "nothing changed");
+    assert_eq!(api.db.snapshot().await, before, "nothing changed");
 }
 
 #[tokio::test]
 async fn predicates_the_old_probe_called_paths_are_refused_or_classified_right() {
-    let api = Api::start().await;
-    let before = api.snapshot().await;
+    let api = WatchesApi::start().await;
+    let before = api.db.snapshot().await;
     for (filter, says) in [
         ("$.** == 1", "`.**`"),
         ("$.a / 0 == 1", "arithmetic (`/`)"),
@@ -178,7 +124,7 @@ async fn predicates_the_old_probe_called_paths_are_refused_or_classified_right()
             .await;
         assert!(message.contains(says), "{filter}: {message}");
     }
-    assert_eq!(api.snapshot().await, before, "nothing changed");
+    assert_eq!(api.db.snapshot().await, before, "nothing changed");
 
     // `$ == 1` is a predicate: the probe on '{}' found it unknown, stored it
     // as a path, and it then matched every change.
@@ -196,7 +142,7 @@ async fn predicates_the_old_probe_called_paths_are_refused_or_classified_right()
 
 #[tokio::test]
 async fn accepted_filters_still_deliver_as_before_on_small_and_large_payloads() {
-    let api = Api::start().await;
+    let api = WatchesApi::start().await;
     let docs = r#"$.paths[*] ? (@ starts with "docs/")"#;
     let forced = api
         .created(&api.deploy_token, "forced", MAIN, "$.forced == true")
@@ -240,7 +186,7 @@ async fn accepted_filters_still_deliver_as_before_on_small_and_large_payloads() 
 
 #[tokio::test]
 async fn the_per_object_cap_refuses_the_filtered_watch_over_it_and_nothing_else() {
-    let api = Api::start().await;
+    let api = WatchesApi::start().await;
     let t = &api.deploy_token;
     let cap = MAX_FILTER_COST_PER_OBJECT as usize;
     // Two units each on the prefix, one unit each on the object: the cap.
@@ -253,7 +199,7 @@ async fn the_per_object_cap_refuses_the_filtered_watch_over_it_and_nothing_else(
         let filter = format!(r#"$.paths[*] ? (@ starts with "app{i}/")"#);
         on_main.push(api.created(t, &format!("m{i}"), MAIN, &filter).await);
     }
-    let before = api.snapshot().await;
+    let before = api.db.snapshot().await;
     let one_more = watch("m-last", MAIN, r#"$.paths[*] ? (@ == "x")"#);
     let message = api.refused(t, one_more.clone()).await;
     assert!(
@@ -267,7 +213,7 @@ async fn the_per_object_cap_refuses_the_filtered_watch_over_it_and_nothing_else(
         .refused(t, watch("all", "acme/", "$.forced == true"))
         .await;
     assert!(message.contains("or under it"), "{message}");
-    assert_eq!(api.snapshot().await, before, "nothing changed");
+    assert_eq!(api.db.snapshot().await, before, "nothing changed");
 
     // Without a filter, on a sibling, or for another service: allowed.
     let (status, _) = api
@@ -293,7 +239,7 @@ async fn the_per_object_cap_refuses_the_filtered_watch_over_it_and_nothing_else(
 
 #[tokio::test]
 async fn the_cap_counts_what_filters_cost_not_how_many_there_are() {
-    let api = Api::start().await;
+    let api = WatchesApi::start().await;
     let t = &api.deploy_token;
     let object = "acme/api/refs/heads/main";
     // The most one filter may cost: a like_regex of weight 12 and 4 more.
@@ -319,8 +265,8 @@ async fn the_cap_counts_what_filters_cost_not_how_many_there_are() {
 
 #[tokio::test]
 async fn names_with_invisible_or_direction_characters_are_refused() {
-    let api = Api::start().await;
-    let before = api.snapshot().await;
+    let api = WatchesApi::start().await;
+    let before = api.db.snapshot().await;
     let invisible = [
         '\u{202A}', '\u{202B}', '\u{202C}', '\u{202D}', '\u{202E}', '\u{2066}', '\u{2067}',
         '\u{2068}', '\u{2069}', '\u{200E}', '\u{200F}', '\u{061C}', '\u{200B}', '\u{200C}',
@@ -349,7 +295,7 @@ async fn names_with_invisible_or_direction_characters_are_refused() {
             .await;
         assert!(message.starts_with("object must not"), "{code}: {message}");
     }
-    assert_eq!(api.snapshot().await, before, "nothing changed");
+    assert_eq!(api.db.snapshot().await, before, "nothing changed");
     // Ordinary non-ASCII names are fine.
     let (status, body) = api
         .create(
@@ -362,7 +308,7 @@ async fn names_with_invisible_or_direction_characters_are_refused() {
 
 #[tokio::test]
 async fn migrate_reports_stored_filters_outside_the_language_and_keeps_them_working() {
-    let api = Api::start().await;
+    let api = WatchesApi::start().await;
     let evil = r#"$.paths[*] ? (exists($.paths[*] ? (@ == "zzz")))"#;
     // As a watch created before the parser existed would be stored.
     let evil_id: i64 = sqlx::query_scalar(
@@ -391,10 +337,8 @@ async fn migrate_reports_stored_filters_outside_the_language_and_keeps_them_work
         "the old probe"
     );
 
-    let out = Command::new(env!("CARGO_BIN_EXE_watchpump"))
+    let out = watchpump_cli(Some(&api.db.url))
         .arg("migrate")
-        .env("DATABASE_URL", &api.db.url)
-        .env_remove("RUST_LOG")
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);

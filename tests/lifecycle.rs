@@ -16,7 +16,6 @@ use watchpump::signing::{self, SigningSecret};
 
 const WAIT: Duration = Duration::from_secs(20);
 const OBJECT: &str = "acme/web/refs/heads/main";
-const BIN: &str = env!("CARGO_BIN_EXE_watchpump");
 
 fn header(r: &Received, name: &str) -> String {
     r.headers
@@ -223,12 +222,7 @@ async fn a_removed_service_loses_its_token_its_watches_and_its_waiting_deliverie
 }
 
 fn cli(db: &TestDb, args: &[&str]) -> std::process::Output {
-    Command::new(BIN)
-        .args(args)
-        .env("DATABASE_URL", &db.url)
-        .env_remove("RUST_LOG")
-        .output()
-        .unwrap()
+    watchpump_cli(Some(&db.url)).args(args).output().unwrap()
 }
 
 fn text(b: &[u8]) -> String {
@@ -401,12 +395,6 @@ async fn the_admin_api_runs_the_lifecycle_with_json_errors() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    let listed: Value = admin(http.get(app.url("/api/v1/admin/services")))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let listed = json_of(admin(http.get(app.url("/api/v1/admin/services")))).await;
     assert_eq!(listed["services"], json!([]));
 }

@@ -17,10 +17,10 @@ mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
+use common::prometheus::{self, parse_sample, Prometheus, Scrape};
 use common::*;
 use serde_json::{json, Value};
 use sqlx::PgPool;
@@ -37,8 +37,8 @@ const OUTCOMES: &[&str] = watchpump::metrics::OUTCOMES;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_match_the_database_and_the_dashboards_use_them() {
-    check_rules_with_promtool();
-    let exporter = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    prometheus::check_rules(ALERTS);
+    let exporter = free_addr();
     watchpump::metrics::install(exporter).expect("install the exporter");
     let prometheus = Prometheus::start(exporter, Path::new(ALERTS)).await;
 
@@ -97,6 +97,91 @@ async fn metrics_match_the_database_and_the_dashboards_use_them() {
     let _ = stop_collector.send(());
     collector.await.unwrap();
 }
+
+#[tokio::test]
+async fn one_pump_at_a_time_reads_the_backlog() {
+    let db = TestDb::new().await;
+    db.add_service("leader-test", "http://127.0.0.1:9").await;
+    let mut first = Collector::new(&db.pool);
+    let mut second = Collector::new(&db.pool);
+    assert_eq!(first.step().await, Role::Leader);
+    assert_eq!(second.step().await, Role::Follower);
+    assert_eq!(first.step().await, Role::Leader);
+    assert_eq!(second.step().await, Role::Follower);
+
+    // The leader's connection dies: the lock goes with it.
+    sqlx::query(
+        "select pg_terminate_backend(pid) from pg_locks
+         where locktype = 'advisory' and database = (select oid from pg_database where datname = current_database())
+           and objid = hashtext('watchpump.backlog')::oid",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let started = Instant::now();
+    while second.step().await != Role::Leader {
+        assert!(started.elapsed() < WAIT, "nobody took the lead over");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(first.step().await, Role::Disconnected);
+    assert_eq!(first.step().await, Role::Follower);
+
+    // A pump that shuts down hands the lead over.
+    second.close().await;
+    let started = Instant::now();
+    while first.step().await != Role::Leader {
+        assert!(started.elapsed() < WAIT, "the lead was not handed over");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let rows = watchpump::metrics::backlog::backlog(&mut db.pool.acquire().await.unwrap())
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!((rows[0].pending, rows[0].oldest_due_age), (0, 0.0));
+    first.close().await;
+}
+
+/// With several pumps, whichever sweeps first fails a service's overdue
+/// deliveries, often one that never sent to that service. The failures must
+/// still count for that service (not `unknown`), or
+/// `WatchpumpDeliveriesFailed` would fire for a service that does not exist.
+#[tokio::test]
+async fn the_sweep_counts_failures_for_their_service() {
+    // A recorder of this test's own, on this (the runtime's only) thread.
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let db = TestDb::new().await;
+    let (service, _) = db.add_service("never-sent-to", "http://127.0.0.1:9").await;
+    db.add_watch(service.id, "r", "acme/", all()).await;
+    let change = emit_overdue(&db, "acme/x").await;
+    let pump = RunningPump::start(&db.pool, pump_config());
+    db.wait_state(delivery_of(&db, change).await, "failed", WAIT)
+        .await;
+    pump.stop().await.unwrap();
+    let scrape = Scrape::parse(handle.render());
+    let labels = [("service", "never-sent-to"), ("outcome", "failed")];
+    let counted = scrape.expect("watchpump_deliveries_total", &labels, 1.0);
+    assert!(counted.is_ok(), "{counted:?}\n{}", scrape.text);
+}
+
+#[test]
+fn samples_parse_with_escapes() {
+    let s = parse_sample(r#"x_total{a="b",c="say \"hi\"\\"} 3"#).unwrap();
+    assert_eq!(s.name, "x_total");
+    assert_eq!(s.labels["c"], r#"say "hi"\"#);
+    assert_eq!(s.value, 3.0);
+    let s = parse_sample("up 1").unwrap();
+    assert!(s.labels.is_empty());
+    assert!(parse_sample("g NaN").unwrap().value.is_nan());
+    assert_eq!(
+        metric_names(r#"sum(rate(watchpump_a_total{x="1"}[5m])) / watchpump_b"#),
+        BTreeSet::from(["watchpump_a_total".to_string(), "watchpump_b".to_string()])
+    );
+}
+
+// ---------------------------------------------------------------------------
+// The scenario, step by step
 
 /// Counters exist at zero before anything happens, and Prometheus has seen
 /// those zeros: the first failure of a service must count as an increase.
@@ -162,7 +247,8 @@ async fn run_scenario(db: &TestDb, ok: &Receiver, flaky: &Receiver, slow: &Recei
         );
     }
     for change in changes {
-        wait_state(db, delivery_of(db, change).await, "delivered").await;
+        db.wait_state(delivery_of(db, change).await, "delivered", WAIT)
+            .await;
     }
     assert_eq!(ok.count(), 5);
 
@@ -181,7 +267,7 @@ async fn run_scenario(db: &TestDb, ok: &Receiver, flaky: &Receiver, slow: &Recei
     })
     .await;
     flaky.reply_with(200);
-    wait_state(db, retried, "delivered").await;
+    db.wait_state(retried, "delivered", WAIT).await;
 
     // Superseded at emit: three changes of one object in one transaction;
     // only the newest is sent.
@@ -195,9 +281,11 @@ async fn run_scenario(db: &TestDb, ok: &Receiver, flaky: &Receiver, slow: &Recei
         );
     }
     tx.commit().await.unwrap();
-    wait_state(db, delivery_of(db, burst[2]).await, "delivered").await;
+    db.wait_state(delivery_of(db, burst[2]).await, "delivered", WAIT)
+        .await;
     for change in &burst[..2] {
-        wait_state(db, delivery_of(db, *change).await, "superseded").await;
+        db.wait_state(delivery_of(db, *change).await, "superseded", WAIT)
+            .await;
     }
 
     // Superseded in the pump: newer news arrives while an attempt that will
@@ -206,35 +294,23 @@ async fn run_scenario(db: &TestDb, ok: &Receiver, flaky: &Receiver, slow: &Recei
     slow.reply_with(500);
     slow.delay_replies(Duration::from_millis(1500));
     let older = delivery_of(db, db.emit("acme/slow/x", "push", json!({"n": 1})).await).await;
-    wait_state(db, older, "in_flight").await;
+    db.wait_state(older, "in_flight", WAIT).await;
     let newer = delivery_of(db, db.emit("acme/slow/x", "push", json!({"n": 2})).await).await;
-    wait_state(db, newer, "in_flight").await;
+    db.wait_state(newer, "in_flight", WAIT).await;
     sqlx::query("update watchpump.queue set deadline = now() where id = $1")
         .bind(newer)
         .execute(&db.pool)
         .await
         .unwrap();
-    wait_state(db, older, "superseded").await;
-    wait_state(db, newer, "failed").await;
+    db.wait_state(older, "superseded", WAIT).await;
+    db.wait_state(newer, "failed", WAIT).await;
     slow.delay_replies(Duration::ZERO);
     slow.reply_with(200);
 
     // Failed in the sweep: a pending delivery, not due, past its deadline.
-    let mut tx = db.pool.begin().await.unwrap();
-    let change = watchpump::emit(&mut tx, "acme/ok/overdue", "push", &json!({}))
-        .await
-        .unwrap();
-    sqlx::query(
-        "update watchpump.queue
-         set deadline = now() - interval '1 second', next_attempt_at = now() + interval '1 hour'
-         where change_id = $1",
-    )
-    .bind(change)
-    .execute(&mut *tx)
-    .await
-    .unwrap();
-    tx.commit().await.unwrap();
-    wait_state(db, delivery_of(db, change).await, "failed").await;
+    let change = emit_overdue(db, "acme/ok/overdue").await;
+    db.wait_state(delivery_of(db, change).await, "failed", WAIT)
+        .await;
 
     // Dropped: the consumer answers 410; the watch's other delivery, not due
     // yet, is dropped with it.
@@ -254,8 +330,10 @@ async fn run_scenario(db: &TestDb, ok: &Receiver, flaky: &Receiver, slow: &Recei
     .await
     .unwrap();
     tx.commit().await.unwrap();
-    wait_state(db, delivery_of(db, first).await, "dropped").await;
-    wait_state(db, delivery_of(db, waiting).await, "dropped").await;
+    db.wait_state(delivery_of(db, first).await, "dropped", WAIT)
+        .await;
+    db.wait_state(delivery_of(db, waiting).await, "dropped", WAIT)
+        .await;
 }
 
 /// Every counter and histogram count against the rows. Call with the pump
@@ -688,87 +766,47 @@ async fn assert_prometheus_evaluates_dashboards_and_alerts(prometheus: &Promethe
     .await;
 }
 
-#[tokio::test]
-async fn one_pump_at_a_time_reads_the_backlog() {
-    let db = TestDb::new().await;
-    db.add_service("leader-test", "http://127.0.0.1:9").await;
-    let mut first = Collector::new(&db.pool);
-    let mut second = Collector::new(&db.pool);
-    assert_eq!(first.step().await, Role::Leader);
-    assert_eq!(second.step().await, Role::Follower);
-    assert_eq!(first.step().await, Role::Leader);
-    assert_eq!(second.step().await, Role::Follower);
+// ---------------------------------------------------------------------------
+// What the dashboards, the rules and the docs name
 
-    // The leader's connection dies: the lock goes with it.
-    sqlx::query(
-        "select pg_terminate_backend(pid) from pg_locks
-         where locktype = 'advisory' and database = (select oid from pg_database where datname = current_database())
-           and objid = hashtext('watchpump.backlog')::oid",
-    )
-    .execute(&db.pool)
-    .await
-    .unwrap();
-    let started = Instant::now();
-    while second.step().await != Role::Leader {
-        assert!(started.elapsed() < WAIT, "nobody took the lead over");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert_eq!(first.step().await, Role::Disconnected);
-    assert_eq!(first.step().await, Role::Follower);
-
-    // A pump that shuts down hands the lead over.
-    second.close().await;
-    let started = Instant::now();
-    while first.step().await != Role::Leader {
-        assert!(started.elapsed() < WAIT, "the lead was not handed over");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let rows = watchpump::metrics::backlog::backlog(&mut db.pool.acquire().await.unwrap())
-        .await
-        .unwrap();
-    assert_eq!(rows.len(), 1);
-    assert_eq!((rows[0].pending, rows[0].oldest_due_age), (0, 0.0));
-    first.close().await;
+/// Every `watchpump_*` identifier in a text: what a dashboard, a rule file
+/// or the docs call a metric.
+fn metric_names(text: &str) -> BTreeSet<String> {
+    text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+        .filter(|word| word.starts_with("watchpump_"))
+        .map(str::to_string)
+        .collect()
 }
 
-/// With several pumps, whichever sweeps first fails a service's overdue
-/// deliveries, often one that never sent to that service. The failures must
-/// still count for that service (not `unknown`), or
-/// `WatchpumpDeliveriesFailed` would fire for a service that does not exist.
-#[tokio::test]
-async fn the_sweep_counts_failures_for_their_service() {
-    // A recorder of this test's own, on this (the runtime's only) thread.
-    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
-    let handle = recorder.handle();
-    let _local = metrics::set_default_local_recorder(&recorder);
-    let db = TestDb::new().await;
-    let (service, _) = db.add_service("never-sent-to", "http://127.0.0.1:9").await;
-    db.add_watch(service.id, "r", "acme/", all()).await;
-    let mut tx = db.pool.begin().await.unwrap();
-    let change = watchpump::emit(&mut tx, "acme/x", "push", &json!({}))
-        .await
-        .unwrap();
-    sqlx::query(
-        "update watchpump.queue
-         set deadline = now() - interval '1 second', next_attempt_at = now() + interval '1 hour'
-         where change_id = $1",
-    )
-    .bind(change)
-    .execute(&mut *tx)
-    .await
-    .unwrap();
-    tx.commit().await.unwrap();
-    let pump = RunningPump::start(&db.pool, pump_config());
-    wait_state(&db, delivery_of(&db, change).await, "failed").await;
-    pump.stop().await.unwrap();
-    let scrape = Scrape::parse(handle.render());
-    let labels = [("service", "never-sent-to"), ("outcome", "failed")];
-    let counted = scrape.expect("watchpump_deliveries_total", &labels, 1.0);
-    assert!(counted.is_ok(), "{counted:?}\n{}", scrape.text);
+/// Every panel of the dashboard, rows' panels included.
+fn panels(dashboard: &Value) -> Vec<&Value> {
+    let mut out = Vec::new();
+    let mut stack: Vec<&Value> = dashboard["panels"].as_array().unwrap().iter().collect();
+    while let Some(panel) = stack.pop() {
+        if let Some(inner) = panel["panels"].as_array() {
+            stack.extend(inner);
+        }
+        if panel["targets"].is_array() {
+            out.push(panel);
+        }
+    }
+    out
+}
+
+/// A panel's query as Grafana would send it, every service selected.
+fn grafana_to_promql(expr: &str) -> String {
+    let promql = expr
+        .replace("${service}", ".*")
+        .replace("$service", ".*")
+        .replace("$__rate_interval", "1m")
+        .replace("$__interval", "15s")
+        .replace("$__range", "1h");
+    assert!(!promql.contains('$'), "unknown variable in {expr}");
+    promql
 }
 
 // ---------------------------------------------------------------------------
-// Scenario helpers
+// Helpers
 
 /// Per service: deliveries by how they ended, and the attempts that
 /// scheduled a retry.
@@ -798,58 +836,30 @@ struct Waiting {
     now: f64,
 }
 
-async fn delivery_of(db: &TestDb, change_id: i64) -> i64 {
-    sqlx::query_scalar("select id from watchpump.deliveries where change_id = $1")
-        .bind(change_id)
-        .fetch_one(&db.pool)
+/// Emits a change whose delivery is pending, not due for an hour, and past
+/// its deadline: the sweep fails it.
+async fn emit_overdue(db: &TestDb, object: &str) -> i64 {
+    let mut tx = db.pool.begin().await.unwrap();
+    let change = watchpump::emit(&mut tx, object, "push", &json!({}))
         .await
-        .unwrap()
-}
-
-async fn wait_state(db: &TestDb, delivery_id: i64, state: &str) {
-    until(WAIT, &format!("delivery {delivery_id} {state}"), || async {
-        let now = db.delivery_state(delivery_id).await;
-        check(now == state, format!("it is {now}"))
-    })
-    .await;
-}
-
-/// Retries `attempt` until it succeeds; panics with its last complaint.
-async fn until<F, Fut>(limit: Duration, what: &str, mut attempt: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<(), String>>,
-{
-    let deadline = Instant::now() + limit;
-    loop {
-        match attempt().await {
-            Ok(()) => return,
-            Err(e) if Instant::now() > deadline => panic!("not within {limit:?}: {what}: {e}"),
-            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-        }
-    }
-}
-
-fn check(ok: bool, complaint: String) -> Result<(), String> {
-    if ok {
-        Ok(())
-    } else {
-        Err(complaint)
-    }
+        .unwrap();
+    sqlx::query(
+        "update watchpump.queue
+         set deadline = now() - interval '1 second', next_attempt_at = now() + interval '1 hour'
+         where change_id = $1",
+    )
+    .bind(change)
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    change
 }
 
 fn sorted(names: &[&'static str]) -> Vec<&'static str> {
     let mut names = names.to_vec();
     names.sort();
     names
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn print_excerpt(scrape: &Scrape) {
@@ -864,355 +874,4 @@ fn print_excerpt(scrape: &Scrape) {
         .filter(|l| !l.contains("_bucket"))
         .collect();
     eprintln!("--- scrape excerpt ---\n{}", excerpt.join("\n"));
-}
-
-// ---------------------------------------------------------------------------
-// The Prometheus text format
-
-/// One scrape of /metrics, parsed.
-struct Scrape {
-    text: String,
-    samples: Vec<Sample>,
-    /// Metric family name -> type, from `# TYPE` lines.
-    families: BTreeMap<String, String>,
-}
-
-#[derive(Debug)]
-struct Sample {
-    name: String,
-    labels: BTreeMap<String, String>,
-    value: f64,
-}
-
-impl Scrape {
-    async fn fetch(addr: SocketAddr) -> Scrape {
-        let text = reqwest::get(format!("http://{addr}/metrics"))
-            .await
-            .expect("scrape /metrics")
-            .error_for_status()
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        Scrape::parse(text)
-    }
-
-    fn parse(text: String) -> Scrape {
-        let mut samples = Vec::new();
-        let mut families = BTreeMap::new();
-        for line in text.lines() {
-            if let Some(rest) = line.strip_prefix("# TYPE ") {
-                let (name, kind) = rest.split_once(' ').expect("# TYPE name kind");
-                families.insert(name.to_string(), kind.to_string());
-            } else if !line.starts_with('#') && !line.trim().is_empty() {
-                samples.push(parse_sample(line).unwrap_or_else(|| panic!("cannot parse {line:?}")));
-            }
-        }
-        Scrape {
-            text,
-            samples,
-            families,
-        }
-    }
-
-    /// Sample names and family names.
-    fn names(&self) -> BTreeSet<String> {
-        self.samples
-            .iter()
-            .map(|s| s.name.clone())
-            .chain(self.families.keys().cloned())
-            .collect()
-    }
-
-    fn matching<'a>(
-        &'a self,
-        name: &'a str,
-        labels: &'a [(&str, &str)],
-    ) -> impl Iterator<Item = &'a Sample> {
-        self.samples.iter().filter(move |s| {
-            s.name == name
-                && labels
-                    .iter()
-                    .all(|(k, v)| s.labels.get(*k).map(String::as_str) == Some(*v))
-        })
-    }
-
-    /// The sum of the samples of `name` that carry `labels` (0 if none).
-    fn sum(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
-        self.matching(name, labels).map(|s| s.value).sum()
-    }
-
-    /// The one sample of `name` with `labels` has `value`.
-    fn expect(&self, name: &str, labels: &[(&str, &str)], value: f64) -> Result<(), String> {
-        let found: Vec<&Sample> = self.matching(name, labels).collect();
-        match found.as_slice() {
-            [one] if one.value == value => Ok(()),
-            [one] => Err(format!("{name}{labels:?} is {}, not {value}", one.value)),
-            [] => Err(format!("{name}{labels:?} is missing")),
-            many => Err(format!("{name}{labels:?} matches {} series", many.len())),
-        }
-    }
-}
-
-/// `name{label="value",...} value`, with the format's escapes in values.
-fn parse_sample(line: &str) -> Option<Sample> {
-    let name_end = line.find(['{', ' '])?;
-    let name = line[..name_end].to_string();
-    let mut labels = BTreeMap::new();
-    let mut rest = &line[name_end..];
-    if let Some(mut inner) = rest.strip_prefix('{') {
-        loop {
-            inner = inner.trim_start_matches(',');
-            if let Some(after) = inner.strip_prefix('}') {
-                rest = after;
-                break;
-            }
-            let (key, quoted) = inner.split_once("=\"")?;
-            let mut value = String::new();
-            let mut chars = quoted.char_indices();
-            let end = loop {
-                match chars.next()? {
-                    (i, '"') => break i,
-                    (_, '\\') => match chars.next()?.1 {
-                        'n' => value.push('\n'),
-                        escaped => value.push(escaped),
-                    },
-                    (_, c) => value.push(c),
-                }
-            };
-            labels.insert(key.to_string(), value);
-            inner = &quoted[end + 1..];
-        }
-    }
-    let value = match rest.split_whitespace().next()? {
-        "+Inf" => f64::INFINITY,
-        "-Inf" => f64::NEG_INFINITY,
-        other => other.parse().ok()?,
-    };
-    Some(Sample {
-        name,
-        labels,
-        value,
-    })
-}
-
-/// Every `watchpump_*` identifier in a text: what a dashboard, a rule file
-/// or the docs call a metric.
-fn metric_names(text: &str) -> BTreeSet<String> {
-    text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
-        .filter(|word| word.starts_with("watchpump_"))
-        .map(str::to_string)
-        .collect()
-}
-
-#[test]
-fn samples_parse_with_escapes() {
-    let s = parse_sample(r#"x_total{a="b",c="say \"hi\"\\"} 3"#).unwrap();
-    assert_eq!(s.name, "x_total");
-    assert_eq!(s.labels["c"], r#"say "hi"\"#);
-    assert_eq!(s.value, 3.0);
-    let s = parse_sample("up 1").unwrap();
-    assert!(s.labels.is_empty());
-    assert!(parse_sample("g NaN").unwrap().value.is_nan());
-    assert_eq!(
-        metric_names(r#"sum(rate(watchpump_a_total{x="1"}[5m])) / watchpump_b"#),
-        BTreeSet::from(["watchpump_a_total".to_string(), "watchpump_b".to_string()])
-    );
-}
-
-// ---------------------------------------------------------------------------
-// Grafana and Prometheus
-
-/// Every panel of the dashboard, rows' panels included.
-fn panels(dashboard: &Value) -> Vec<&Value> {
-    let mut out = Vec::new();
-    let mut stack: Vec<&Value> = dashboard["panels"].as_array().unwrap().iter().collect();
-    while let Some(panel) = stack.pop() {
-        if let Some(inner) = panel["panels"].as_array() {
-            stack.extend(inner);
-        }
-        if panel["targets"].is_array() {
-            out.push(panel);
-        }
-    }
-    out
-}
-
-/// A panel's query as Grafana would send it, every service selected.
-fn grafana_to_promql(expr: &str) -> String {
-    let promql = expr
-        .replace("${service}", ".*")
-        .replace("$service", ".*")
-        .replace("$__rate_interval", "1m")
-        .replace("$__interval", "15s")
-        .replace("$__range", "1h");
-    assert!(!promql.contains('$'), "unknown variable in {expr}");
-    promql
-}
-
-fn check_rules_with_promtool() {
-    let promtool = tool("promtool");
-    let out = Command::new(promtool)
-        .args(["check", "rules", ALERTS])
-        .output()
-        .expect("run promtool");
-    assert!(
-        out.status.success(),
-        "promtool check rules dashboards/alerts.yml:\n{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// The path of a Prometheus tool; installs the package when it is missing
-/// (the same script `make test` runs), and fails saying why if it cannot.
-fn tool(name: &str) -> PathBuf {
-    let find = || {
-        // scripts/test-deps.sh unpacks Debian's package into target/tools.
-        std::iter::once(PathBuf::from(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/target/tools/bin"
-        )))
-        .chain(
-            std::env::var_os("PATH")
-                .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-                .unwrap_or_default(),
-        )
-        .chain([PathBuf::from("/usr/bin")])
-        .map(|dir| dir.join(name))
-        .find(|path| path.is_file())
-    };
-    if let Some(path) = find() {
-        return path;
-    }
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/test-deps.sh");
-    let out = Command::new(script).output();
-    find().unwrap_or_else(|| {
-        let why = match out {
-            Ok(out) => String::from_utf8_lossy(&out.stderr).into_owned(),
-            Err(e) => format!("cannot run {script}: {e}"),
-        };
-        panic!(
-            "{name} is not installed and could not be installed: {why}\n\
-             The metrics checks need Debian's `prometheus` package (apt-get install prometheus)."
-        )
-    })
-}
-
-/// A throwaway Prometheus scraping one target every second, with the alert
-/// rules loaded; killed when dropped.
-struct Prometheus {
-    child: Child,
-    dir: PathBuf,
-    base: String,
-    http: reqwest::Client,
-}
-
-impl Prometheus {
-    async fn start(target: SocketAddr, rules: &Path) -> Prometheus {
-        let binary = tool("prometheus");
-        let dir = std::env::temp_dir().join(format!(
-            "watchpump-prometheus-{:016x}",
-            rand::random::<u64>()
-        ));
-        std::fs::create_dir_all(dir.join("data")).unwrap();
-        let config = format!(
-            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
-             rule_files:\n  - {rules}\n\
-             scrape_configs:\n  - job_name: watchpump\n    static_configs:\n      - targets: ['{target}']\n",
-            rules = rules.display()
-        );
-        std::fs::write(dir.join("prometheus.yml"), config).unwrap();
-        let log = std::fs::File::create(dir.join("prometheus.log")).unwrap();
-        let port = free_port();
-        let child = Command::new(binary)
-            .arg(format!(
-                "--config.file={}",
-                dir.join("prometheus.yml").display()
-            ))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.join("data").display()
-            ))
-            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("start prometheus");
-        let prometheus = Prometheus {
-            child,
-            dir,
-            base: format!("http://127.0.0.1:{port}"),
-            http: reqwest::Client::new(),
-        };
-        let started = Instant::now();
-        loop {
-            let ready = prometheus
-                .http
-                .get(format!("{}/-/ready", prometheus.base))
-                .send()
-                .await
-                .is_ok_and(|r| r.status().is_success());
-            if ready {
-                return prometheus;
-            }
-            assert!(
-                started.elapsed() < WAIT,
-                "prometheus did not become ready:\n{}",
-                prometheus.log()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
-    /// An instant query: the result vector, or Prometheus' error.
-    async fn query(&self, expr: &str) -> Result<Vec<Value>, String> {
-        let answer: Value = self
-            .http
-            .get(format!("{}/api/v1/query", self.base))
-            .query(&[("query", expr)])
-            .send()
-            .await
-            .map_err(|e| e.to_string())?
-            .json()
-            .await
-            .map_err(|e| e.to_string())?;
-        if answer["status"] != "success" {
-            return Err(format!("{}: {}", answer["errorType"], answer["error"]));
-        }
-        Ok(match &answer["data"]["result"] {
-            Value::Array(series) => series.clone(),
-            scalar => vec![scalar.clone()],
-        })
-    }
-
-    async fn get(&self, path: &str) -> Value {
-        let answer: Value = self
-            .http
-            .get(format!("{}{path}", self.base))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        assert_eq!(answer["status"], "success", "{path}: {answer}");
-        answer
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("prometheus.log")).unwrap_or_default()
-    }
-}
-
-impl Drop for Prometheus {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if std::thread::panicking() {
-            eprintln!("--- prometheus log ---\n{}", self.log());
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
 }

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use common::*;
 use serde_json::{json, Value};
+use watchpump::operator::notify::WarningState;
 use watchpump::operator::Worker;
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -46,10 +47,7 @@ async fn the_views_show_backlog_log_watches_and_history_of_real_rows() {
         .await;
     ok.wait_for(1, WAIT).await;
     let delivered = delivery_of(&db, delivered).await;
-    eventually(WAIT, "delivered", || async {
-        db.delivery_state(delivered).await == "delivered"
-    })
-    .await;
+    db.wait_state(delivered, "delivered", WAIT).await;
     let (_docs, failed) = failed_delivery(&db, "docs", "acme/docs", json!({"n": 1})).await;
     pump.stop().await.unwrap();
     // With the pump stopped, a new change waits, due now.
@@ -153,10 +151,7 @@ async fn retry_from_sql_brings_a_failed_delivery_to_the_consumer_with_the_same_i
     let last = got.last().unwrap();
     assert_eq!(last.body["delivery_id"], id);
     assert_eq!(last.headers["watchpump-delivery"], id.to_string());
-    eventually(WAIT, "delivered after the retry", || async {
-        db.delivery_state(id).await == "delivered"
-    })
-    .await;
+    db.wait_state(id, "delivered", WAIT).await;
     pump.stop().await.unwrap();
 
     let fresh_deadline: bool = sqlx::query_scalar(
@@ -408,6 +403,21 @@ async fn the_admin_api_needs_the_token_lists_with_filters_and_pages_by_keyset() 
 }
 
 #[tokio::test]
+async fn the_admin_api_reads_the_bearer_scheme_in_any_case_as_the_watches_api_does() {
+    let db = TestDb::new().await;
+    let server = AppServer::start(&db.pool, &operator_config()).await;
+    for scheme in ["Bearer", "bearer", "BEARER"] {
+        let res = reqwest::Client::new()
+            .get(server.url("/api/v1/admin/backlog"))
+            .header("authorization", format!("{scheme} {ADMIN_TOKEN}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 200, "{scheme}");
+    }
+}
+
+#[tokio::test]
 async fn the_admin_api_is_off_without_a_token() {
     let db = TestDb::new().await;
     let server = AppServer::start(&db.pool, &watchpump::operator::OperatorConfig::new()).await;
@@ -440,10 +450,7 @@ async fn retry_from_the_admin_api_brings_a_failed_delivery_to_the_consumer() {
     assert_eq!(body["previous_state"], "failed");
     let got = consumer.wait_for(before + 1, WAIT).await;
     assert_eq!(got.last().unwrap().body["delivery_id"], id);
-    eventually(WAIT, "delivered", || async {
-        db.delivery_state(id).await == "delivered"
-    })
-    .await;
+    db.wait_state(id, "delivered", WAIT).await;
 
     let (status, body) = post(format!("/api/v1/admin/deliveries/{id}/retry"), None).await;
     assert_eq!(
@@ -477,10 +484,7 @@ async fn retry_from_the_admin_api_brings_a_failed_delivery_to_the_consumer() {
     consumer.reply_with(500);
     let change = emit_with_window(&db, "acme/web/main", "push", json!({}), "1 second").await;
     let second = delivery_of(&db, change).await;
-    eventually(WAIT, "second delivery fails", || async {
-        db.delivery_state(second).await == "failed"
-    })
-    .await;
+    db.wait_state(second, "failed", WAIT).await;
     consumer.reply_with(200);
     let before = consumer.count();
     let (status, body) = post(
@@ -650,7 +654,49 @@ async fn without_a_notify_url_the_warning_is_logged() {
     set_state(&db, &all, "failed", None).await;
     let step = worker(&db, None).step().await.unwrap();
     assert_eq!(step.handed.len(), 1);
-    assert_eq!(step.handed[0].state, "logged");
+    assert_eq!(step.handed[0].state, WarningState::Logged);
+}
+
+#[tokio::test]
+async fn pruning_removes_watches_removed_long_ago_and_keeps_recent_and_live_ones() {
+    let db = TestDb::new().await;
+    let (svc, _) = db.add_service("deploy", "http://127.0.0.1:9").await;
+    let long_gone = db.add_watch(svc.id, "a", "acme/a", all()).await.id;
+    let recently_gone = db.add_watch(svc.id, "b", "acme/b", all()).await.id;
+    let gone_with_queue = db.add_watch(svc.id, "c", "acme/c", all()).await.id;
+    let live = db.add_watch(svc.id, "d", "acme/d", all()).await.id;
+    // A delivery still queued for a watch removed long ago keeps the watch.
+    db.emit("acme/c", "push", json!({})).await;
+    for (id, days) in [(long_gone, 40), (recently_gone, 3), (gone_with_queue, 40)] {
+        sqlx::query(
+            "update watchpump.watches set removed_at = now() - make_interval(days => $2),
+                    removed_reason = 'test' where id = $1",
+        )
+        .bind(id)
+        .bind(days)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    }
+
+    let worker = Worker::new(
+        db.pool.clone(),
+        operator_config(),
+        &pump_config(),
+        "http://p/panel",
+    )
+    .unwrap();
+    worker.prune().await.unwrap();
+
+    let left: Vec<i64> = sqlx::query_scalar("select id from watchpump.watches order by id")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        left,
+        vec![recently_gone, gone_with_queue, live],
+        "only the watch removed past both retentions, with nothing queued, goes"
+    );
 }
 
 #[tokio::test]
@@ -793,11 +839,7 @@ async fn one_pump_at_a_time_runs_the_operator_task_and_another_takes_over() {
 async fn serve_wires_the_panel_the_admin_api_and_the_operator_task() {
     use clap::Parser;
     let db = TestDb::new().await;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let listen = format!("127.0.0.1:{port}");
     let cli = watchpump::config::Cli::parse_from([
         "watchpump",

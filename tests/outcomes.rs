@@ -211,10 +211,7 @@ async fn server_errors_are_retried_with_growing_delays_until_the_consumer_recove
         assert!(gap >= floor, "wait {k} was {gap:?}, below {floor:?}");
     }
     let id = tries[0].body["delivery_id"].as_i64().unwrap();
-    eventually(WAIT, "delivered", || async {
-        db.delivery_state(id).await == "delivered"
-    })
-    .await;
+    db.wait_state(id, "delivered", WAIT).await;
     // Identical failures in a row fold into one attempt row with a count.
     let rows: Vec<(i32, Option<i32>, i32)> = sqlx::query_as(
         "select attempt, status, repeats from watchpump.attempts where delivery_id = $1 order by attempt",

@@ -17,27 +17,6 @@ use serde_json::{json, Value};
 
 const WAIT: Duration = Duration::from_secs(30);
 
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap()
-}
-
-/// Logs in over HTTP and returns the `Cookie` header value.
-async fn log_in(server: &AppServer) -> String {
-    let res = client()
-        .post(server.url("/panel/login"))
-        .header("origin", server.origin())
-        .form(&[("token", ADMIN_TOKEN)])
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(res.status(), 303);
-    let cookie = res.headers()["set-cookie"].to_str().unwrap().to_string();
-    cookie.split(';').next().unwrap().to_string()
-}
-
 async fn actions(db: &TestDb, id: i64) -> i64 {
     sqlx::query_scalar("select count(*) from watchpump.actions where delivery_id = $1")
         .bind(id)
@@ -52,7 +31,7 @@ async fn the_panel_changes_nothing_without_a_session_or_from_another_origin() {
     let server = AppServer::start(&db.pool, &operator_config()).await;
     let pump = RunningPump::start(&db.pool, pump_config());
     let (consumer, id) = failed_delivery(&db, "deploy", "acme/web/main", json!({})).await;
-    let http = client();
+    let http = panel_client();
 
     let res = http.get(server.url("/panel")).send().await.unwrap();
     assert_eq!(res.status(), 303);
@@ -160,10 +139,7 @@ async fn the_panel_changes_nothing_without_a_session_or_from_another_origin() {
     );
     let got = consumer.wait_for(before + 1, WAIT).await;
     assert_eq!(got.last().unwrap().body["delivery_id"], id);
-    eventually(WAIT, "delivered", || async {
-        db.delivery_state(id).await == "delivered"
-    })
-    .await;
+    db.wait_state(id, "delivered", WAIT).await;
     pump.stop().await.unwrap();
     let actor: String =
         sqlx::query_scalar("select actor from watchpump.actions where delivery_id = $1")
@@ -209,9 +185,9 @@ async fn pages_escape_what_they_show_mask_tokens_and_page_by_keyset() {
         db.emit(&format!("acme/branch-{i}"), "push", json!({}))
             .await;
     }
-    let cookie = log_in(&server).await;
+    let cookie = server.log_in().await;
     let page = |path: String| {
-        let req = client()
+        let req = panel_client()
             .get(server.url(&path))
             .header("cookie", cookie.clone());
         async move {
@@ -288,9 +264,9 @@ async fn retry_all_failed_since_a_time_from_the_service_page() {
         .execute(&db.pool)
         .await
         .unwrap();
-    let cookie = log_in(&server).await;
+    let cookie = server.log_in().await;
     let since = (chrono::Utc::now() - chrono::Duration::hours(2)).format("%Y-%m-%dT%H:%M");
-    let res = client()
+    let res = panel_client()
         .post(server.url("/panel/services/deploy/retry-failed"))
         .header("cookie", &cookie)
         .header("origin", server.origin())
@@ -338,11 +314,7 @@ impl Browser {
         let missing = "this test needs Debian's chromium and chromium-driver: \
                        `make test` installs them (scripts/test-deps.sh), or apt-get install chromium chromium-driver";
         let binary = chromium_binary().expect(missing);
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = free_port();
         let driver = Command::new("chromedriver")
             .arg(format!("--port={port}"))
             .stdout(Stdio::null())
@@ -379,15 +351,11 @@ impl Browser {
             "browserName": "chrome",
             "goog:chromeOptions": {"binary": binary, "args": args},
         }}});
-        let res: Value = http
-            .post(format!("http://127.0.0.1:{port}/session"))
-            .json(&caps)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let res = json_of(
+            http.post(format!("http://127.0.0.1:{port}/session"))
+                .json(&caps),
+        )
+        .await;
         let session = res["value"]["sessionId"]
             .as_str()
             .unwrap_or_else(|| panic!("chromedriver did not start Chromium: {res}"))
@@ -553,10 +521,7 @@ async fn attacker_page(target: String) -> SocketAddr {
             async move { axum::response::Html(html) }
         }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    addr
+    serve(app).await
 }
 
 #[tokio::test]
@@ -599,10 +564,7 @@ async fn a_failed_delivery_is_retried_from_the_panel_in_a_real_browser() {
         id,
         "same delivery id"
     );
-    eventually(WAIT, "delivered", || async {
-        db.delivery_state(id).await == "delivered"
-    })
-    .await;
+    db.wait_state(id, "delivered", WAIT).await;
     browser
         .goto(&server.url(&format!("/panel/deliveries/{id}")))
         .await;

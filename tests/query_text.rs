@@ -40,27 +40,12 @@ const PANEL: &[&str] = &[
     "/panel/deliveries/1?done={}",
 ];
 
-async fn panel_cookie(server: &AppServer) -> String {
-    let resp = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap()
-        .post(server.url("/panel/login"))
-        .header("origin", server.origin())
-        .form(&[("token", ADMIN_TOKEN)])
-        .send()
-        .await
-        .unwrap();
-    let cookie = resp.headers()["set-cookie"].to_str().unwrap();
-    cookie.split(';').next().unwrap().to_string()
-}
-
 #[tokio::test]
 async fn nul_and_non_utf8_in_queries_and_paths_are_400_everywhere() {
     let db = TestDb::new().await;
     let (_, token) = db.add_service("deploy", "http://127.0.0.1:9").await;
     let server = AppServer::start(&db.pool, &operator_config()).await;
-    let cookie = panel_cookie(&server).await;
+    let cookie = server.log_in().await;
     let http = reqwest::Client::new();
 
     for bad in BAD {

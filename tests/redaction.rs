@@ -31,10 +31,7 @@ async fn echo_consumer() -> SocketAddr {
             )
         }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    addr
+    serve(app).await
 }
 
 fn assert_masked(what: &str, text: &str) {
@@ -42,41 +39,6 @@ fn assert_masked(what: &str, text: &str) {
         assert!(!text.contains(secret), "{what} shows {secret:?}: {text}");
     }
     assert!(text.contains(MASK), "{what}: {text}");
-}
-
-async fn admin_get(server: &AppServer, path: &str) -> String {
-    let resp = reqwest::Client::new()
-        .get(server.url(path))
-        .bearer_auth(ADMIN_TOKEN)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200, "{path}");
-    resp.text().await.unwrap()
-}
-
-async fn panel_get(server: &AppServer, path: &str) -> String {
-    let client = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap();
-    let login = client
-        .post(server.url("/panel/login"))
-        .header("origin", server.origin())
-        .form(&[("token", ADMIN_TOKEN)])
-        .send()
-        .await
-        .unwrap();
-    let cookie = login.headers()["set-cookie"].to_str().unwrap();
-    let cookie = cookie.split(';').next().unwrap().to_string();
-    let resp = client
-        .get(server.url(path))
-        .header("cookie", cookie)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200, "{path}");
-    resp.text().await.unwrap()
 }
 
 #[tokio::test]
@@ -88,10 +50,7 @@ async fn an_echoed_authorization_header_is_stored_and_shown_masked() {
     let change = db.emit("acme/web", "push", json!({})).await;
     let id = delivery_of(&db, change).await;
     let pump = RunningPump::start(&db.pool, pump_config());
-    eventually(WAIT, "the delivery is delivered", || async {
-        db.delivery_state(id).await == "delivered"
-    })
-    .await;
+    db.wait_state(id, "delivered", WAIT).await;
     pump.stop().await.unwrap();
 
     let head: String =
@@ -108,7 +67,9 @@ async fn an_echoed_authorization_header_is_stored_and_shown_masked() {
     assert!(head.contains(&format!("bare {MASK}")), "{head}");
 
     let server = AppServer::start(&db.pool, &operator_config()).await;
-    let answer = admin_get(&server, &format!("/api/v1/admin/deliveries/{id}")).await;
+    let answer = server
+        .admin_get(&format!("/api/v1/admin/deliveries/{id}"))
+        .await;
     assert_masked("the admin API", &answer);
     let v: Value = serde_json::from_str(&answer).unwrap();
     assert_eq!(v["attempts"][0]["response_head"], json!(head));
@@ -142,7 +103,7 @@ async fn rows_stored_before_masking_are_masked_in_the_admin_api_and_the_panel() 
         format!("/api/v1/admin/deliveries/{id}/attempts"),
         "/api/v1/admin/deliveries?state=failed".to_string(),
     ] {
-        assert_masked(&path, &admin_get(&server, &path).await);
+        assert_masked(&path, &server.admin_get(&path).await);
     }
     for path in [
         format!("/panel/deliveries/{id}"),
@@ -150,6 +111,6 @@ async fn rows_stored_before_masking_are_masked_in_the_admin_api_and_the_panel() 
         "/panel".to_string(),
         "/panel/services/deploy".to_string(),
     ] {
-        assert_masked(&path, &panel_get(&server, &path).await);
+        assert_masked(&path, &server.panel_get(&path).await);
     }
 }

@@ -5,7 +5,7 @@
 mod common;
 
 use std::collections::HashMap;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 use common::*;
@@ -33,9 +33,8 @@ async fn a_pump_killed_mid_send_has_its_deliveries_sent_by_another_after_the_lea
         .await;
     }
     let mut child = KillOnDrop(
-        Command::new(env!("CARGO_BIN_EXE_watchpump"))
+        watchpump_cli(Some(&db.url))
             .arg("serve")
-            .env("DATABASE_URL", &db.url)
             .env("WATCHPUMP_LISTEN", "127.0.0.1:0")
             .env("WATCHPUMP_METRICS_LISTEN", "off")
             .env("WATCHPUMP_PRODUCER", PRODUCER)

@@ -1,6 +1,14 @@
 -- emit(): record a change and fan it out to every matching live watch, in the
 -- caller's transaction. A rolled-back transaction leaves no change and no
 -- delivery behind, so nothing is ever sent for it.
+--
+-- Plans, for every function in sql/functions that runs per change or per
+-- delivery (emit() here, the pump's in 0200_pump.sql): they are PL/pgSQL
+-- with `set jit = off`, because JIT compiles for milliseconds what runs in
+-- microseconds, and `set plan_cache_mode = force_generic_plan`, because the
+-- generic plans are right for every call (checked with EXPLAIN) and
+-- planning each call again cost more than running it. This note is not
+-- repeated at each of them.
 
 -- How long deliveries are retried. Override per database with
 --   alter database mydb set watchpump.delivery_window = '6 hours';
@@ -56,9 +64,6 @@ $$;
 create or replace function watchpump.emit(p_object text, p_kind text, p_payload jsonb default '{}')
 returns bigint
 language plpgsql
--- JIT compiles for milliseconds what runs in microseconds here, and the
--- generic plans are right for every call (checked with EXPLAIN): planning
--- each call again cost more than running it.
 set jit = off
 set plan_cache_mode = force_generic_plan
 as $$

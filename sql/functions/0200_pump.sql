@@ -21,10 +21,8 @@
 -- lock a pump needs, nor waits on one; retry() and retry_failed() (0300_operator.sql) refuse to
 -- requeue older news once newer news of the object was sent or is on its way.
 --
--- The functions here are PL/pgSQL with `set jit = off` (JIT compiles for
--- milliseconds what runs in microseconds) and `set plan_cache_mode =
--- force_generic_plan` (the generic plans are right for every call, checked
--- with EXPLAIN; planning each call again cost more than running it).
+-- Why each function here sets `jit = off` and `force_generic_plan`: the
+-- note on plans at the top of 0100_emit.sql.
 
 -- The advisory lock that serialises decisions about one (watch, object):
 -- class 2003856752 ('wpmp'), so that it cannot meet a producer's own
@@ -141,7 +139,10 @@ $$;
 -- service's backlog. The lease fences a pump that died mid-send; a
 -- delivery whose lease ran out is claimed again like any pending one
 -- (expired_lease_of names the pump that lost it). The order rule (top of
--- this file) is decided here.
+-- this file) is decided here. The returned columns but service_id,
+-- service_version and expired_lease_of are the message a consumer receives
+-- (src/delivery/mod.rs); message() below lists them for the panel: a field
+-- of the body is added to both.
 create or replace function watchpump.claim(
     p_pump         text,
     p_service_ids  bigint[],
@@ -286,6 +287,38 @@ begin
 
     delete from watchpump.sleepers where pump = p_pump;
 end
+$$;
+
+-- A delivery as claim() hands it to the pump, for the panel to show the
+-- request as sent: the same message columns (claim()'s first ones but the
+-- pump's own service_id, service_version and expired_lease_of; a field of
+-- the body is added to both), the attempt last made (or the first, before
+-- any), and the base URL of its service. Queued or settled alike.
+create or replace function watchpump.message(p_delivery_id bigint)
+returns table (
+    delivery_id      bigint,
+    change_id        bigint,
+    watch_id         bigint,
+    attempt          integer,
+    resource         text,
+    object           text,
+    kind             text,
+    sequence         bigint,
+    occurred_at      timestamptz,
+    payload          text,
+    base_url         text
+)
+language sql stable as $$
+    select d.id, d.change_id, d.watch_id, greatest(d.attempts, 1), w.resource, ch.object, ch.kind,
+           ch.sequence, ch.occurred_at, ch.payload::text, s.base_url
+    from (select q.id, q.change_id, q.watch_id, q.service_id, q.attempts
+          from watchpump.queue q where q.id = p_delivery_id
+          union all
+          select t.id, t.change_id, t.watch_id, t.service_id, t.attempts
+          from watchpump.settled t where t.id = p_delivery_id) d
+    join watchpump.changes ch on ch.id = d.change_id
+    join watchpump.watches w on w.id = d.watch_id
+    join watchpump.services s on s.id = d.service_id
 $$;
 
 -- Say that this pump is going to sleep until a NOTIFY or its sweep.

@@ -6,9 +6,13 @@ use axum::extract::FromRequestParts;
 use axum::http::header::AUTHORIZATION;
 use axum::http::request::Parts;
 
-use crate::api::{error::ApiError, AppState};
+use crate::api::AppState;
+use crate::http::{bearer, HttpError};
 use crate::services::{self, Service};
 use crate::throttle::{ClientAddr, Door, Throttle};
+
+/// What a caller without a valid service token is told.
+const TOKEN_REQUIRED: &str = "a valid service token is required: Authorization: Bearer <token>";
 
 /// The consumer service making the request. Extracting it rejects a missing,
 /// malformed or wrong token with 401, before the body is read, and an
@@ -17,7 +21,7 @@ use crate::throttle::{ClientAddr, Door, Throttle};
 pub struct Caller(pub Service);
 
 impl FromRequestParts<AppState> for Caller {
-    type Rejection = ApiError;
+    type Rejection = HttpError;
 
     async fn from_request_parts(
         parts: &mut Parts,
@@ -29,19 +33,12 @@ impl FromRequestParts<AppState> for Caller {
         if let Some(throttle) = &throttle {
             throttle
                 .check(Door::Service, client)
-                .map_err(ApiError::Throttled)?;
+                .map_err(HttpError::Throttled)?;
         }
-        let Some(presented) = parts.headers.get(AUTHORIZATION) else {
-            return Err(ApiError::Unauthorized);
-        };
-        let token = presented
-            .to_str()
-            .ok()
-            // The scheme is case-insensitive (RFC 9110, 11.1).
-            .and_then(|v| v.split_once(' '))
-            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("Bearer"))
-            .map(|(_, token)| token.trim());
-        let service = match token {
+        if !parts.headers.contains_key(AUTHORIZATION) {
+            return Err(HttpError::Unauthorized(TOKEN_REQUIRED));
+        }
+        let service = match bearer(&parts.headers) {
             Some(token) => services::authenticate(&state.pool, token).await?,
             None => None,
         };
@@ -53,7 +50,7 @@ impl FromRequestParts<AppState> for Caller {
                     "wrong service token on the watches API",
                 );
             }
-            ApiError::Unauthorized
+            HttpError::Unauthorized(TOKEN_REQUIRED)
         })
     }
 }

@@ -1,11 +1,10 @@
 //! The HTTP API consumers call, on `WATCHPUMP_LISTEN`: their watches
 //! ([`watches`]), authenticated by their service token ([`auth`], with
 //! failures throttled per client address), and never handed a path or
-//! query that is not text ([`text`]).
+//! query that is not text ([`crate::http::text`]). Errors are
+//! [`HttpError`]s, as JSON.
 
 pub mod auth;
-pub mod error;
-pub mod text;
 pub mod watches;
 
 use std::sync::Arc;
@@ -15,8 +14,8 @@ use axum::routing::get;
 use axum::Router;
 use sqlx::PgPool;
 
+use crate::http::{text, HttpError};
 use crate::throttle::Throttle;
-use error::ApiError;
 
 /// Largest request body the API reads.
 pub const BODY_LIMIT: usize = 64 * 1024;
@@ -45,8 +44,8 @@ pub fn app_with(state: AppState, throttle: Arc<Throttle>) -> Router {
             get(watches::show).delete(watches::remove),
         )
         .route("/healthz", get(healthz))
-        .fallback(|| async { ApiError::NotFound("no such endpoint".into()) })
-        .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
+        .fallback(|| async { HttpError::NotFound("no such endpoint".into()) })
+        .method_not_allowed_fallback(|| async { HttpError::MethodNotAllowed })
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .layer(axum::middleware::from_fn(text::refuse_unreadable))
         .layer(axum::Extension(throttle))
@@ -56,7 +55,7 @@ pub fn app_with(state: AppState, throttle: Arc<Throttle>) -> Router {
 /// Liveness and database reachability.
 async fn healthz(
     axum::extract::State(state): axum::extract::State<AppState>,
-) -> Result<&'static str, ApiError> {
+) -> Result<&'static str, HttpError> {
     sqlx::query("select 1").execute(&state.pool).await?;
     Ok("ok")
 }

@@ -8,7 +8,8 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::api::{auth::Caller, error::ApiError, AppState};
+use crate::api::{auth::Caller, AppState};
+use crate::http::HttpError;
 use crate::watches::{self, NewWatch, Watch};
 
 const DEFAULT_PAGE: i64 = 100;
@@ -18,7 +19,7 @@ pub async fn create(
     State(state): State<AppState>,
     Caller(service): Caller,
     body: Result<Json<NewWatch>, JsonRejection>,
-) -> Result<(StatusCode, Json<Watch>), ApiError> {
+) -> Result<(StatusCode, Json<Watch>), HttpError> {
     let Json(new) = body?;
     let (watch, created) = watches::create(&state.pool, service.id, &new).await?;
     let status = if created {
@@ -45,11 +46,11 @@ pub async fn list(
     State(state): State<AppState>,
     Caller(service): Caller,
     query: Result<Query<ListQuery>, QueryRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Value>, HttpError> {
     let Query(q) = query?;
     let limit = q.limit.unwrap_or(DEFAULT_PAGE);
     if !(1..=MAX_PAGE).contains(&limit) {
-        return Err(ApiError::BadRequest(format!(
+        return Err(HttpError::BadRequest(format!(
             "limit must be 1 to {MAX_PAGE}"
         )));
     }
@@ -64,7 +65,7 @@ pub async fn show(
     State(state): State<AppState>,
     Caller(service): Caller,
     id: Result<Path<i64>, axum::extract::rejection::PathRejection>,
-) -> Result<Json<Watch>, ApiError> {
+) -> Result<Json<Watch>, HttpError> {
     let id = watch_id(id)?;
     watches::get(&state.pool, service.id, id)
         .await?
@@ -76,7 +77,7 @@ pub async fn remove(
     State(state): State<AppState>,
     Caller(service): Caller,
     id: Result<Path<i64>, axum::extract::rejection::PathRejection>,
-) -> Result<StatusCode, ApiError> {
+) -> Result<StatusCode, HttpError> {
     let id = watch_id(id)?;
     if watches::remove(&state.pool, service.id, id, "removed by the consumer").await? {
         Ok(StatusCode::NO_CONTENT)
@@ -87,11 +88,11 @@ pub async fn remove(
 
 fn watch_id(
     id: Result<Path<i64>, axum::extract::rejection::PathRejection>,
-) -> Result<i64, ApiError> {
+) -> Result<i64, HttpError> {
     id.map(|Path(id)| id)
-        .map_err(|_| ApiError::NotFound("no such watch: ids are integers".into()))
+        .map_err(|_| HttpError::NotFound("no such watch: ids are integers".into()))
 }
 
-fn no_such_watch(id: i64) -> ApiError {
-    ApiError::NotFound(format!("no watch {id} for this service"))
+fn no_such_watch(id: i64) -> HttpError {
+    HttpError::NotFound(format!("no watch {id} for this service"))
 }

@@ -13,7 +13,7 @@ use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use super::conn::connection;
+use super::conn::{connection, Shared};
 use super::per_ip::PerIp;
 use super::refuse::{overloaded_response, refuse, refuse_now, REFUSAL_SLOTS};
 use super::EdgeLimits;
@@ -251,13 +251,6 @@ impl Gate {
         }
         tracing::info!(listener = name, "stopped");
     }
-}
-
-pub(super) struct Shared {
-    pub(super) name: &'static str,
-    pub(super) app: Router,
-    pub(super) limits: EdgeLimits,
-    pub(super) h1: hyper::server::conn::http1::Builder,
 }
 
 /// Accept errors that concern only the connection being accepted; the next

@@ -22,7 +22,7 @@ use hyper::body::{Frame, Incoming, SizeHint};
 use tokio::time::{Instant, Sleep};
 use tower::ServiceExt;
 
-use super::conn::{ConnState, RequestGuard};
+use super::phase::{ConnState, RequestGuard};
 use super::refuse::error_json;
 
 type BoxError = Box<dyn StdError + Send + Sync>;

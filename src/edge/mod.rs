@@ -75,6 +75,7 @@ pub mod config;
 mod conn;
 pub mod fd;
 mod per_ip;
+mod phase;
 mod refuse;
 
 use std::io;

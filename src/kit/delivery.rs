@@ -13,7 +13,7 @@ use crate::kit::PgTransaction;
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// One delivery, as the producer sent it (the body of ADR 0021's
-/// `POST /api/v1/<producer>/events`, see [`crate::message::Body`]).
+/// `POST /api/v1/<producer>/events`, see [`crate::delivery::Body`]).
 ///
 /// Unknown fields are ignored, so a producer can add fields without breaking
 /// consumers.

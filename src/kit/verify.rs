@@ -2,11 +2,11 @@
 //! Webhooks signature, both checked in constant time, before anything is
 //! parsed or stored.
 
-use axum::http::header::AUTHORIZATION;
 use axum::http::HeaderMap;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
+use crate::http::bearer;
 use crate::kit::answer::Refusal;
 use crate::signing::{self, SigningSecret, HEADER_ID, HEADER_SIGNATURE, HEADER_TIMESTAMP};
 
@@ -56,15 +56,9 @@ impl Producer {
     /// The bearer token, from the request's headers alone (so a request
     /// without it is refused before its body is read).
     pub(crate) fn check_token(&self, headers: &HeaderMap) -> Result<(), Refusal> {
-        let presented = headers
-            .get(AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.split_once(' '))
-            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("Bearer"))
-            .map(|(_, token)| token.trim())
-            .ok_or(Refusal::Unauthorized(
-                "the producer's token is required: Authorization: Bearer <token>".into(),
-            ))?;
+        let presented = bearer(headers).ok_or(Refusal::Unauthorized(
+            "the producer's token is required: Authorization: Bearer <token>".into(),
+        ))?;
         let digest = Sha256::digest(presented.as_bytes());
         if bool::from(digest.as_slice().ct_eq(&self.token_digest)) {
             Ok(())

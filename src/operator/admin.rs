@@ -1,23 +1,22 @@
 //! `/api/v1/admin`: the operator's JSON API, with the admin token as
-//! `Authorization: Bearer`. Same error shape and validation as the watches
-//! API ([`ApiError`]); everything here also works from psql. Every answer
+//! `Authorization: Bearer`. Same errors and validation as the watches
+//! API ([`HttpError`]); everything here also works from psql. Every answer
 //! goes through [`crate::operator::Settings::mask_json`]: consumers' answers
 //! stored before masking existed, or echoing something new, show no token.
 
 use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, Query, State};
+use axum::http::header;
 use axum::http::request::Parts;
-use axum::http::{header, StatusCode};
-use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::api::error::ApiError;
 use crate::api::BODY_LIMIT;
-use crate::operator::store::{self, ActionError, DeliveryFilter, WatchFilter};
+use crate::http::{bearer, text, HttpError};
+use crate::operator::store::{self, DeliveryFilter, WatchFilter};
 use crate::operator::{auth, OperatorState};
 use crate::throttle::{ClientAddr, Door};
 
@@ -38,95 +37,45 @@ pub fn routes() -> Router<OperatorState> {
         .route("/api/v1/admin/watches", get(watches))
         .route("/api/v1/admin/warnings", get(warnings))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
-        .layer(axum::middleware::from_fn(
-            crate::api::text::refuse_unreadable,
-        ))
+        .layer(axum::middleware::from_fn(text::refuse_unreadable))
 }
 
 /// The caller holds the admin token.
 pub struct Admin;
 
-/// Why a caller is not let in, in the API's error shape.
-pub enum AdminRejection {
-    /// No admin token is configured: the admin API is off.
-    Off,
-    Unauthorized,
-    /// Too many failed tries from the caller's address ([`crate::throttle`]).
-    Throttled(std::time::Duration),
-}
-
-impl IntoResponse for AdminRejection {
-    fn into_response(self) -> Response {
-        if let AdminRejection::Throttled(wait) = self {
-            return ApiError::Throttled(wait).into_response();
-        }
-        let (status, code, message) = match self {
-            AdminRejection::Off => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                "disabled",
-                "the admin API is off: WATCHPUMP_ADMIN_TOKEN is not set",
-            ),
-            AdminRejection::Unauthorized => (
-                StatusCode::UNAUTHORIZED,
-                "unauthorized",
-                "the admin token is required: Authorization: Bearer <WATCHPUMP_ADMIN_TOKEN>",
-            ),
-            AdminRejection::Throttled(_) => unreachable!("answered above"),
-        };
-        let body = Json(json!({ "error": { "code": code, "message": message } }));
-        let mut response = (status, body).into_response();
-        if status == StatusCode::UNAUTHORIZED {
-            response.headers_mut().insert(
-                header::WWW_AUTHENTICATE,
-                header::HeaderValue::from_static("Bearer"),
-            );
-        }
-        response
-    }
-}
+/// What a caller without the admin token is told.
+const TOKEN_REQUIRED: &str =
+    "the admin token is required: Authorization: Bearer <WATCHPUMP_ADMIN_TOKEN>";
 
 impl FromRequestParts<OperatorState> for Admin {
-    type Rejection = AdminRejection;
+    type Rejection = HttpError;
 
     async fn from_request_parts(
         parts: &mut Parts,
         state: &OperatorState,
     ) -> Result<Self, Self::Rejection> {
-        let configured = state
-            .settings
-            .admin_token
-            .as_deref()
-            .ok_or(AdminRejection::Off)?;
+        let configured = state.settings.admin_token.as_deref().ok_or(HttpError::Off(
+            "the admin API is off: WATCHPUMP_ADMIN_TOKEN is not set",
+        ))?;
         let ClientAddr(client) = ClientAddr::of(parts);
         let throttle = &state.settings.throttle;
         throttle
             .check(Door::Admin, client)
-            .map_err(AdminRejection::Throttled)?;
+            .map_err(HttpError::Throttled)?;
         if !parts.headers.contains_key(header::AUTHORIZATION) {
-            return Err(AdminRejection::Unauthorized);
+            return Err(HttpError::Unauthorized(TOKEN_REQUIRED));
         }
-        match auth::bearer(&parts.headers) {
+        match bearer(&parts.headers) {
             Some(presented) if auth::token_matches(configured, presented) => Ok(Admin),
             _ => {
                 throttle.fail(Door::Admin, client, "wrong admin token on the admin API");
-                Err(AdminRejection::Unauthorized)
+                Err(HttpError::Unauthorized(TOKEN_REQUIRED))
             }
         }
     }
 }
 
-impl From<ActionError> for ApiError {
-    fn from(e: ActionError) -> Self {
-        match e {
-            ActionError::NotFound(m) => ApiError::NotFound(m),
-            ActionError::Conflict(m) => ApiError::Conflict(m),
-            ActionError::Invalid(m) => ApiError::Invalid(m),
-            ActionError::Other(e) => ApiError::from(e),
-        }
-    }
-}
-
-async fn backlog(_: Admin, State(state): State<OperatorState>) -> Result<Json<Value>, ApiError> {
+async fn backlog(_: Admin, State(state): State<OperatorState>) -> Result<Json<Value>, HttpError> {
     let services = store::backlog(&state.pool).await?;
     Ok(Json(
         state.settings.mask_json(json!({ "services": services })),
@@ -139,7 +88,7 @@ async fn deliveries(
     _: Admin,
     State(state): State<OperatorState>,
     query: Result<Query<DeliveryFilter>, QueryRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Value>, HttpError> {
     let Query(filter) = query?;
     let filter = filter.normalized();
     let limit = filter.limit.unwrap_or(100);
@@ -161,7 +110,7 @@ async fn delivery(
     _: Admin,
     State(state): State<OperatorState>,
     id: Result<Path<i64>, PathRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Value>, HttpError> {
     let id = delivery_id(id)?;
     let delivery = store::delivery(&state.pool, id)
         .await?
@@ -179,7 +128,7 @@ async fn attempts(
     _: Admin,
     State(state): State<OperatorState>,
     id: Result<Path<i64>, PathRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Value>, HttpError> {
     let id = delivery_id(id)?;
     if store::delivery(&state.pool, id).await?.is_none() {
         return Err(no_such_delivery(id));
@@ -196,7 +145,7 @@ async fn retry(
     _: Admin,
     State(state): State<OperatorState>,
     id: Result<Path<i64>, PathRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Value>, HttpError> {
     let id = delivery_id(id)?;
     let previous = store::retry(&state.pool, id, ACTOR).await?;
     Ok(Json(state.settings.mask_json(json!({
@@ -219,7 +168,7 @@ async fn retry_failed(
     State(state): State<OperatorState>,
     Path(name): Path<String>,
     body: Result<Json<RetryFailed>, JsonRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Value>, HttpError> {
     let Json(body) = body?;
     let requeued = store::retry_failed(&state.pool, &name, body.since, ACTOR).await?;
     Ok(Json(state.settings.mask_json(json!({
@@ -234,11 +183,11 @@ async fn watches(
     _: Admin,
     State(state): State<OperatorState>,
     query: Result<Query<WatchFilter>, QueryRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Value>, HttpError> {
     let Query(filter) = query?;
     let limit = filter.limit.unwrap_or(100);
     if !(1..=store::MAX_PAGE).contains(&limit) {
-        return Err(ApiError::Invalid(format!(
+        return Err(HttpError::Invalid(format!(
             "limit must be 1 to {}",
             store::MAX_PAGE
         )));
@@ -262,7 +211,7 @@ async fn warnings(
     _: Admin,
     State(state): State<OperatorState>,
     query: Result<Query<WarningQuery>, QueryRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Value>, HttpError> {
     let Query(q) = query?;
     let warnings = store::warnings(&state.pool, q.service.as_deref(), 100).await?;
     Ok(Json(
@@ -270,11 +219,11 @@ async fn warnings(
     ))
 }
 
-fn delivery_id(id: Result<Path<i64>, PathRejection>) -> Result<i64, ApiError> {
+fn delivery_id(id: Result<Path<i64>, PathRejection>) -> Result<i64, HttpError> {
     id.map(|Path(id)| id)
-        .map_err(|_| ApiError::NotFound("no such delivery: ids are integers".into()))
+        .map_err(|_| HttpError::NotFound("no such delivery: ids are integers".into()))
 }
 
-fn no_such_delivery(id: i64) -> ApiError {
-    ApiError::NotFound(format!("there is no delivery {id}"))
+fn no_such_delivery(id: i64) -> HttpError {
+    HttpError::NotFound(format!("there is no delivery {id}"))
 }

@@ -12,7 +12,7 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::api::error::ApiError;
+use crate::http::{text, HttpError};
 use crate::operator::admin::{Admin, ACTOR};
 use crate::operator::OperatorState;
 use crate::services;
@@ -33,12 +33,10 @@ pub fn routes() -> Router<OperatorState> {
             post(rotate_token),
         )
         .route("/api/v1/admin/services/{name}/url", put(set_url))
-        .layer(axum::middleware::from_fn(
-            crate::api::text::refuse_unreadable,
-        ))
+        .layer(axum::middleware::from_fn(text::refuse_unreadable))
 }
 
-async fn list(_: Admin, State(state): State<OperatorState>) -> Result<Json<Value>, ApiError> {
+async fn list(_: Admin, State(state): State<OperatorState>) -> Result<Json<Value>, HttpError> {
     let services = services::list(&state.pool).await?;
     Ok(Json(
         state.settings.mask_json(json!({ "services": services })),
@@ -58,7 +56,7 @@ async fn add(
     _: Admin,
     State(state): State<OperatorState>,
     body: Result<Json<NewService>, JsonRejection>,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
+) -> Result<(StatusCode, Json<Value>), HttpError> {
     let Json(new) = body?;
     let allowed = &state.settings.destinations;
     let registered = services::add_within(&state.pool, &new.name, &new.base_url, allowed).await?;
@@ -81,12 +79,12 @@ struct Overlap {
 }
 
 /// An optional JSON body `{"overlap": "24h"}`; no body means 24 hours.
-fn overlap(body: &[u8]) -> Result<std::time::Duration, ApiError> {
+fn overlap(body: &[u8]) -> Result<std::time::Duration, HttpError> {
     let given = if body.iter().all(u8::is_ascii_whitespace) {
         Overlap::default()
     } else {
         serde_json::from_slice::<Overlap>(body).map_err(|e| {
-            ApiError::BadRequest(format!(
+            HttpError::BadRequest(format!(
                 "the body must be empty or {{\"overlap\": \"24h\"}}: {e}"
             ))
         })?
@@ -101,7 +99,7 @@ async fn rotate_secret(
     State(state): State<OperatorState>,
     Path(name): Path<String>,
     body: axum::body::Bytes,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Value>, HttpError> {
     let overlap = overlap(&body)?;
     let (secret, until) = services::rotate_secret(&state.pool, &name, overlap).await?;
     tracing::info!(service = %name, "signing secret rotated through the admin API");
@@ -117,7 +115,7 @@ async fn rotate_token(
     State(state): State<OperatorState>,
     Path(name): Path<String>,
     body: axum::body::Bytes,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Value>, HttpError> {
     let grace = overlap(&body)?;
     let (token, until) = services::rotate_token(&state.pool, &name, grace).await?;
     tracing::info!(service = %name, "token rotated through the admin API");
@@ -139,7 +137,7 @@ async fn set_url(
     State(state): State<OperatorState>,
     Path(name): Path<String>,
     body: Result<Json<NewUrl>, JsonRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Value>, HttpError> {
     let Json(new) = body?;
     let allowed = &state.settings.destinations;
     let service = services::set_url_within(&state.pool, &name, &new.base_url, allowed).await?;
@@ -154,7 +152,7 @@ async fn remove(
     _: Admin,
     State(state): State<OperatorState>,
     Path(name): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Value>, HttpError> {
     let removal = services::remove(&state.pool, &name, ACTOR).await?;
     tracing::info!(service = %name, watches = removal.watches, dropped = removal.deliveries, "service removed through the admin API");
     Ok(Json(json!({

@@ -24,16 +24,6 @@ pub fn token_matches(configured: &str, presented: &str) -> bool {
     a.ct_eq(&b).into()
 }
 
-/// `Authorization: Bearer <token>`, if the request has one.
-pub fn bearer(headers: &HeaderMap) -> Option<&str> {
-    headers
-        .get(header::AUTHORIZATION)?
-        .to_str()
-        .ok()?
-        .strip_prefix("Bearer ")
-        .map(str::trim)
-}
-
 fn session_key(secret: &str, admin_token: &str) -> Vec<u8> {
     let mut h = Sha256::new();
     h.update(secret.as_bytes());

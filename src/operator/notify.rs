@@ -6,8 +6,9 @@
 //! `watchpump.failure_inbox`, in the transaction that fails it. [`fold`]
 //! drains the inbox into `watchpump.warnings`: at most one warning per
 //! service per fold window, later failures counted into the next one.
-//! [`Notifier::send_due`] hands due warnings to notify, retrying with back-off until
-//! their deadline like a delivery; without a notify URL it logs them.
+//! [`Notifier::send_due`] hands due warnings to notify, retrying with the
+//! delivery's back-off ([`crate::retry`]) until their deadline; without a
+//! notify URL it logs them.
 
 use std::time::Duration;
 
@@ -17,6 +18,7 @@ use sqlx::PgPool;
 
 use crate::config::PumpConfig;
 use crate::error::Result;
+use crate::retry::RetryPolicy;
 
 /// `watchpump_notify_warnings_total{service, outcome}`; outcome is `sent`,
 /// `folded` (a failure counted into a warning instead of raising one) or
@@ -80,16 +82,87 @@ pub struct Notifier {
     producer: String,
     authorization: String,
     panel_url: String,
-    retry_initial: Duration,
-    retry_max: Duration,
+    retry: RetryPolicy,
 }
 
 /// What became of one warning in [`Notifier::send_due`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Handed {
     pub warning_id: i64,
-    /// `sent`, `logged`, `pending` (will be retried) or `failed`.
-    pub state: String,
+    pub state: WarningState,
+}
+
+/// Where a warning stands after an attempt, as
+/// `watchpump.warning_attempted()` returns it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WarningState {
+    /// Notify took it.
+    Sent,
+    /// There is no notify URL: it was logged.
+    Logged,
+    /// Notify did not take it; it is retried.
+    Pending,
+    /// Notify did not take it before its deadline.
+    Failed,
+    /// It was no longer pending (another pump handed it on).
+    Gone,
+}
+
+impl WarningState {
+    fn from_sql(state: Option<&str>) -> WarningState {
+        match state {
+            Some("sent") => WarningState::Sent,
+            Some("logged") => WarningState::Logged,
+            Some("pending") => WarningState::Pending,
+            Some("failed") => WarningState::Failed,
+            _ => WarningState::Gone,
+        }
+    }
+
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            WarningState::Sent => "sent",
+            WarningState::Logged => "logged",
+            WarningState::Pending => "pending",
+            WarningState::Failed => "failed",
+            WarningState::Gone => "gone",
+        }
+    }
+}
+
+/// What one attempt to hand a warning on came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Handing {
+    Sent { status: u16 },
+    Logged,
+    Retry { status: Option<u16>, error: String },
+}
+
+impl Handing {
+    /// The outcome `watchpump.warning_attempted()` records, and the
+    /// metric's label: `sent`, `logged` or `retry`.
+    fn as_label(&self) -> &'static str {
+        match self {
+            Handing::Sent { .. } => "sent",
+            Handing::Logged => "logged",
+            Handing::Retry { .. } => "retry",
+        }
+    }
+
+    fn status(&self) -> Option<i32> {
+        match self {
+            Handing::Sent { status } => Some(i32::from(*status)),
+            Handing::Retry { status, .. } => status.map(i32::from),
+            Handing::Logged => None,
+        }
+    }
+
+    fn error(&self) -> Option<&str> {
+        match self {
+            Handing::Retry { error, .. } => Some(error),
+            _ => None,
+        }
+    }
 }
 
 impl Notifier {
@@ -107,8 +180,7 @@ impl Notifier {
             producer: pump.producer.clone(),
             authorization: format!("Bearer {}", pump.producer_token),
             panel_url: panel_url.trim_end_matches('/').to_string(),
-            retry_initial: pump.retry_initial(),
-            retry_max: pump.retry_max(),
+            retry: pump.retry_policy(),
         })
     }
 
@@ -125,24 +197,28 @@ impl Notifier {
         .await?;
         let mut handed = Vec::with_capacity(due.len());
         for warning in due {
-            let (outcome, status, error) = self.hand(&warning).await;
+            let handing = self.hand(&warning).await;
             let next = Utc::now() + self.retry_delay(warning.attempts + 1);
             let state: Option<String> =
                 sqlx::query_scalar("select watchpump.warning_attempted($1, $2, $3, $4, $5)")
                     .bind(warning.warning_id)
-                    .bind(outcome)
-                    .bind(status)
-                    .bind(error.as_deref())
+                    .bind(handing.as_label())
+                    .bind(handing.status())
+                    .bind(handing.error())
                     .bind(next)
                     .fetch_one(pool)
                     .await?;
-            let state = state.unwrap_or_else(|| "gone".into());
-            if outcome != "retry" {
-                metrics::counter!(NOTIFY_WARNINGS, "service" => warning.service.clone(), "outcome" => outcome)
-                    .increment(1);
-            } else if state == "failed" {
-                tracing::error!(warning_id = warning.warning_id, service = %warning.service,
-                    error = ?error, "notify did not take the warning before its deadline");
+            let state = WarningState::from_sql(state.as_deref());
+            match &handing {
+                Handing::Retry { error, .. } if state == WarningState::Failed => {
+                    tracing::error!(warning_id = warning.warning_id, service = %warning.service,
+                        error = %error, "notify did not take the warning before its deadline");
+                }
+                Handing::Retry { .. } => {}
+                _ => {
+                    metrics::counter!(NOTIFY_WARNINGS, "service" => warning.service.clone(), "outcome" => handing.as_label())
+                        .increment(1);
+                }
             }
             handed.push(Handed {
                 warning_id: warning.warning_id,
@@ -152,13 +228,13 @@ impl Notifier {
         Ok(handed)
     }
 
-    /// One attempt: `("sent" | "logged" | "retry", status, error)`.
-    async fn hand(&self, w: &Due) -> (&'static str, Option<i32>, Option<String>) {
+    /// One attempt to hand `w` on.
+    async fn hand(&self, w: &Due) -> Handing {
         let message = self.message(w);
         let Some(url) = &self.url else {
             tracing::warn!(warning_id = w.warning_id, service = %w.service, failed = w.failed,
                 folded = w.folded, link = %message.link, "{}", message.text);
-            return ("logged", None, None);
+            return Handing::Logged;
         };
         let answer = self
             .client
@@ -172,13 +248,17 @@ impl Notifier {
             .send()
             .await;
         match answer {
-            Ok(r) if r.status().is_success() => ("sent", Some(r.status().as_u16() as i32), None),
-            Ok(r) => (
-                "retry",
-                Some(r.status().as_u16() as i32),
-                Some(format!("HTTP {}", r.status())),
-            ),
-            Err(e) => ("retry", None, Some(e.to_string())),
+            Ok(r) if r.status().is_success() => Handing::Sent {
+                status: r.status().as_u16(),
+            },
+            Ok(r) => Handing::Retry {
+                status: Some(r.status().as_u16()),
+                error: format!("HTTP {}", r.status()),
+            },
+            Err(e) => Handing::Retry {
+                status: None,
+                error: e.to_string(),
+            },
         }
     }
 
@@ -216,14 +296,10 @@ impl Notifier {
         }
     }
 
-    /// Exponential back-off from the pump's retry settings.
+    /// The retry policy's back-off ([`RetryPolicy::backoff`]).
     fn retry_delay(&self, attempt: i32) -> chrono::Duration {
-        let exponent = attempt.saturating_sub(1).clamp(0, 30) as u32;
-        let delay = self
-            .retry_initial
-            .saturating_mul(2u32.saturating_pow(exponent))
-            .min(self.retry_max);
-        chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::hours(1))
+        chrono::Duration::from_std(self.retry.backoff(attempt))
+            .unwrap_or(chrono::Duration::hours(1))
     }
 }
 

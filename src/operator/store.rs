@@ -6,17 +6,8 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use sqlx::{PgPool, Postgres, QueryBuilder};
 
+use crate::delivery::{Message, State};
 use crate::error::{Error, Result};
-
-/// Delivery states, as `watchpump.deliveries.state` allows them.
-pub const STATES: &[&str] = &[
-    "pending",
-    "in_flight",
-    "delivered",
-    "superseded",
-    "dropped",
-    "failed",
-];
 
 /// Most rows one page of a list may hold.
 pub const MAX_PAGE: i64 = 500;
@@ -51,7 +42,8 @@ pub struct Delivery {
     pub kind: String,
     pub change_id: i64,
     pub sequence: i64,
-    pub state: String,
+    #[sqlx(try_from = "String")]
+    pub state: State,
     pub attempts: i32,
     pub next_attempt_at: DateTime<Utc>,
     pub deadline: DateTime<Utc>,
@@ -62,14 +54,13 @@ pub struct Delivery {
     pub last_action: Option<String>,
 }
 
-/// What the panel needs beyond the log row to show the request as sent.
+/// A delivery's message as the pump sends it, and its service's base URL:
+/// what the panel needs to show the request as sent.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct Sent {
+    #[sqlx(flatten)]
+    pub message: Message,
     pub base_url: String,
-    pub occurred_at: DateTime<Utc>,
-    /// The change's payload as PostgreSQL prints jsonb: the pump embeds
-    /// exactly this text in the body.
-    pub payload: String,
 }
 
 /// One attempt to send a delivery.
@@ -155,10 +146,10 @@ impl DeliveryFilter {
 
     pub fn validate(&self) -> Result<()> {
         if let Some(state) = &self.state {
-            if !STATES.contains(&state.as_str()) {
+            if state.parse::<State>().is_err() {
                 return Err(Error::Invalid(format!(
                     "state must be one of {}",
-                    STATES.join(", ")
+                    State::list()
                 )));
             }
         }
@@ -189,41 +180,6 @@ pub struct WatchFilter {
     pub limit: Option<i64>,
 }
 
-/// Why an action on deliveries did not happen; the API maps each to a status.
-#[derive(Debug, thiserror::Error)]
-pub enum ActionError {
-    #[error("{0}")]
-    NotFound(String),
-    #[error("{0}")]
-    Conflict(String),
-    #[error("{0}")]
-    Invalid(String),
-    #[error(transparent)]
-    Other(#[from] Error),
-}
-
-impl From<sqlx::Error> for ActionError {
-    /// The SQLSTATEs `0300_operator.sql` raises, with the function's name
-    /// taken off the message.
-    fn from(e: sqlx::Error) -> Self {
-        if let sqlx::Error::Database(d) = &e {
-            let message = d
-                .message()
-                .split_once(": ")
-                .filter(|(f, _)| f.starts_with("watchpump."))
-                .map_or(d.message(), |(_, m)| m)
-                .to_string();
-            match d.code().as_deref() {
-                Some("P0002") => return ActionError::NotFound(message),
-                Some("55000") => return ActionError::Conflict(message),
-                Some("22023") | Some("22004") => return ActionError::Invalid(message),
-                _ => {}
-            }
-        }
-        ActionError::Other(Error::Database(e))
-    }
-}
-
 pub async fn backlog(pool: &PgPool) -> Result<Vec<Backlog>> {
     Ok(sqlx::query_as(
         "select service_id, service, pending, in_flight, due_now, failed_24h,
@@ -241,18 +197,16 @@ const DELIVERY_COLUMNS: &str = "delivery_id, created_at, service, watch_id, reso
 
 /// One page of deliveries, newest first. Each filter becomes a condition
 /// only when given, and the state and the service's id are written into the
-/// statement as literals (the state is checked against [`STATES`], the id
+/// statement as literals (the state is one of [`State`], the id
 /// comes from the database): the planner then sees which partial index
 /// fits and how rare the service is, with any plan cache. The limit is a
 /// literal too, never a generic-plan guess.
 pub async fn deliveries(pool: &PgPool, filter: &DeliveryFilter) -> Result<Vec<Delivery>> {
     filter.validate()?;
-    let state = filter.state.as_ref().map(|state| {
-        *STATES
-            .iter()
-            .find(|s| **s == state.as_str())
-            .expect("validated")
-    });
+    let state = filter
+        .state
+        .as_ref()
+        .map(|state| state.parse::<State>().expect("validated"));
     let service_id = match &filter.service {
         Some(service) => {
             let id: Option<i64> =
@@ -325,17 +279,12 @@ pub async fn delivery(pool: &PgPool, id: i64) -> Result<Option<Delivery>> {
     .await?)
 }
 
+/// `watchpump.message()`: the delivery as the pump sends it.
 pub async fn sent(pool: &PgPool, id: i64) -> Result<Option<Sent>> {
-    Ok(sqlx::query_as(
-        "select s.base_url, c.occurred_at, c.payload::text as payload
-         from watchpump.deliveries d
-         join watchpump.changes c on c.id = d.change_id
-         join watchpump.services s on s.id = d.service_id
-         where d.id = $1",
-    )
-    .bind(id)
-    .fetch_optional(pool)
-    .await?)
+    Ok(sqlx::query_as("select * from watchpump.message($1)")
+        .bind(id)
+        .fetch_optional(pool)
+        .await?)
 }
 
 pub async fn attempts(pool: &PgPool, delivery_id: i64) -> Result<Vec<Attempt>> {
@@ -417,27 +366,31 @@ pub async fn warnings(pool: &PgPool, service: Option<&str>, limit: i64) -> Resul
     .await?)
 }
 
-/// `watchpump.retry()`: returns the state the delivery had.
-pub async fn retry(pool: &PgPool, delivery_id: i64, actor: &str) -> Result<String, ActionError> {
-    Ok(sqlx::query_scalar("select watchpump.retry($1, $2)")
+/// `watchpump.retry()`: returns the state the delivery had. Its refusals
+/// are [`Error::raised`]: no such delivery, or not in a state to retry.
+pub async fn retry(pool: &PgPool, delivery_id: i64, actor: &str) -> Result<String> {
+    sqlx::query_scalar("select watchpump.retry($1, $2)")
         .bind(delivery_id)
         .bind(actor)
         .fetch_one(pool)
-        .await?)
+        .await
+        .map_err(Error::raised)
 }
 
 /// `watchpump.retry_failed()`: returns how many deliveries were requeued.
+/// Its refusals are [`Error::raised`].
 pub async fn retry_failed(
     pool: &PgPool,
     service: &str,
     since: DateTime<Utc>,
     actor: &str,
-) -> Result<i64, ActionError> {
+) -> Result<i64> {
     let n: i32 = sqlx::query_scalar("select watchpump.retry_failed($1, $2, $3)")
         .bind(service)
         .bind(since)
         .bind(actor)
         .fetch_one(pool)
-        .await?;
+        .await
+        .map_err(Error::raised)?;
     Ok(i64::from(n))
 }

@@ -170,6 +170,10 @@ fn log_step(step: &Step) {
             folded = f.folded, "failed deliveries noted for a warning");
     }
     for h in &step.handed {
-        tracing::debug!(warning_id = h.warning_id, state = %h.state, "warning handed on");
+        tracing::debug!(
+            warning_id = h.warning_id,
+            state = h.state.as_str(),
+            "warning handed on"
+        );
     }
 }

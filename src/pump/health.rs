@@ -2,8 +2,9 @@
 //! in flight there, and whether the service looks down.
 //!
 //! A service is down after `down_after` consecutive failed attempts. While
-//! down it gets no deliveries but a single probe now and then (the pause
-//! doubles up to `probe_max`); the first answer releases its whole backlog.
+//! down it gets no deliveries but a single probe now and then (the pauses
+//! are the retry policy's, [`RetryPolicy::first_probe_pause`]); the first
+//! answer releases its whole backlog.
 //! In-flight deliveries per service are capped so that a consumer that hangs
 //! until timeout cannot take every slot.
 
@@ -11,6 +12,9 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use tokio::time::Instant;
+
+use crate::delivery::outcome::{AttemptResult, Failure};
+use crate::retry::RetryPolicy;
 
 /// Per-service claim limits, in the shape `watchpump.claim()` takes them.
 #[derive(Debug, Default)]
@@ -27,6 +31,21 @@ pub struct Slots {
 pub enum Answer {
     Answered,
     Failed,
+}
+
+impl Answer {
+    /// What an attempt says about its consumer's health: a server error,
+    /// a timeout, a refused connection or 429 count against it; any other
+    /// answer means it is up (a 4xx is about this delivery, not the service).
+    pub fn of(result: &AttemptResult) -> Answer {
+        match result {
+            AttemptResult::Retry {
+                failure: Failure::Status(500..=599 | 429) | Failure::Timeout | Failure::Connect,
+                ..
+            } => Answer::Failed,
+            _ => Answer::Answered,
+        }
+    }
 }
 
 /// What an attempt changed about its service.
@@ -55,16 +74,16 @@ struct Service {
 pub struct Health {
     cap: u32,
     down_after: u32,
-    probe_max: Duration,
+    policy: RetryPolicy,
     services: HashMap<i64, Service>,
 }
 
 impl Health {
-    pub fn new(cap: u32, down_after: u32, probe_max: Duration) -> Self {
+    pub fn new(cap: u32, down_after: u32, policy: RetryPolicy) -> Self {
         Health {
             cap,
             down_after: down_after.max(1),
-            probe_max,
+            policy,
             services: HashMap::new(),
         }
     }
@@ -98,7 +117,7 @@ impl Health {
         if let Some(d) = &mut s.down {
             // This is the probe; the next one waits a longer pause.
             d.next_probe_at = now + d.probe_pause;
-            d.probe_pause = (d.probe_pause * 2).min(self.probe_max);
+            d.probe_pause = self.policy.next_probe_pause(d.probe_pause);
         }
         s.in_flight
     }
@@ -121,10 +140,10 @@ impl Health {
             Answer::Failed => {
                 s.consecutive_failures += 1;
                 if s.down.is_none() && s.consecutive_failures >= self.down_after {
-                    let first_pause = (self.probe_max / 10).max(Duration::from_millis(10));
+                    let first_pause = self.policy.first_probe_pause();
                     s.down = Some(Down {
                         next_probe_at: now + first_pause,
-                        probe_pause: first_pause * 2,
+                        probe_pause: self.policy.next_probe_pause(first_pause),
                     });
                     Transition::WentDown
                 } else {
@@ -177,6 +196,7 @@ impl Health {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::retry::tests::policy;
 
     fn slot_of(slots: &Slots, id: i64) -> (i32, bool) {
         let i = slots.service_ids.iter().position(|s| *s == id).unwrap();
@@ -186,7 +206,7 @@ mod tests {
     #[test]
     fn in_flight_is_capped_per_service() {
         let now = Instant::now();
-        let mut h = Health::new(2, 3, Duration::from_secs(1));
+        let mut h = Health::new(2, 3, policy());
         h.claimed(1, "a", now);
         assert_eq!(slot_of(&h.slots(now), 1), (1, false));
         h.claimed(1, "a", now);
@@ -199,7 +219,7 @@ mod tests {
     #[test]
     fn a_failing_service_is_probed_one_at_a_time_and_comes_back() {
         let now = Instant::now();
-        let mut h = Health::new(8, 2, Duration::from_secs(1));
+        let mut h = Health::new(8, 2, policy());
         h.claimed(1, "a", now);
         h.claimed(1, "a", now);
         assert_eq!(h.finished(1, Answer::Failed, now), Transition::None);

@@ -1,9 +1,11 @@
 //! The pump: claims due deliveries, sends them, and records what happened.
 //!
-//! One loop ([`Pump::run`]) claims and dispatches; each send runs as its own
-//! task; a completer task writes finished attempts back in batches. Between
-//! claims the loop sleeps until a NOTIFY ([`wakeup`]), its sweep timer, a
-//! finished send freeing a slot, or a down consumer's probe time.
+//! One loop ([`Pump::run`], `claiming.rs`) claims and dispatches; each send
+//! runs as its own task ([`send`]); a completer task writes finished
+//! attempts back in batches (`recording.rs`). Between claims the loop sleeps
+//! until a NOTIFY ([`wakeup`]), its sweep timer, a finished send freeing a
+//! slot, or a down consumer's probe time ([`health`]). [`Pump::step`] does
+//! one turn of all that in order, for tests to drive.
 //!
 //! While it finds work, and for a short linger after, the pump polls; only
 //! then does it register in `watchpump.sleepers` and claim once more, so
@@ -11,37 +13,29 @@
 //! pump may be asleep. A change committed in the gap between an emitter's
 //! check and its commit is picked up by the next sweep at the latest.
 
+mod claiming;
 pub mod health;
+mod recording;
 pub mod send;
 pub mod store;
 pub mod wakeup;
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sqlx::PgPool;
 use tokio::sync::mpsc;
-use tokio::time::Instant;
 
 use crate::config::PumpConfig;
+use crate::delivery::request::Target;
+use crate::delivery::State;
 use crate::error::{Error, Result};
-use crate::metrics as m;
-use crate::services;
-use health::{Health, Transition};
-use send::{Finished, Outcome, Sender, Target};
-use store::Claimed;
+use crate::retry::Wakeups;
+use health::Health;
+use send::Sender;
 use wakeup::Signals;
-
-/// Most finished attempts written back in one statement.
-const COMPLETE_BATCH: usize = 1000;
-/// How long the pump waits after a failed claim (database unreachable).
-const CLAIM_ERROR_PAUSE: Duration = Duration::from_millis(250);
-/// Retry times this pump remembers to wake up for; later ones wait for the
-/// sweep.
-const RETRY_TIMERS: usize = 10_000;
 
 /// A delivery pump. Several may run against one database.
 pub struct Pump {
@@ -55,9 +49,8 @@ struct Shared {
     sender: Sender,
     health: Mutex<Health>,
     signals: Arc<Signals>,
-    /// When retries this pump scheduled fall due, soonest first, so that a
-    /// retry goes out on time rather than at the next sweep.
-    retries: Mutex<BinaryHeap<Reverse<Instant>>>,
+    /// When retries this pump scheduled fall due.
+    retries: Mutex<Wakeups>,
     /// Each service's URL, name and signing keys, as of the version claim()
     /// reported.
     destinations: Mutex<HashMap<i64, Arc<Target>>>,
@@ -73,7 +66,7 @@ impl Pump {
         let health = Health::new(
             cfg.service_concurrency,
             cfg.down_after_failures,
-            cfg.probe_interval(),
+            cfg.retry_policy(),
         );
         let name = cfg.pump_name();
         let shared = Shared {
@@ -82,7 +75,7 @@ impl Pump {
             sender,
             health: Mutex::new(health),
             signals: Arc::new(Signals::default()),
-            retries: Mutex::new(BinaryHeap::new()),
+            retries: Mutex::new(Wakeups::default()),
             destinations: Mutex::new(HashMap::new()),
             cfg,
         };
@@ -104,9 +97,9 @@ impl Pump {
         tracing::info!(pump = %shared.name, "pump started");
         let listener = tokio::spawn(wakeup::listen(shared.pool.clone(), shared.signals.clone()));
         let (done_tx, done_rx) = mpsc::unbounded_channel();
-        let completer = tokio::spawn(complete_loop(shared.clone(), done_rx));
+        let completer = tokio::spawn(recording::complete_loop(shared.clone(), done_rx));
 
-        claim_loop(&shared, done_tx, shutdown).await;
+        claiming::claim_loop(&shared, done_tx, shutdown).await;
 
         listener.abort();
         let grace = shared.cfg.request_timeout() + Duration::from_secs(5);
@@ -117,40 +110,46 @@ impl Pump {
         tracing::info!(pump = %shared.name, "pump stopped");
         Ok(())
     }
+
+    /// One turn of the pump, in order and to its end: sweep (deadlines
+    /// included), claim what is due, send it, and record every answer
+    /// before returning. [`Pump::run`] does the same across tasks (claiming
+    /// while earlier sends are on the wire, writing back in batches, sleeping
+    /// between turns); a test drives `step` instead, with no loop to poll and
+    /// no timer to wait for.
+    pub async fn step(&self) -> Result<Step> {
+        let shared = &self.shared;
+        claiming::sweep(shared, Duration::ZERO).await;
+        let claimed = claiming::claim(shared).await?;
+        let claimed = claiming::with_destinations(shared, claimed).await;
+        let sent = claimed.len();
+        let (done_tx, mut done_rx) = mpsc::unbounded_channel();
+        claiming::dispatch(shared, claimed, &done_tx);
+        drop(done_tx);
+        let mut answered = Vec::with_capacity(sent);
+        while let Some(a) = done_rx.recv().await {
+            answered.push(a);
+        }
+        let settled = recording::complete_batch(shared, &answered).await;
+        Ok(Step {
+            sent,
+            settled: settled
+                .into_iter()
+                .map(|s| (s.delivery_id, s.state))
+                .collect(),
+        })
+    }
 }
 
-/// Deliveries claimed per second: the busier of the last full quarter
-/// second and the current one so far.
-#[derive(Debug)]
-struct ClaimRate {
-    window_start: Instant,
-    claimed: usize,
-    previous_per_sec: f64,
-}
-
-impl ClaimRate {
-    const WINDOW: Duration = Duration::from_millis(250);
-
-    fn new(now: Instant) -> Self {
-        ClaimRate {
-            window_start: now,
-            claimed: 0,
-            previous_per_sec: 0.0,
-        }
-    }
-
-    /// Counts `n` deliveries claimed at `now` and returns the rate.
-    fn add(&mut self, n: usize, now: Instant) -> f64 {
-        let elapsed = now.saturating_duration_since(self.window_start);
-        if elapsed >= Self::WINDOW {
-            self.previous_per_sec = self.claimed as f64 / elapsed.as_secs_f64();
-            self.window_start = now;
-            self.claimed = 0;
-        }
-        self.claimed += n;
-        let current = self.claimed as f64 / Self::WINDOW.as_secs_f64();
-        self.previous_per_sec.max(current)
-    }
+/// What one [`Pump::step`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Step {
+    /// Deliveries claimed and sent.
+    pub sent: usize,
+    /// The deliveries the answers settled, with their states: each one sent
+    /// (`Pending` when a retry is scheduled), and any other a 410 dropped
+    /// with its watch.
+    pub settled: Vec<(i64, State)>,
 }
 
 /// Connections of the pump's own, whose transactions commit without waiting
@@ -178,405 +177,4 @@ pub fn pump_pool(pool: &PgPool) -> PgPool {
         .max_connections(4)
         .acquire_timeout(Duration::from_secs(10))
         .connect_lazy_with(options)
-}
-
-/// Claims and dispatches until shutdown. Dropping `done` at the end lets the
-/// completer finish once the last send has reported.
-///
-/// After finding work the pump lingers: for `linger` it polls every
-/// `poll_interval` instead of asking emitters to NOTIFY, so that a busy pump
-/// costs producers nothing at commit. Idle for longer, it registers asleep
-/// and waits for a NOTIFY, its sweep, a retry or probe time, or a finished
-/// send.
-async fn claim_loop(
-    shared: &Arc<Shared>,
-    done: mpsc::UnboundedSender<Answered>,
-    shutdown: impl Future<Output = ()>,
-) {
-    tokio::pin!(shutdown);
-    let (linger, poll_interval) = (shared.cfg.linger(), shared.cfg.poll_interval());
-    let mut rate = ClaimRate::new(Instant::now());
-    let mut asleep = false;
-    let mut last_work: Option<Instant> = None;
-    let mut last_sweep: Option<Instant> = None;
-    loop {
-        // A busy pump never reaches the select below: look at shutdown and
-        // the sweep here too.
-        tokio::select! {
-            biased;
-            _ = &mut shutdown => break,
-            _ = shared.signals.sweep.notified() => last_sweep = None,
-            _ = std::future::ready(()) => {}
-        }
-        if last_sweep.is_none_or(|at| at.elapsed() >= shared.cfg.sweep_interval()) {
-            if last_sweep.is_some() {
-                metrics::counter!(m::WAKEUPS, "source" => "sweep").increment(1);
-            }
-            sweep(shared).await;
-            last_sweep = Some(Instant::now());
-        }
-        let mut pause = None;
-        match claim(shared).await {
-            Ok(claimed) if !claimed.is_empty() => {
-                let claimed = with_destinations(shared, claimed).await;
-                // watchpump.claim() removed our sleeper row.
-                asleep = false;
-                // Poll only when busy: at a trickle, NOTIFY is cheap for
-                // producers and wakes the pump sooner than a poll would.
-                if rate.add(claimed.len(), Instant::now()) >= shared.cfg.linger_above_per_sec as f64
-                {
-                    last_work = Some(Instant::now());
-                }
-                dispatch(shared, claimed, &done);
-                continue;
-            }
-            Ok(_) => {}
-            Err(e) => {
-                tracing::warn!(error = %e, "claim failed; trying again shortly");
-                asleep = false;
-                last_work = None;
-                pause = Some(CLAIM_ERROR_PAUSE);
-            }
-        }
-        let lingering = !asleep && last_work.is_some_and(|at| at.elapsed() < linger);
-        if pause.is_none() && !asleep && !lingering {
-            asleep = register_asleep(shared).await;
-            continue; // one more claim closes the gap before emitters saw us asleep
-        }
-        if lingering {
-            pause = Some(poll_interval);
-        }
-        let next_probe = shared.health.lock().unwrap().next_probe_at();
-        let next_retry = next_retry_at(shared);
-        let next_sweep = last_sweep.map(|at| at + shared.cfg.sweep_interval());
-        tokio::select! {
-            _ = &mut shutdown => break,
-            _ = shared.signals.wake.notified() => {}
-            _ = shared.signals.sweep.notified() => last_sweep = None,
-            _ = sleep_until(next_sweep) => {}
-            _ = sleep_until(next_probe) => {}
-            _ = sleep_until(next_retry) => {}
-            _ = sleep_until(pause.map(|p| Instant::now() + p)) => {}
-        }
-    }
-}
-
-/// The soonest remembered retry that is still ahead; passed ones are
-/// forgotten (the claim that follows a wake-up takes them).
-fn next_retry_at(shared: &Shared) -> Option<Instant> {
-    let now = Instant::now();
-    let mut retries = shared.retries.lock().unwrap();
-    while retries.peek().is_some_and(|Reverse(at)| *at <= now) {
-        retries.pop();
-    }
-    retries.peek().map(|Reverse(at)| *at)
-}
-
-/// Sleeps until `at`; with no time, never wakes.
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
-}
-
-async fn register_asleep(shared: &Shared) -> bool {
-    match store::sleep(&shared.pool, &shared.name).await {
-        Ok(()) => true,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot register as asleep; relying on the sweep");
-            false
-        }
-    }
-}
-
-/// One claim with the current per-service limits.
-async fn claim(shared: &Shared) -> Result<Vec<Claimed>> {
-    let now = Instant::now();
-    let slots = shared.health.lock().unwrap().slots(now);
-    let claimed = store::claim(&shared.pool, &shared.name, &slots, shared.cfg.lease()).await?;
-    // A probe that found nothing to send waits its pause like any other.
-    let mut health = shared.health.lock().unwrap();
-    for (i, id) in slots.service_ids.iter().enumerate() {
-        if slots.probe[i] && !claimed.iter().any(|c| c.service_id == *id) {
-            health.nothing_to_probe(*id, now);
-        }
-    }
-    Ok(claimed)
-}
-
-/// Pairs each claimed delivery with where and how it goes, loading the
-/// services whose version says they changed. A service that cannot be read
-/// (the database is gone) has its deliveries left to their lease.
-async fn with_destinations(shared: &Shared, claimed: Vec<Claimed>) -> Vec<(Claimed, Arc<Target>)> {
-    let stale: Vec<i64> = {
-        let known = shared.destinations.lock().unwrap();
-        let mut stale: Vec<i64> = claimed
-            .iter()
-            .filter(|c| {
-                known
-                    .get(&c.service_id)
-                    .is_none_or(|t| t.destination.version != c.service_version)
-            })
-            .map(|c| c.service_id)
-            .collect();
-        stale.sort_unstable();
-        stale.dedup();
-        stale
-    };
-    for id in stale {
-        let target = services::destination(&shared.pool, id)
-            .await
-            .map_err(|e| e.to_string())
-            .and_then(|d| Target::new(d, &shared.cfg.producer));
-        match target {
-            Ok(t) => {
-                shared.destinations.lock().unwrap().insert(id, Arc::new(t));
-            }
-            Err(e) => {
-                tracing::error!(error = %e, service_id = id, "cannot read the service; its deliveries wait for their lease")
-            }
-        }
-    }
-    let known = shared.destinations.lock().unwrap();
-    claimed
-        .into_iter()
-        .filter_map(|c| known.get(&c.service_id).cloned().map(|d| (c, d)))
-        .collect()
-}
-
-fn dispatch(
-    shared: &Arc<Shared>,
-    claimed: Vec<(Claimed, Arc<Target>)>,
-    done: &mpsc::UnboundedSender<Answered>,
-) {
-    metrics::histogram!(m::CLAIMED_BATCH_SIZE).record(claimed.len() as f64);
-    let now = Instant::now();
-    let mut health = shared.health.lock().unwrap();
-    for (delivery, target) in claimed {
-        if let Some(lost) = &delivery.expired_lease_of {
-            tracing::warn!(service = %target.destination.name, delivery_id = delivery.delivery_id, pump = %lost,
-                "lease ran out (that pump died or hung before reporting); sending again");
-        }
-        let in_flight = health.claimed(delivery.service_id, &target.destination.name, now);
-        metrics::gauge!(m::IN_FLIGHT, "service" => target.destination.name.clone())
-            .set(in_flight as f64);
-        let shared = shared.clone();
-        let done = done.clone();
-        tokio::spawn(async move {
-            let finished = shared.sender.send(delivery, target).await;
-            // The consumer's slot is free as soon as it answered; the
-            // outcome's write-back follows in a batch (the lease keeps the
-            // (watch, object) until then). After a 410 the slot waits for
-            // the write-back instead, so that the gone watch's other
-            // deliveries are dropped before one of them is sent.
-            let gone = finished.outcome == Outcome::Gone;
-            let came_back = !gone && answered(&shared, &finished);
-            let _ = done.send(Answered {
-                finished,
-                came_back,
-                slot_held: gone,
-            });
-            if !gone {
-                shared.signals.wake.notify_one();
-            }
-        });
-    }
-}
-
-/// A finished attempt on its way to the write-back, and whether it showed
-/// its consumer answering again after being down.
-struct Answered {
-    finished: Finished,
-    came_back: bool,
-    /// The consumer's slot is freed after the write-back (a 410).
-    slot_held: bool,
-}
-
-/// What an answer says about its consumer: its slot is free again, and it
-/// may have gone down or come back.
-fn answered(shared: &Shared, f: &Finished) -> bool {
-    let service = f.target.destination.name.as_str();
-    metrics::histogram!(m::ATTEMPT_DURATION, "service" => service.to_string(), "result" => f.result)
-        .record(f.duration.as_secs_f64());
-    let mut health = shared.health.lock().unwrap();
-    let transition = health.finished(f.claimed.service_id, f.answer(), Instant::now());
-    metrics::gauge!(m::IN_FLIGHT, "service" => service.to_string())
-        .set(health.in_flight(f.claimed.service_id) as f64);
-    match transition {
-        Transition::WentDown => tracing::warn!(service, "consumer looks down; probing it"),
-        Transition::CameBack => {
-            tracing::info!(service, "consumer answers again; releasing its backlog");
-            return true;
-        }
-        Transition::None => {}
-    }
-    false
-}
-
-/// The backstop: expired leases, passed deadlines, missed notifications.
-async fn sweep(shared: &Shared) {
-    // Deadlines need a scan of the queue: every tenth sweep is often enough.
-    let deadlines_every = shared.cfg.sweep_interval() * 10;
-    match store::sweep(&shared.pool, &shared.name, deadlines_every).await {
-        Ok(swept) => {
-            for s in swept {
-                if s.expired_leases > 0 {
-                    tracing::warn!(service = %s.service, n = s.expired_leases, "leases expired; deliveries are due again");
-                }
-                if s.failed > 0 {
-                    tracing::warn!(service = %s.service, n = s.failed, "deliveries failed: deadline passed");
-                    metrics::counter!(m::DELIVERIES, "service" => s.service, "outcome" => "failed")
-                        .increment(s.failed as u64);
-                }
-            }
-        }
-        Err(e) => tracing::warn!(error = %e, "sweep failed"),
-    }
-}
-
-/// Writes finished attempts back in batches until every sender is gone.
-async fn complete_loop(shared: Arc<Shared>, mut done: mpsc::UnboundedReceiver<Answered>) {
-    let mut batch = Vec::with_capacity(COMPLETE_BATCH);
-    while let Some(first) = done.recv().await {
-        batch.push(first);
-        while batch.len() < COMPLETE_BATCH {
-            match done.try_recv() {
-                Ok(f) => batch.push(f),
-                Err(_) => break,
-            }
-        }
-        complete_batch(&shared, &batch).await;
-        batch.clear();
-        shared.signals.wake.notify_one();
-    }
-}
-
-async fn complete_batch(shared: &Shared, batch: &[Answered]) {
-    let finished: Vec<&Finished> = batch.iter().map(|a| &a.finished).collect();
-    let settled = write_back(shared, &finished).await.unwrap_or_default();
-    let now = Instant::now();
-    {
-        let health = shared.health.lock().unwrap();
-        let by_id: HashMap<i64, &Finished> = finished
-            .iter()
-            .map(|f| (f.claimed.delivery_id, *f))
-            .collect();
-        let mut retries = shared.retries.lock().unwrap();
-        for s in &settled {
-            let finished = by_id.get(&s.delivery_id).copied();
-            record_settled(&health, s, finished);
-            let retry_at = match (finished.map(|f| f.outcome), s.state.as_str()) {
-                (Some(Outcome::Retry { next_attempt_at }), "pending") => Some(next_attempt_at),
-                _ => None,
-            };
-            if let Some(at) = retry_at.filter(|_| retries.len() < RETRY_TIMERS) {
-                let wait = (at - chrono::Utc::now()).to_std().unwrap_or_default();
-                retries.push(Reverse(now + wait));
-            }
-        }
-    }
-    for a in batch {
-        let came_back = a.came_back || (a.slot_held && answered(shared, &a.finished));
-        if !came_back {
-            continue;
-        }
-        let service_id = a.finished.claimed.service_id;
-        if let Err(e) = store::release_backlog(&shared.pool, service_id).await {
-            tracing::warn!(error = %e, service_id, "cannot release backlog");
-        }
-    }
-}
-
-/// `watchpump.complete()`, retried while the lease still protects the batch.
-/// A batch the database refuses outright (bad data in one row) is written
-/// row by row, so that one bad outcome cannot sink the others.
-async fn write_back(shared: &Shared, batch: &[&Finished]) -> Option<Vec<store::Settled>> {
-    let started = Instant::now();
-    let mut pause = Duration::from_millis(50);
-    loop {
-        match store::complete(&shared.pool, &shared.name, batch).await {
-            Ok(settled) => return Some(settled),
-            Err(e) if is_refused_data(&e) && batch.len() > 1 => {
-                tracing::warn!(error = %e, n = batch.len(), "outcomes refused; writing them one by one");
-                let mut settled = Vec::new();
-                for one in batch.chunks(1) {
-                    match store::complete(&shared.pool, &shared.name, one).await {
-                        Ok(rows) => settled.extend(rows),
-                        Err(e) => {
-                            tracing::error!(error = %e, delivery_id = one[0].claimed.delivery_id,
-                            "cannot record this attempt; its lease will expire and it will be sent again")
-                        }
-                    }
-                }
-                return Some(settled);
-            }
-            Err(e) if !is_refused_data(&e) && started.elapsed() + pause < shared.cfg.lease() => {
-                tracing::warn!(error = %e, "cannot record attempts; retrying");
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_secs(5));
-            }
-            Err(e) => {
-                tracing::error!(error = %e, n = batch.len(), "cannot record attempts; leases will expire and they will be sent again");
-                return None;
-            }
-        }
-    }
-}
-
-/// A data error (SQLSTATE class 22 or 23): trying the same again cannot help.
-fn is_refused_data(e: &Error) -> bool {
-    match e {
-        Error::Database(sqlx::Error::Database(d)) => d
-            .code()
-            .is_some_and(|c| c.starts_with("22") || c.starts_with("23")),
-        _ => false,
-    }
-}
-
-fn record_settled(health: &Health, s: &store::Settled, finished: Option<&Finished>) {
-    let service = finished
-        .map(|f| f.target.destination.name.clone())
-        .or_else(|| health.name(s.service_id).map(str::to_string))
-        .unwrap_or_else(|| s.service_id.to_string());
-    let outcome = match s.state.as_str() {
-        "pending" => "retry_scheduled",
-        other => other,
-    };
-    if let (Some(f), "delivered") = (finished, outcome) {
-        let answered = f.started + chrono::Duration::from_std(f.duration).unwrap_or_default();
-        let latency = (answered - f.claimed.occurred_at)
-            .to_std()
-            .unwrap_or_default();
-        metrics::histogram!(m::DELIVERY_LATENCY, "service" => service.clone())
-            .record(latency.as_secs_f64());
-    }
-    metrics::counter!(m::DELIVERIES, "service" => service, "outcome" => outcome.to_string())
-        .increment(1);
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_claim_rate_tells_a_trickle_from_a_busy_pump() {
-        let start = Instant::now();
-        let mut rate = ClaimRate::new(start);
-        // 200 a second, one at a time: a trickle.
-        let mut seen = 0.0;
-        for i in 0..400u64 {
-            seen = rate.add(1, start + Duration::from_millis(5 * i));
-        }
-        assert!(seen < 500.0, "a trickle: {seen}");
-        // 2,000 a second in batches of 20: busy within the first window.
-        let busy = start + Duration::from_secs(3);
-        let mut seen = 0.0;
-        for i in 0..10u64 {
-            seen = rate.add(20, busy + Duration::from_millis(10 * i));
-        }
-        assert!(seen >= 500.0, "busy: {seen}");
-        // Quiet for two seconds: a trickle again.
-        assert!(rate.add(1, busy + Duration::from_secs(2)) < 500.0);
-    }
 }

@@ -1,40 +1,20 @@
 //! The pump's database calls: each is one round trip to a function in
 //! `sql/functions/0200_pump.sql`, which holds the logic a DBA may read.
 
-use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 
+use crate::delivery::outcome::Finished;
+use crate::delivery::{Claimed, State};
 use crate::error::Result;
 use crate::pump::health::Slots;
-use crate::pump::send::{Finished, Outcome};
-
-/// A delivery this pump holds a lease on, with everything needed to send it.
-#[derive(Debug, Clone, sqlx::FromRow)]
-pub struct Claimed {
-    pub delivery_id: i64,
-    pub change_id: i64,
-    pub watch_id: i64,
-    pub service_id: i64,
-    /// The service's version: its URL and keys are cached by it.
-    pub service_version: i32,
-    pub attempt: i32,
-    pub resource: String,
-    pub object: String,
-    pub kind: String,
-    pub sequence: i64,
-    pub occurred_at: DateTime<Utc>,
-    pub payload: String,
-    /// The pump whose lease on this delivery ran out, if one did: it died or
-    /// hung mid-send, and this is the delivery sent again.
-    pub expired_lease_of: Option<String>,
-}
 
 /// Where a delivery stands after the pump reported an attempt.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct Settled {
     pub delivery_id: i64,
     pub service_id: i64,
-    pub state: String,
+    #[sqlx(try_from = "String")]
+    pub state: State,
 }
 
 /// Per-service overdue counts from a sweep.
@@ -85,22 +65,15 @@ pub async fn complete(pool: &PgPool, pump: &str, batch: &[&Finished]) -> Result<
         Vec::with_capacity(n),
     );
     for f in batch {
-        ids.push(f.claimed.delivery_id);
-        attempts.push(f.claimed.attempt);
-        outcomes.push(match f.outcome {
-            Outcome::Delivered => "delivered",
-            Outcome::Gone => "gone",
-            Outcome::Retry { .. } => "retry",
-        });
-        statuses.push(f.status);
+        ids.push(f.claimed.message.delivery_id);
+        attempts.push(f.claimed.message.attempt);
+        outcomes.push(f.result.as_outcome());
+        statuses.push(f.result.status().map(i32::from));
         errors.push(f.error.as_deref());
         started.push(f.started);
         durations.push(f.duration.as_secs_f64() * 1000.0);
         heads.push(f.response_head.as_deref());
-        next.push(match f.outcome {
-            Outcome::Retry { next_attempt_at } => next_attempt_at,
-            _ => f.started,
-        });
+        next.push(f.result.retry_at().unwrap_or(f.started));
     }
     Ok(
         sqlx::query_as("select * from watchpump.complete($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)")

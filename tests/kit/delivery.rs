@@ -6,9 +6,7 @@ use std::time::Duration;
 
 use watchpump::kit::WatchRequest;
 
-use crate::common::{
-    self, eventually, operator_config, pump_config, AppServer, RunningPump, TestDb,
-};
+use crate::common::{self, operator_config, pump_config, AppServer, RunningPump, TestDb};
 use crate::support::{delivery, now, post, signed, Consumer, LossyProxy, Work, WORK_SCHEMA};
 
 const MAIN: &str = "acme/web/refs/heads/main";
@@ -29,19 +27,17 @@ impl Producer {
         Producer { db, api, pump }
     }
 
+    /// The consumer service `deploy` of this producer, doing `work`.
+    async fn consumer(&self, work: &Work) -> Consumer {
+        Consumer::start(&self.db, &self.api, "deploy", WORK_SCHEMA, work.clone()).await
+    }
+
     /// Emits and waits until the change's one delivery is delivered.
     async fn emit_delivered(&self, object: &str, payload: serde_json::Value) -> i64 {
         let change = self.db.emit(object, "push", payload).await;
         let id = common::delivery_of(&self.db, change).await;
-        self.wait_state(id, "delivered").await;
+        self.db.wait_state(id, "delivered", LIMIT).await;
         id
-    }
-
-    async fn wait_state(&self, id: i64, state: &str) {
-        eventually(LIMIT, &format!("delivery {id} is {state}"), || async {
-            self.db.delivery_state(id).await == state
-        })
-        .await;
     }
 
     /// Attempts made and the last answer's status, from the operator's view.
@@ -60,7 +56,7 @@ impl Producer {
 async fn a_delivery_is_recorded_with_the_work_and_answered_done() {
     let p = Producer::start().await;
     let work = Work::default();
-    let c = Consumer::start(&p.db, &p.api, "deploy", WORK_SCHEMA, work.clone()).await;
+    let c = p.consumer(&work).await;
     let watch = c
         .watch(WatchRequest::new("app-1", MAIN).kinds(&["push"]))
         .await;
@@ -89,7 +85,7 @@ async fn a_delivery_is_recorded_with_the_work_and_answered_done() {
 async fn a_delivery_sent_again_after_a_lost_answer_runs_the_work_once() {
     let p = Producer::start().await;
     let work = Work::default();
-    let c = Consumer::start(&p.db, &p.api, "deploy", WORK_SCHEMA, work.clone()).await;
+    let c = p.consumer(&work).await;
     c.watch(WatchRequest::new("app-1", MAIN)).await;
     // The pump talks to the consumer through a proxy that loses the first
     // answer: the work is done and committed, the pump sees a 502.
@@ -109,11 +105,10 @@ async fn a_delivery_sent_again_after_a_lost_answer_runs_the_work_once() {
     );
     assert_eq!(p.attempts(id).await, (2, Some(200)));
     assert_eq!(work.calls.load(Ordering::SeqCst), 1, "the work ran once");
-    assert_eq!(c.db.count("select count(*) from work").await, 1);
     assert_eq!(
-        c.db.count("select count(*) from watchpump_inbox.deliveries")
-            .await,
-        1
+        c.db.work_and_inbox().await,
+        (1, 1),
+        "rows in work, in the inbox"
     );
     p.pump.stop().await.unwrap();
 }
@@ -122,7 +117,7 @@ async fn a_delivery_sent_again_after_a_lost_answer_runs_the_work_once() {
 async fn two_copies_arriving_at_once_run_the_work_once() {
     let p = Producer::start().await;
     let work = Work::default();
-    let c = Consumer::start(&p.db, &p.api, "deploy", WORK_SCHEMA, work.clone()).await;
+    let c = p.consumer(&work).await;
     let watch = c.watch(WatchRequest::new("app-1", MAIN)).await;
 
     let body = serde_json::to_vec(&delivery(77, watch, MAIN, 1)).unwrap();
@@ -149,7 +144,7 @@ async fn two_copies_arriving_at_once_run_the_work_once() {
 async fn older_news_after_newer_is_recorded_as_skipped_and_not_worked_on() {
     let p = Producer::start().await;
     let work = Work::default();
-    let c = Consumer::start(&p.db, &p.api, "deploy", WORK_SCHEMA, work.clone()).await;
+    let c = p.consumer(&work).await;
     let watch = c.watch(WatchRequest::new("app-1", MAIN)).await;
     p.emit_delivered(MAIN, serde_json::json!({"after": "1"}))
         .await;
@@ -188,7 +183,7 @@ async fn a_failing_handler_rolls_back_and_the_pump_retries_until_done() {
     let p = Producer::start().await;
     let work = Work::default();
     work.fail_next.store(2, Ordering::SeqCst);
-    let c = Consumer::start(&p.db, &p.api, "deploy", WORK_SCHEMA, work.clone()).await;
+    let c = p.consumer(&work).await;
     c.watch(WatchRequest::new("app-1", MAIN)).await;
 
     let id = p
@@ -198,11 +193,10 @@ async fn a_failing_handler_rolls_back_and_the_pump_retries_until_done() {
     assert_eq!(p.attempts(id).await, (3, Some(200)));
     assert_eq!(work.calls.load(Ordering::SeqCst), 3);
     // The two failed attempts wrote their row and rolled it back.
-    assert_eq!(c.db.count("select count(*) from work").await, 1);
     assert_eq!(
-        c.db.count("select count(*) from watchpump_inbox.deliveries")
-            .await,
-        1
+        c.db.work_and_inbox().await,
+        (1, 1),
+        "rows in work, in the inbox"
     );
     p.pump.stop().await.unwrap();
 }
@@ -212,14 +206,14 @@ async fn gone_answers_410_and_the_producer_removes_the_watch() {
     let p = Producer::start().await;
     let work = Work::default();
     *work.gone.lock().unwrap() = true;
-    let c = Consumer::start(&p.db, &p.api, "deploy", WORK_SCHEMA, work.clone()).await;
+    let c = p.consumer(&work).await;
     let watch = c.watch(WatchRequest::new("app-1", MAIN)).await;
 
     let change =
         p.db.emit(MAIN, "push", serde_json::json!({"after": "1"}))
             .await;
     let id = common::delivery_of(&p.db, change).await;
-    p.wait_state(id, "dropped").await;
+    p.db.wait_state(id, "dropped", LIMIT).await;
 
     let live: bool =
         sqlx::query_scalar("select live from watchpump.watch_list where watch_id = $1")
@@ -253,7 +247,7 @@ async fn gone_answers_410_and_the_producer_removes_the_watch() {
 async fn a_rotated_secret_verifies_with_the_old_or_the_new_secret_during_the_overlap() {
     let p = Producer::start().await;
     let work = Work::default();
-    let c = Consumer::start(&p.db, &p.api, "deploy", WORK_SCHEMA, work.clone()).await;
+    let c = p.consumer(&work).await;
     c.watch(WatchRequest::new("app-1", MAIN)).await;
     p.emit_delivered(MAIN, serde_json::json!({"after": "1"}))
         .await;
@@ -272,11 +266,11 @@ async fn a_rotated_secret_verifies_with_the_old_or_the_new_secret_during_the_ove
     // The consumer switches to the new secret alone (a second endpoint on
     // the same inbox, where the service now points).
     let new = watchpump::signing::SigningSecret::parse(&new).unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let switched = crate::support::Served::start(
-        listener,
-        crate::support::endpoint(&c.db.pool, vec![new], work.clone()),
-    )
+    let switched = common::Served::on_loopback(crate::support::endpoint(
+        &c.db.pool,
+        vec![new],
+        work.clone(),
+    ))
     .await;
     watchpump::services::set_url(&p.db.pool, "deploy", &switched.base_url())
         .await
@@ -292,7 +286,7 @@ async fn a_rotated_secret_verifies_with_the_old_or_the_new_secret_during_the_ove
 #[tokio::test]
 async fn removing_a_watch_removes_it_at_the_producer_and_here() {
     let p = Producer::start().await;
-    let c = Consumer::start(&p.db, &p.api, "deploy", WORK_SCHEMA, Work::default()).await;
+    let c = p.consumer(&Work::default()).await;
     let watch = c.watch(WatchRequest::new("app-1", MAIN)).await;
     // Registering the identical watch again returns the same one.
     assert_eq!(c.watch(WatchRequest::new("app-1", MAIN)).await, watch);

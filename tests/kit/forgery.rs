@@ -10,7 +10,7 @@ use std::time::Duration;
 use watchpump::kit::WatchRequest;
 use watchpump::signing::SigningSecret;
 
-use crate::common::{eventually, operator_config, pump_config, AppServer, RunningPump, TestDb};
+use crate::common::{operator_config, pump_config, AppServer, RunningPump, TestDb};
 use crate::support::{delivery, now, post, signed, Consumer, Work, WORK_SCHEMA};
 
 const MAIN: &str = "acme/web/refs/heads/main";
@@ -223,12 +223,9 @@ async fn forged_and_malformed_requests_are_refused_and_change_nothing() {
     .await
     .unwrap();
     let id = deliveries[0];
-    eventually(
-        Duration::from_secs(30),
-        "the genuine delivery is delivered",
-        || async { producer.delivery_state(id).await == "delivered" },
-    )
-    .await;
+    producer
+        .wait_state(id, "delivered", Duration::from_secs(30))
+        .await;
     assert_eq!(work.calls.load(Ordering::SeqCst), 1);
     assert_eq!(us.db.footprint().await, (1, 1, 1, 1));
     pump.stop().await.unwrap();

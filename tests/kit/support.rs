@@ -4,7 +4,6 @@
 //! built and signed exactly as the pump builds them, and a proxy that loses
 //! answers.
 
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -13,15 +12,15 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::Router;
 use sqlx::PgPool;
-use tokio::net::TcpListener;
-use tokio::sync::oneshot;
 use watchpump::kit::{
     self, BoxError, Delivery, Handler, Inbox, Outcome, PgTransaction, Producer, WatchClient,
     WatchRequest,
 };
 use watchpump::signing::SigningSecret;
 
-use crate::common::{AppServer, TestDb, PRODUCER, PRODUCER_TOKEN};
+use crate::common::{
+    fresh_database, loopback, AppServer, Served, TestDb, PRODUCER, PRODUCER_TOKEN,
+};
 
 /// The consumer's own database: a fresh one on the test cluster with the
 /// kit's inbox, named like the producer's test databases so that the test
@@ -32,16 +31,7 @@ pub struct ConsumerDb {
 
 impl ConsumerDb {
     pub async fn new(schema: &str) -> ConsumerDb {
-        let admin = std::env::var("WATCHPUMP_TEST_DATABASE_URL")
-            .expect("WATCHPUMP_TEST_DATABASE_URL: the test cluster's URL");
-        let name = format!("wp_t_{:016x}", rand::random::<u64>());
-        let admin_pool = PgPool::connect(&admin).await.unwrap();
-        sqlx::raw_sql(&format!("create database {name}"))
-            .execute(&admin_pool)
-            .await
-            .unwrap();
-        admin_pool.close().await;
-        let url = format!("{}/{name}", admin.rsplit_once('/').unwrap().0);
+        let url = fresh_database().await;
         let pool = PgPool::connect(&url).await.unwrap();
         kit::migrate(&pool).await.unwrap();
         sqlx::raw_sql(schema).execute(&pool).await.unwrap();
@@ -51,6 +41,15 @@ impl ConsumerDb {
     /// `select count(*) ...`
     pub async fn count(&self, sql: &str) -> i64 {
         sqlx::query_scalar(sql).fetch_one(&self.pool).await.unwrap()
+    }
+
+    /// Rows in the consumer's work table, and deliveries in its inbox.
+    pub async fn work_and_inbox(&self) -> (i64, i64) {
+        (
+            self.count("select count(*) from work").await,
+            self.count("select count(*) from watchpump_inbox.deliveries")
+                .await,
+        )
     }
 
     /// How many rows the inbox and the consumer's work table hold: what a
@@ -114,43 +113,6 @@ impl Handler for Work {
     }
 }
 
-/// An HTTP server on loopback until dropped.
-pub struct Served {
-    pub addr: SocketAddr,
-    stop: Option<oneshot::Sender<()>>,
-}
-
-impl Served {
-    pub async fn start(listener: TcpListener, app: Router) -> Served {
-        let addr = listener.local_addr().unwrap();
-        let (stop, stopped) = oneshot::channel::<()>();
-        tokio::spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(async move {
-                    let _ = stopped.await;
-                })
-                .await
-                .unwrap();
-        });
-        Served {
-            addr,
-            stop: Some(stop),
-        }
-    }
-
-    pub fn base_url(&self) -> String {
-        format!("http://{}", self.addr)
-    }
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-    }
-}
-
 /// A consumer service: its database, registered at the producer (whose
 /// database is `producer`, whose watches API is `api`), serving the kit's
 /// endpoint with `handler` and the signing secret it was given.
@@ -171,7 +133,7 @@ impl Consumer {
         handler: H,
     ) -> Consumer {
         let db = ConsumerDb::new(schema).await;
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let listener = loopback().await;
         let base_url = format!("http://{}", listener.local_addr().unwrap());
         let registered = watchpump::services::add(&producer.pool, name, &base_url)
             .await
@@ -223,7 +185,7 @@ pub fn delivery(id: i64, watch_id: i64, object: &str, sequence: i64) -> Delivery
     }
 }
 
-/// The pump's headers (`watchpump::message::headers`) for `body` at
+/// The pump's headers (`watchpump::delivery::request::headers`) for `body` at
 /// `timestamp`, signed with `secret`, with the producer's token.
 pub fn signed(
     id: i64,
@@ -231,7 +193,7 @@ pub fn signed(
     body: &[u8],
     secret: &SigningSecret,
 ) -> Vec<(String, String)> {
-    watchpump::message::headers(
+    watchpump::delivery::request::headers(
         &format!("Bearer {PRODUCER_TOKEN}"),
         id,
         1,
@@ -294,9 +256,8 @@ impl LossyProxy {
         let app = Router::new()
             .route("/{*path}", axum::routing::post(forward))
             .with_state(state);
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         LossyProxy {
-            server: Served::start(listener, app).await,
+            server: Served::on_loopback(app).await,
             lose,
         }
     }

@@ -2,7 +2,6 @@
 //! delivery with the request as sent and every attempt, and the retry
 //! actions.
 
-use crate::message;
 use axum::extract::rejection::{FormRejection, PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
@@ -11,9 +10,12 @@ use axum::Form;
 use chrono::{DateTime, NaiveDateTime, Utc};
 use serde::Deserialize;
 
-use super::html::{self, esc};
-use super::{PanelError, SameOrigin, Session, ACTOR};
-use crate::operator::store::{self, Delivery, DeliveryFilter, STATES};
+use super::{SameOrigin, Session, ACTOR};
+use crate::delivery::request;
+use crate::delivery::State as DeliveryState;
+use crate::http::html::{self, esc};
+use crate::http::{AsHtml, HttpError};
+use crate::operator::store::{self, Delivery, DeliveryFilter};
 use crate::operator::{OperatorState, Settings, MASK};
 
 /// Rows per page of the list.
@@ -32,11 +34,11 @@ pub struct ListQuery {
 }
 
 impl ListQuery {
-    fn filter(&self) -> Result<DeliveryFilter, PanelError> {
+    fn filter(&self) -> Result<DeliveryFilter, HttpError> {
         let before = match self.before.as_deref().filter(|b| !b.is_empty()) {
             Some(b) => Some(
                 b.parse()
-                    .map_err(|_| PanelError::Invalid("before must be a delivery id".into()))?,
+                    .map_err(|_| HttpError::Invalid("before must be a delivery id".into()))?,
             ),
             None => None,
         };
@@ -68,7 +70,7 @@ impl ListQuery {
 
 /// A time from a form: RFC 3339, or what `<input type="datetime-local">`
 /// sends (`2026-10-21T14:30`), taken as UTC.
-fn parse_time(field: &str, value: Option<&str>) -> Result<Option<DateTime<Utc>>, PanelError> {
+fn parse_time(field: &str, value: Option<&str>) -> Result<Option<DateTime<Utc>>, HttpError> {
     let Some(value) = value.map(str::trim).filter(|v| !v.is_empty()) else {
         return Ok(None);
     };
@@ -80,7 +82,7 @@ fn parse_time(field: &str, value: Option<&str>) -> Result<Option<DateTime<Utc>>,
         .find_map(|f| NaiveDateTime::parse_from_str(value, f).ok())
         .map(|t| Some(t.and_utc()))
         .ok_or_else(|| {
-            PanelError::Invalid(format!(
+            HttpError::Invalid(format!(
                 "{field} must be a time like 2026-10-21T14:30 (UTC), not {value:?}"
             ))
         })
@@ -99,7 +101,7 @@ pub(super) fn deliveries_table(rows: &[Delivery], s: &Settings) -> String {
             esc(&d.object),
             esc(&d.kind),
             d.sequence,
-            html::state(&d.state),
+            html::state(d.state.as_str()),
             d.attempts,
             html::outcome(d.last_status, d.last_error.as_deref().map(|e| s.mask(e)).as_deref()),
             id = d.delivery_id,
@@ -114,16 +116,16 @@ pub async fn list(
     _: Session,
     State(state): State<OperatorState>,
     query: Result<Query<ListQuery>, QueryRejection>,
-) -> Result<Response, PanelError> {
-    let Query(q) = query.map_err(|e| PanelError::Invalid(e.body_text()))?;
+) -> Result<Response, AsHtml> {
+    let Query(q) = query.map_err(|e| HttpError::Invalid(e.body_text()))?;
     let filter = q.filter()?;
     let rows = store::deliveries(&state.pool, &filter).await?;
     let chosen = filter.state.as_deref().unwrap_or("");
     let mut options = String::from(r#"<option value="">any</option>"#);
-    for s in STATES {
+    for s in DeliveryState::ALL.map(DeliveryState::as_str) {
         options.push_str(&format!(
             r#"<option value="{s}"{}>{}</option>"#,
-            if *s == chosen { " selected" } else { "" },
+            if s == chosen { " selected" } else { "" },
             s.replace('_', " ")
         ));
     }
@@ -167,10 +169,10 @@ pub async fn show(
     State(state): State<OperatorState>,
     id: Result<Path<i64>, PathRejection>,
     done: Result<Query<ShowQuery>, QueryRejection>,
-) -> Result<Response, PanelError> {
+) -> Result<Response, AsHtml> {
     let id = delivery_id(id)?;
     let Some(d) = store::delivery(&state.pool, id).await? else {
-        return Err(no_such_delivery(id));
+        return Err(no_such_delivery(id).into());
     };
     let sent = store::sent(&state.pool, id).await?;
     let attempts = store::attempts(&state.pool, id).await?;
@@ -183,7 +185,7 @@ pub async fn show(
         }
     }
     body.push_str(&summary(&d, s));
-    if d.state == "failed" || d.state == "dropped" {
+    if matches!(d.state, DeliveryState::Failed | DeliveryState::Dropped) {
         body.push_str(&format!(
             r#"<form method="post" action="/panel/deliveries/{id}/retry"><p><button class="act" id="retry" type="submit">Retry</button> <span class="muted">back to pending, due now, same delivery id</span></p></form>"#
         ));
@@ -236,7 +238,7 @@ fn summary(d: &Delivery, s: &Settings) -> String {
             )
         })
         .unwrap_or_default();
-    let next = if d.state == "pending" {
+    let next = if d.state == DeliveryState::Pending {
         format!(
             "<dt>Next attempt</dt><dd>{}</dd>",
             html::time(d.next_attempt_at)
@@ -251,7 +253,7 @@ fn summary(d: &Delivery, s: &Settings) -> String {
 <dt>Created</dt><dd>{}</dd><dt>Attempts</dt><dd>{}</dd>{next}<dt>Deadline</dt><dd>{}</dd>
 <dt>Finished</dt><dd>{}</dd><dt>Last answer</dt><dd>{}</dd>{superseded}
 <dt>Last action</dt><dd>{}</dd></dl>"#,
-        html::state(&d.state),
+        html::state(d.state.as_str()),
         d.watch_id,
         esc(&d.resource),
         esc(&d.watch_object),
@@ -270,29 +272,14 @@ fn summary(d: &Delivery, s: &Settings) -> String {
 }
 
 fn request_as_sent(d: &Delivery, sent: &store::Sent, s: &Settings) -> String {
-    let attempt = d.attempts.max(1);
-    let payload = message::payload(&sent.payload);
-    let body = message::Body {
-        delivery_id: d.delivery_id,
-        change_id: d.change_id,
-        watch_id: d.watch_id,
-        producer: &s.producer,
-        resource: &d.resource,
-        object: &d.object,
-        kind: &d.kind,
-        sequence: d.sequence,
-        occurred_at: &sent.occurred_at,
-        attempt,
-        payload: &payload,
-    }
-    .to_bytes();
-    let url = message::events_url(&sent.base_url, &s.producer);
+    let m = &sent.message;
+    let url = request::events_url(&sent.base_url, &s.producer);
     let when = if d.attempts == 0 {
         "as it will be sent"
     } else {
         "as sent on the last attempt"
     };
-    let request = message::render(&url, d.delivery_id, attempt, &body, MASK);
+    let request = request::render(&url, m.delivery_id, m.attempt, &m.body(&s.producer), MASK);
     format!(
         r#"<h2>Request <span class="muted">({when}; tokens masked)</span></h2><pre id="request">{}</pre>"#,
         esc(&s.mask(&request))
@@ -304,7 +291,7 @@ pub async fn retry(
     _: SameOrigin,
     State(state): State<OperatorState>,
     id: Result<Path<i64>, PathRejection>,
-) -> Result<Response, PanelError> {
+) -> Result<Response, AsHtml> {
     let id = delivery_id(id)?;
     store::retry(&state.pool, id, ACTOR).await?;
     Ok(Redirect::to(&format!("/panel/deliveries/{id}?done=retried")).into_response())
@@ -321,10 +308,10 @@ pub async fn retry_failed(
     State(state): State<OperatorState>,
     Path(name): Path<String>,
     form: Result<Form<RetryFailed>, FormRejection>,
-) -> Result<Response, PanelError> {
-    let Form(form) = form.map_err(|e| PanelError::Invalid(e.body_text()))?;
+) -> Result<Response, AsHtml> {
+    let Form(form) = form.map_err(|e| HttpError::Invalid(e.body_text()))?;
     let since = parse_time("since", Some(&form.since))?
-        .ok_or_else(|| PanelError::Invalid("since is required".into()))?;
+        .ok_or_else(|| HttpError::Invalid("since is required".into()))?;
     let n = store::retry_failed(&state.pool, &name, since, ACTOR).await?;
     let to = format!(
         "/panel/services/{}{}",
@@ -334,11 +321,11 @@ pub async fn retry_failed(
     Ok(Redirect::to(&to).into_response())
 }
 
-fn delivery_id(id: Result<Path<i64>, PathRejection>) -> Result<i64, PanelError> {
+fn delivery_id(id: Result<Path<i64>, PathRejection>) -> Result<i64, HttpError> {
     id.map(|Path(id)| id)
-        .map_err(|_| PanelError::NotFound("There is no such delivery: ids are integers.".into()))
+        .map_err(|_| HttpError::NotFound("There is no such delivery: ids are integers.".into()))
 }
 
-fn no_such_delivery(id: i64) -> PanelError {
-    PanelError::NotFound(format!("There is no delivery {id}."))
+fn no_such_delivery(id: i64) -> HttpError {
+    HttpError::NotFound(format!("There is no delivery {id}."))
 }

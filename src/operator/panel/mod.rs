@@ -7,7 +7,6 @@
 //! POST that must also come from the panel's own origin ([`SameOrigin`]).
 
 mod deliveries;
-pub mod html;
 mod pages;
 
 use axum::extract::{DefaultBodyLimit, FromRequestParts, State};
@@ -18,10 +17,10 @@ use axum::routing::{get, post};
 use axum::{Form, Router};
 use serde::Deserialize;
 
-use crate::operator::store::ActionError;
+use crate::http::html::{self, esc};
+use crate::http::{text, AsHtml, HttpError};
 use crate::operator::{auth, OperatorState};
 use crate::throttle::{self, ClientAddr, Door};
-use html::esc;
 
 /// Forms are a few fields; nothing bigger is read.
 const FORM_LIMIT: usize = 16 * 1024;
@@ -51,15 +50,15 @@ pub fn routes() -> Router<OperatorState> {
 }
 
 /// 400 as a page for a path or query PostgreSQL could not take
-/// ([`crate::api::text`]).
+/// ([`crate::http::text`]).
 async fn refuse_unreadable(
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    match crate::api::text::unreadable(request.uri()) {
-        Some(why) => PanelError::BadRequest(format!(
+    match text::unreadable(request.uri()) {
+        Some(why) => AsHtml(HttpError::BadRequest(format!(
             "This address cannot be read: {why}. Filters must be text."
-        ))
+        )))
         .into_response(),
         None => next.run(request).await,
     }
@@ -82,7 +81,7 @@ impl FromRequestParts<OperatorState> for Session {
         let valid = match auth::session_cookie(&parts.headers) {
             Some(secret) => auth::session_valid(&state.pool, token, secret)
                 .await
-                .map_err(|e| PanelError::from(e).into_response())?,
+                .map_err(|e| AsHtml::from(e).into_response())?,
             None => false,
         };
         match (valid, &parts.method) {
@@ -90,9 +89,9 @@ impl FromRequestParts<OperatorState> for Session {
             (false, &Method::GET | &Method::HEAD) => {
                 Err(Redirect::to("/panel/login").into_response())
             }
-            (false, _) => Err(PanelError::Forbidden(
+            (false, _) => Err(AsHtml(HttpError::Forbidden(
                 "You are not logged in (or your session ended); nothing was changed.".into(),
-            )
+            ))
             .into_response()),
         }
     }
@@ -113,75 +112,11 @@ impl FromRequestParts<OperatorState> for SameOrigin {
         } else {
             tracing::warn!(origin = ?parts.headers.get(header::ORIGIN), path = %parts.uri.path(),
                 "panel refused a request from another origin");
-            Err(PanelError::Forbidden(
+            Err(AsHtml(HttpError::Forbidden(
                 "This request did not come from the panel's own pages; nothing was changed.".into(),
-            )
+            ))
             .into_response())
         }
-    }
-}
-
-/// What a panel page could not do, as a page with the matching status.
-#[derive(Debug, thiserror::Error)]
-pub enum PanelError {
-    #[error("{0}")]
-    BadRequest(String),
-    #[error("{0}")]
-    NotFound(String),
-    #[error("{0}")]
-    Conflict(String),
-    #[error("{0}")]
-    Invalid(String),
-    #[error("{0}")]
-    Forbidden(String),
-    #[error("internal error")]
-    Internal(#[source] crate::Error),
-}
-
-impl From<crate::Error> for PanelError {
-    fn from(e: crate::Error) -> Self {
-        match e {
-            crate::Error::Invalid(m) => PanelError::Invalid(m),
-            other => PanelError::Internal(other),
-        }
-    }
-}
-
-impl From<sqlx::Error> for PanelError {
-    fn from(e: sqlx::Error) -> Self {
-        PanelError::Internal(crate::Error::Database(e))
-    }
-}
-
-impl From<ActionError> for PanelError {
-    fn from(e: ActionError) -> Self {
-        match e {
-            ActionError::NotFound(m) => PanelError::NotFound(m),
-            ActionError::Conflict(m) => PanelError::Conflict(m),
-            ActionError::Invalid(m) => PanelError::Invalid(m),
-            ActionError::Other(e) => PanelError::from(e),
-        }
-    }
-}
-
-impl IntoResponse for PanelError {
-    fn into_response(self) -> Response {
-        let (status, title) = match &self {
-            PanelError::BadRequest(_) => (StatusCode::BAD_REQUEST, "Bad request"),
-            PanelError::NotFound(_) => (StatusCode::NOT_FOUND, "Not found"),
-            PanelError::Conflict(_) => (StatusCode::CONFLICT, "Not done"),
-            PanelError::Invalid(_) => (StatusCode::UNPROCESSABLE_ENTITY, "Not done"),
-            PanelError::Forbidden(_) => (StatusCode::FORBIDDEN, "Refused"),
-            PanelError::Internal(e) => {
-                tracing::error!(error = %e, "internal error in the panel");
-                (StatusCode::INTERNAL_SERVER_ERROR, "Internal error")
-            }
-        };
-        let body = format!(
-            r#"<p class="error">{}</p><p><a href="/panel">Back to the overview</a></p>"#,
-            esc(&self.to_string())
-        );
-        html::page(status, title, &body, false)
     }
 }
 
@@ -194,8 +129,10 @@ fn panel_off() -> Response {
     )
 }
 
-async fn not_found(_: Session) -> PanelError {
-    PanelError::NotFound("There is no such page in the panel.".into())
+async fn not_found(_: Session) -> AsHtml {
+    AsHtml(HttpError::NotFound(
+        "There is no such page in the panel.".into(),
+    ))
 }
 
 fn login_page(status: StatusCode, message: Option<&str>) -> Response {
@@ -247,7 +184,7 @@ async fn login(
     _: SameOrigin,
     ClientAddr(client): ClientAddr,
     form: Result<Form<Login>, axum::extract::rejection::FormRejection>,
-) -> Result<Response, PanelError> {
+) -> Result<Response, AsHtml> {
     let Some(token) = state.settings.admin_token.as_deref() else {
         return Ok(panel_off());
     };
@@ -278,7 +215,7 @@ async fn logout(
     State(state): State<OperatorState>,
     _: SameOrigin,
     headers: HeaderMap,
-) -> Result<Response, PanelError> {
+) -> Result<Response, AsHtml> {
     if let (Some(token), Some(secret)) = (
         state.settings.admin_token.as_deref(),
         auth::session_cookie(&headers),

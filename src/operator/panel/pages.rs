@@ -8,15 +8,13 @@ use chrono::Utc;
 use serde::Deserialize;
 
 use super::deliveries::deliveries_table;
-use super::html::{self, esc};
-use super::{PanelError, Session};
+use super::Session;
+use crate::http::html::{self, esc};
+use crate::http::{AsHtml, HttpError};
 use crate::operator::store::{self, Backlog, DeliveryFilter, Warning, WatchFilter};
 use crate::operator::{OperatorState, Settings};
 
-pub async fn overview(
-    _: Session,
-    State(state): State<OperatorState>,
-) -> Result<Response, PanelError> {
+pub async fn overview(_: Session, State(state): State<OperatorState>) -> Result<Response, AsHtml> {
     let backlog = store::backlog(&state.pool).await?;
     let failures = store::newest_failures(&state.pool, 10).await?;
     let warnings = store::warnings(&state.pool, None, 5).await?;
@@ -114,12 +112,10 @@ pub async fn service(
     State(state): State<OperatorState>,
     Path(name): Path<String>,
     notice: Result<Query<Notice>, QueryRejection>,
-) -> Result<Response, PanelError> {
+) -> Result<Response, AsHtml> {
     let backlog = store::backlog(&state.pool).await?;
     let Some(b) = backlog.into_iter().find(|b| b.service == name) else {
-        return Err(PanelError::NotFound(format!(
-            "There is no service {name:?}."
-        )));
+        return Err(HttpError::NotFound(format!("There is no service {name:?}.")).into());
     };
     let failed = store::deliveries(
         &state.pool,
@@ -197,10 +193,7 @@ pub async fn service(
     ))
 }
 
-pub async fn warnings(
-    _: Session,
-    State(state): State<OperatorState>,
-) -> Result<Response, PanelError> {
+pub async fn warnings(_: Session, State(state): State<OperatorState>) -> Result<Response, AsHtml> {
     let rows = store::warnings(&state.pool, None, 200).await?;
     let body = format!(
         r#"<p class="muted">When deliveries to a service end failed, one warning per service per fold window goes to notify; failures in between are folded into it (counted, not sent again).</p>{}"#,
@@ -213,8 +206,8 @@ pub async fn watches(
     _: Session,
     State(state): State<OperatorState>,
     query: Result<Query<WatchFilter>, QueryRejection>,
-) -> Result<Response, PanelError> {
-    let Query(filter) = query.map_err(|e| PanelError::Invalid(e.body_text()))?;
+) -> Result<Response, AsHtml> {
+    let Query(filter) = query.map_err(|e| HttpError::Invalid(e.body_text()))?;
     let filter = WatchFilter {
         limit: Some(100),
         ..filter

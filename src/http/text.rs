@@ -10,7 +10,7 @@ use axum::http::Uri;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use crate::api::error::ApiError;
+use crate::http::HttpError;
 
 /// Why the request's path or query is not text, if it is not.
 pub fn unreadable(uri: &Uri) -> Option<String> {
@@ -31,7 +31,7 @@ pub fn unreadable(uri: &Uri) -> Option<String> {
 pub async fn refuse_unreadable(request: Request, next: Next) -> Response {
     match unreadable(request.uri()) {
         Some(why) => {
-            ApiError::BadRequest(format!("{why}: parameters must be text")).into_response()
+            HttpError::BadRequest(format!("{why}: parameters must be text")).into_response()
         }
         None => next.run(request).await,
     }

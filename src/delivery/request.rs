@@ -1,44 +1,8 @@
-//! The message a consumer receives for one attempt of a delivery: where it
-//! goes, its headers and its body (ADR 0021, signed per Standard Webhooks).
-//! The pump sends it and the panel shows it, both from here, so what the
-//! panel displays is what was sent.
-
-use chrono::{DateTime, Utc};
-use serde::Serialize;
-use serde_json::value::RawValue;
+//! The request of one attempt: where it goes, its headers (the producer's
+//! token, watchpump's numbers, the Standard Webhooks signatures), and the
+//! same request as an operator reads it in the panel.
 
 use crate::signing::{self, SigningSecret};
-
-/// The body every consumer receives.
-#[derive(Debug, Serialize)]
-pub struct Body<'a> {
-    pub delivery_id: i64,
-    pub change_id: i64,
-    pub watch_id: i64,
-    pub producer: &'a str,
-    pub resource: &'a str,
-    pub object: &'a str,
-    pub kind: &'a str,
-    pub sequence: i64,
-    pub occurred_at: &'a DateTime<Utc>,
-    pub attempt: i32,
-    /// The change's payload, embedded as PostgreSQL printed it.
-    pub payload: &'a RawValue,
-}
-
-impl Body<'_> {
-    /// The exact bytes sent, and signed.
-    pub fn to_bytes(&self) -> Vec<u8> {
-        serde_json::to_vec(self).expect("a delivery body always serialises")
-    }
-}
-
-/// A change's payload as stored (jsonb text), embedded unparsed; anything
-/// that is not JSON (which jsonb cannot hold) becomes `null`.
-pub fn payload(text: &str) -> Box<RawValue> {
-    RawValue::from_string(text.to_owned())
-        .unwrap_or_else(|_| RawValue::from_string("null".to_owned()).expect("null is JSON"))
-}
 
 /// `<base URL>/api/v1/<producer>/events`.
 pub fn events_url(base_url: &str, producer: &str) -> String {
@@ -46,6 +10,28 @@ pub fn events_url(base_url: &str, producer: &str) -> String {
         "{}/api/v1/{producer}/events",
         base_url.trim_end_matches('/')
     )
+}
+
+/// A consumer service as the pump sends to it: the registry's record and
+/// its events URL, parsed once per version of the service rather than once
+/// per delivery.
+#[cfg(feature = "producer")]
+#[derive(Debug)]
+pub struct Target {
+    pub destination: crate::services::Destination,
+    pub url: reqwest::Url,
+}
+
+#[cfg(feature = "producer")]
+impl Target {
+    pub fn new(
+        destination: crate::services::Destination,
+        producer: &str,
+    ) -> Result<Target, String> {
+        let url = events_url(&destination.base_url, producer);
+        let url = reqwest::Url::parse(&url).map_err(|e| format!("{url:?}: {e}"))?;
+        Ok(Target { destination, url })
+    }
 }
 
 /// The headers of one attempt, in the order they are sent: the producer's
@@ -119,11 +105,5 @@ mod tests {
             signing::DEFAULT_TOLERANCE_SECS
         )
         .is_ok());
-    }
-
-    #[test]
-    fn a_payload_that_is_not_json_is_sent_as_null() {
-        assert_eq!(payload("{\"a\": 1}").get(), "{\"a\": 1}");
-        assert_eq!(payload("not json").get(), "null");
     }
 }

@@ -1,0 +1,155 @@
+//! A delivery as its consumer receives it, in one place for the pump that
+//! sends it and the panel that shows it (ADR 0021, signed per Standard
+//! Webhooks), so that what the panel displays is what was sent.
+//!
+//! - [`Message`]: the delivery's content as the database hands it out, to
+//!   the pump (inside [`Claimed`], what `watchpump.claim()` returns) and to
+//!   the panel (`watchpump.message()`).
+//! - [`Body`]: the JSON a consumer receives, built from a [`Message`].
+//! - [`request`]: where it goes, its headers with their signatures, and the
+//!   request as an operator reads it.
+//! - [`outcome`]: what an attempt came to ([`outcome::AttemptResult`]).
+//! - [`State`]: where a delivery is, the six words the SQL allows.
+//!
+//! # Adding a field to the body
+//!
+//! 1. SQL, one file: `sql/functions/0200_pump.sql`, where the returns
+//!    tables of `watchpump.claim()` (the pump) and `watchpump.message()`
+//!    (the panel), side by side, list the message's columns.
+//! 2. Here: the field on [`Message`] and on [`Body`] (whose field order is
+//!    the order of the JSON).
+//! 3. Consumers: the kit's `Delivery` (`src/kit/delivery.rs`) ignores
+//!    fields it does not know; add it there for them to read it.
+
+pub mod request;
+pub mod state;
+
+#[cfg(feature = "producer")]
+pub mod outcome;
+
+pub use state::State;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::value::RawValue;
+
+/// A delivery's content: everything its body carries but the producer's
+/// name. Read by column name, from `watchpump.claim()` (the pump) and
+/// `watchpump.message()` (the panel).
+#[derive(Debug, Clone)]
+#[cfg_attr(feature = "kit", derive(sqlx::FromRow))]
+pub struct Message {
+    pub delivery_id: i64,
+    pub change_id: i64,
+    pub watch_id: i64,
+    /// Which attempt this is (1 for the first).
+    pub attempt: i32,
+    pub resource: String,
+    pub object: String,
+    pub kind: String,
+    pub sequence: i64,
+    pub occurred_at: DateTime<Utc>,
+    /// The change's payload as PostgreSQL prints jsonb: the body embeds
+    /// exactly this text.
+    pub payload: String,
+}
+
+impl Message {
+    /// The exact bytes sent, and signed, as `producer`'s delivery.
+    pub fn body(&self, producer: &str) -> Vec<u8> {
+        Body::new(self, producer).to_bytes()
+    }
+}
+
+/// A delivery this pump holds a lease on: its [`Message`] and what the pump
+/// needs besides to send it.
+#[cfg(feature = "producer")]
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct Claimed {
+    #[sqlx(flatten)]
+    pub message: Message,
+    pub service_id: i64,
+    /// The service's version: its URL and keys are cached by it.
+    pub service_version: i32,
+    /// The pump whose lease on this delivery ran out, if one did: it died or
+    /// hung mid-send, and this is the delivery sent again.
+    pub expired_lease_of: Option<String>,
+}
+
+/// The body every consumer receives.
+#[derive(Debug, Serialize)]
+pub struct Body<'a> {
+    pub delivery_id: i64,
+    pub change_id: i64,
+    pub watch_id: i64,
+    pub producer: &'a str,
+    pub resource: &'a str,
+    pub object: &'a str,
+    pub kind: &'a str,
+    pub sequence: i64,
+    pub occurred_at: &'a DateTime<Utc>,
+    pub attempt: i32,
+    /// The change's payload, embedded as PostgreSQL printed it.
+    pub payload: Box<RawValue>,
+}
+
+impl<'a> Body<'a> {
+    pub fn new(m: &'a Message, producer: &'a str) -> Body<'a> {
+        Body {
+            delivery_id: m.delivery_id,
+            change_id: m.change_id,
+            watch_id: m.watch_id,
+            producer,
+            resource: &m.resource,
+            object: &m.object,
+            kind: &m.kind,
+            sequence: m.sequence,
+            occurred_at: &m.occurred_at,
+            attempt: m.attempt,
+            payload: payload(&m.payload),
+        }
+    }
+
+    /// The exact bytes sent, and signed.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("a delivery body always serialises")
+    }
+}
+
+/// A change's payload as stored (jsonb text), embedded unparsed; anything
+/// that is not JSON (which jsonb cannot hold) becomes `null`.
+pub fn payload(text: &str) -> Box<RawValue> {
+    RawValue::from_string(text.to_owned())
+        .unwrap_or_else(|_| RawValue::from_string("null".to_owned()).expect("null is JSON"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_payload_that_is_not_json_is_sent_as_null() {
+        assert_eq!(payload("{\"a\": 1}").get(), "{\"a\": 1}");
+        assert_eq!(payload("not json").get(), "null");
+    }
+
+    #[test]
+    fn the_body_keeps_its_field_order_and_embeds_the_payload_as_stored() {
+        let m = Message {
+            delivery_id: 7,
+            change_id: 3,
+            watch_id: 2,
+            attempt: 1,
+            resource: "web".into(),
+            object: "acme/web".into(),
+            kind: "push".into(),
+            sequence: 4,
+            occurred_at: DateTime::from_timestamp(1_700_000_000, 0).unwrap(),
+            payload: "{\"b\": 1, \"a\": 2}".into(),
+        };
+        assert_eq!(
+            String::from_utf8(m.body("git")).unwrap(),
+            r#"{"delivery_id":7,"change_id":3,"watch_id":2,"producer":"git","resource":"web","object":"acme/web","kind":"push","sequence":4,"occurred_at":"2023-11-14T22:13:20Z","attempt":1,"payload":{"b": 1, "a": 2}}"#
+        );
+    }
+}

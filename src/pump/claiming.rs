@@ -1,0 +1,300 @@
+//! The claim side of [`Pump::run`](super::Pump::run): one loop that sweeps
+//! when due, claims what each consumer has room for, and hands every
+//! delivery to a send task of its own; between claims it sleeps until a
+//! NOTIFY, its sweep, a retry or probe time, or a freed slot.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::recording::{answered, Answered};
+use super::{store, Shared};
+use crate::delivery::outcome::AttemptResult;
+use crate::delivery::request::Target;
+use crate::delivery::Claimed;
+use crate::error::Result;
+use crate::metrics as m;
+use crate::services;
+
+/// How long the pump waits after a failed claim (database unreachable).
+const CLAIM_ERROR_PAUSE: Duration = Duration::from_millis(250);
+
+/// Claims and dispatches until shutdown. Dropping `done` at the end lets the
+/// completer finish once the last send has reported.
+///
+/// After finding work the pump lingers: for `linger` it polls every
+/// `poll_interval` instead of asking emitters to NOTIFY, so that a busy pump
+/// costs producers nothing at commit. Idle for longer, it registers asleep
+/// and waits for a NOTIFY, its sweep, a retry or probe time, or a finished
+/// send.
+pub(super) async fn claim_loop(
+    shared: &Arc<Shared>,
+    done: mpsc::UnboundedSender<Answered>,
+    shutdown: impl Future<Output = ()>,
+) {
+    tokio::pin!(shutdown);
+    let (linger, poll_interval) = (shared.cfg.linger(), shared.cfg.poll_interval());
+    let mut rate = ClaimRate::new(Instant::now());
+    let mut asleep = false;
+    let mut last_work: Option<Instant> = None;
+    let mut last_sweep: Option<Instant> = None;
+    loop {
+        // A busy pump never reaches the select below: look at shutdown and
+        // the sweep here too.
+        tokio::select! {
+            biased;
+            _ = &mut shutdown => break,
+            _ = shared.signals.sweep.notified() => last_sweep = None,
+            _ = std::future::ready(()) => {}
+        }
+        if last_sweep.is_none_or(|at| at.elapsed() >= shared.cfg.sweep_interval()) {
+            if last_sweep.is_some() {
+                metrics::counter!(m::WAKEUPS, "source" => "sweep").increment(1);
+            }
+            // Deadlines need a scan of the queue: every tenth sweep is
+            // often enough.
+            sweep(shared, shared.cfg.sweep_interval() * 10).await;
+            last_sweep = Some(Instant::now());
+        }
+        let mut pause = None;
+        match claim(shared).await {
+            Ok(claimed) if !claimed.is_empty() => {
+                let claimed = with_destinations(shared, claimed).await;
+                // watchpump.claim() removed our sleeper row.
+                asleep = false;
+                // Poll only when busy: at a trickle, NOTIFY is cheap for
+                // producers and wakes the pump sooner than a poll would.
+                if rate.add(claimed.len(), Instant::now()) >= shared.cfg.linger_above_per_sec as f64
+                {
+                    last_work = Some(Instant::now());
+                }
+                dispatch(shared, claimed, &done);
+                continue;
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "claim failed; trying again shortly");
+                asleep = false;
+                last_work = None;
+                pause = Some(CLAIM_ERROR_PAUSE);
+            }
+        }
+        let lingering = !asleep && last_work.is_some_and(|at| at.elapsed() < linger);
+        if pause.is_none() && !asleep && !lingering {
+            asleep = register_asleep(shared).await;
+            continue; // one more claim closes the gap before emitters saw us asleep
+        }
+        if lingering {
+            pause = Some(poll_interval);
+        }
+        let next_probe = shared.health.lock().unwrap().next_probe_at();
+        let next_retry = shared.retries.lock().unwrap().next(Instant::now());
+        let next_sweep = last_sweep.map(|at| at + shared.cfg.sweep_interval());
+        tokio::select! {
+            _ = &mut shutdown => break,
+            _ = shared.signals.wake.notified() => {}
+            _ = shared.signals.sweep.notified() => last_sweep = None,
+            _ = sleep_until(next_sweep) => {}
+            _ = sleep_until(next_probe) => {}
+            _ = sleep_until(next_retry) => {}
+            _ = sleep_until(pause.map(|p| Instant::now() + p)) => {}
+        }
+    }
+}
+
+/// Sleeps until `at`; with no time, never wakes.
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn register_asleep(shared: &Shared) -> bool {
+    match store::sleep(&shared.pool, &shared.name).await {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot register as asleep; relying on the sweep");
+            false
+        }
+    }
+}
+
+/// One claim with the current per-service limits.
+pub(super) async fn claim(shared: &Shared) -> Result<Vec<Claimed>> {
+    let now = Instant::now();
+    let slots = shared.health.lock().unwrap().slots(now);
+    let claimed = store::claim(&shared.pool, &shared.name, &slots, shared.cfg.lease()).await?;
+    // A probe that found nothing to send waits its pause like any other.
+    let mut health = shared.health.lock().unwrap();
+    for (i, id) in slots.service_ids.iter().enumerate() {
+        if slots.probe[i] && !claimed.iter().any(|c| c.service_id == *id) {
+            health.nothing_to_probe(*id, now);
+        }
+    }
+    Ok(claimed)
+}
+
+/// Pairs each claimed delivery with where and how it goes, loading the
+/// services whose version says they changed. A service that cannot be read
+/// (the database is gone) has its deliveries left to their lease.
+pub(super) async fn with_destinations(
+    shared: &Shared,
+    claimed: Vec<Claimed>,
+) -> Vec<(Claimed, Arc<Target>)> {
+    let stale: Vec<i64> = {
+        let known = shared.destinations.lock().unwrap();
+        let mut stale: Vec<i64> = claimed
+            .iter()
+            .filter(|c| {
+                known
+                    .get(&c.service_id)
+                    .is_none_or(|t| t.destination.version != c.service_version)
+            })
+            .map(|c| c.service_id)
+            .collect();
+        stale.sort_unstable();
+        stale.dedup();
+        stale
+    };
+    for id in stale {
+        let target = services::destination(&shared.pool, id)
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|d| Target::new(d, &shared.cfg.producer));
+        match target {
+            Ok(t) => {
+                shared.destinations.lock().unwrap().insert(id, Arc::new(t));
+            }
+            Err(e) => {
+                tracing::error!(error = %e, service_id = id, "cannot read the service; its deliveries wait for their lease")
+            }
+        }
+    }
+    let known = shared.destinations.lock().unwrap();
+    claimed
+        .into_iter()
+        .filter_map(|c| known.get(&c.service_id).cloned().map(|d| (c, d)))
+        .collect()
+}
+
+pub(super) fn dispatch(
+    shared: &Arc<Shared>,
+    claimed: Vec<(Claimed, Arc<Target>)>,
+    done: &mpsc::UnboundedSender<Answered>,
+) {
+    metrics::histogram!(m::CLAIMED_BATCH_SIZE).record(claimed.len() as f64);
+    let now = Instant::now();
+    let mut health = shared.health.lock().unwrap();
+    for (delivery, target) in claimed {
+        if let Some(lost) = &delivery.expired_lease_of {
+            tracing::warn!(service = %target.destination.name, delivery_id = delivery.message.delivery_id, pump = %lost,
+                "lease ran out (that pump died or hung before reporting); sending again");
+        }
+        let in_flight = health.claimed(delivery.service_id, &target.destination.name, now);
+        metrics::gauge!(m::IN_FLIGHT, "service" => target.destination.name.clone())
+            .set(in_flight as f64);
+        let shared = shared.clone();
+        let done = done.clone();
+        tokio::spawn(async move {
+            let finished = shared.sender.send(delivery, target).await;
+            // The consumer's slot is free as soon as it answered; the
+            // outcome's write-back follows in a batch (the lease keeps the
+            // (watch, object) until then). After a 410 the slot waits for
+            // the write-back instead, so that the gone watch's other
+            // deliveries are dropped before one of them is sent.
+            let gone = finished.result == AttemptResult::Gone;
+            let came_back = !gone && answered(&shared, &finished);
+            let _ = done.send(Answered {
+                finished,
+                came_back,
+                slot_held: gone,
+            });
+            if !gone {
+                shared.signals.wake.notify_one();
+            }
+        });
+    }
+}
+
+/// The backstop: expired leases, passed deadlines, missed notifications.
+pub(super) async fn sweep(shared: &Shared, deadlines_every: Duration) {
+    match store::sweep(&shared.pool, &shared.name, deadlines_every).await {
+        Ok(swept) => {
+            for s in swept {
+                if s.expired_leases > 0 {
+                    tracing::warn!(service = %s.service, n = s.expired_leases, "leases expired; deliveries are due again");
+                }
+                if s.failed > 0 {
+                    tracing::warn!(service = %s.service, n = s.failed, "deliveries failed: deadline passed");
+                    metrics::counter!(m::DELIVERIES, "service" => s.service, "outcome" => "failed")
+                        .increment(s.failed as u64);
+                }
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "sweep failed"),
+    }
+}
+
+/// Deliveries claimed per second: the busier of the last full quarter
+/// second and the current one so far.
+#[derive(Debug)]
+struct ClaimRate {
+    window_start: Instant,
+    claimed: usize,
+    previous_per_sec: f64,
+}
+
+impl ClaimRate {
+    const WINDOW: Duration = Duration::from_millis(250);
+
+    fn new(now: Instant) -> Self {
+        ClaimRate {
+            window_start: now,
+            claimed: 0,
+            previous_per_sec: 0.0,
+        }
+    }
+
+    /// Counts `n` deliveries claimed at `now` and returns the rate.
+    fn add(&mut self, n: usize, now: Instant) -> f64 {
+        let elapsed = now.saturating_duration_since(self.window_start);
+        if elapsed >= Self::WINDOW {
+            self.previous_per_sec = self.claimed as f64 / elapsed.as_secs_f64();
+            self.window_start = now;
+            self.claimed = 0;
+        }
+        self.claimed += n;
+        let current = self.claimed as f64 / Self::WINDOW.as_secs_f64();
+        self.previous_per_sec.max(current)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_claim_rate_tells_a_trickle_from_a_busy_pump() {
+        let start = Instant::now();
+        let mut rate = ClaimRate::new(start);
+        // 200 a second, one at a time: a trickle.
+        let mut seen = 0.0;
+        for i in 0..400u64 {
+            seen = rate.add(1, start + Duration::from_millis(5 * i));
+        }
+        assert!(seen < 500.0, "a trickle: {seen}");
+        // 2,000 a second in batches of 20: busy within the first window.
+        let busy = start + Duration::from_secs(3);
+        let mut seen = 0.0;
+        for i in 0..10u64 {
+            seen = rate.add(20, busy + Duration::from_millis(10 * i));
+        }
+        assert!(seen >= 500.0, "busy: {seen}");
+        // Quiet for two seconds: a trickle again.
+        assert!(rate.add(1, busy + Duration::from_secs(2)) < 500.0);
+    }
+}

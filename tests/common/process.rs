@@ -1,0 +1,35 @@
+//! The `watchpump` binary as a child process.
+
+use std::process::{Command, Stdio};
+
+/// The binary cargo built for these tests.
+pub const BIN: &str = env!("CARGO_BIN_EXE_watchpump");
+
+/// The binary with a clean environment: no DATABASE_URL or WATCHPUMP_*
+/// from the outside, quiet logs unless asked, stdin closed; DATABASE_URL
+/// set to `database_url` when given.
+pub fn watchpump_cli(database_url: Option<&str>) -> Command {
+    let mut cmd = Command::new(BIN);
+    for (key, _) in std::env::vars_os() {
+        let key = key.to_string_lossy().to_string();
+        if key == "DATABASE_URL" || key.starts_with("WATCHPUMP_") || key == "RUST_LOG" {
+            cmd.env_remove(key);
+        }
+    }
+    if let Some(url) = database_url {
+        cmd.env("DATABASE_URL", url);
+    }
+    cmd.stdin(Stdio::null());
+    cmd
+}
+
+/// A child process killed when this is dropped, so that a failing test
+/// leaves no pump running behind it.
+pub struct KillOnDrop(pub std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
