@@ -16,7 +16,11 @@ mod tracker;
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    tracing_subscriber::fmt().with_env_filter("info").init();
+    use std::io::IsTerminal;
+    tracing_subscriber::fmt()
+        .with_env_filter("info")
+        .with_ansi(std::io::stdout().is_terminal())
+        .init();
     let database_url = std::env::var("TRACKER_DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:54329/tracker".into());
     if let Err(e) = create_database(&database_url).await {

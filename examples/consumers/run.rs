@@ -71,8 +71,11 @@ struct Credentials {
 /// Starts `c` and serves it until Ctrl-C; `on_start` gets its database once
 /// everything is in place (to start a worker).
 pub async fn main<H: Handler>(c: Consumer<H>, on_start: impl FnOnce(PgPool)) -> ExitCode {
+    use std::io::IsTerminal;
     tracing_subscriber::fmt()
         .with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "warn,watchpump=info".into()))
+        // No colour codes in a file or a pipe, as the watchpump binary.
+        .with_ansi(std::io::stdout().is_terminal())
         .init();
     let service = c.service;
     match run(c, on_start).await {
