@@ -84,12 +84,13 @@ async fn prepare_database(pool: &PgPool) -> Result<Vec<services::Service>> {
 /// same statement can succeed once it is back.
 fn is_gone(e: &sqlx::Error) -> bool {
     match e {
-        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::Protocol(_) => true,
+        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut => true,
         // 57P01-57P03: admin or crash shutdown, cannot connect now; class
-        // 08: connection exceptions.
-        sqlx::Error::Database(d) => d
-            .code()
-            .is_some_and(|c| c.starts_with("57P") || c.starts_with("08")),
+        // 08: connection exceptions, but for 08P01 (a protocol violation,
+        // which waiting does not cure).
+        sqlx::Error::Database(d) => d.code().is_some_and(|c| {
+            matches!(&*c, "57P01" | "57P02" | "57P03") || (c.starts_with("08") && c != "08P01")
+        }),
         _ => false,
     }
 }

@@ -57,15 +57,22 @@ async fn apply_all(
     .execute(&mut *conn)
     .await?;
     let mut applied = Vec::new();
+    let mut outcome = Ok(());
     for file in files {
-        if apply_one(conn, schema, file).await? {
-            applied.push(file.name.to_string());
+        match apply_one(conn, schema, file).await {
+            Ok(true) => applied.push(file.name.to_string()),
+            Ok(false) => {}
+            Err(e) => {
+                outcome = Err(e);
+                break;
+            }
         }
     }
+    // Reset even after a failure: the connection goes back to the pool.
     sqlx::raw_sql("reset client_min_messages")
         .execute(&mut *conn)
         .await?;
-    Ok(applied)
+    outcome.map(|()| applied)
 }
 
 /// Applies one file in its own transaction, unless it was applied before
