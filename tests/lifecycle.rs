@@ -398,3 +398,143 @@ async fn the_admin_api_runs_the_lifecycle_with_json_errors() {
     let listed = json_of(admin(http.get(app.url("/api/v1/admin/services")))).await;
     assert_eq!(listed["services"], json!([]));
 }
+
+/// POSTs a panel form as the panel's own page would (session, Origin).
+async fn panel_post(
+    app: &AppServer,
+    cookie: &str,
+    path: &str,
+    form: &[(&str, &str)],
+) -> reqwest::Response {
+    panel_client()
+        .post(app.url(path))
+        .header("cookie", cookie)
+        .header("origin", app.origin())
+        .form(form)
+        .send()
+        .await
+        .unwrap()
+}
+
+async fn base_url_of(db: &TestDb, name: &str) -> Option<String> {
+    sqlx::query_scalar(
+        "select base_url from watchpump.services where name = $1 and removed_at is null",
+    )
+    .bind(name)
+    .fetch_optional(&db.pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn the_panel_rotates_a_token_and_shows_the_new_one_once() {
+    let db = TestDb::new().await;
+    let (_, old_token) = db.add_service("deploy", "http://127.0.0.1:9").await;
+    let app = AppServer::start(&db.pool, &operator_config()).await;
+    let cookie = app.log_in().await;
+    let page = app.panel_get("/panel/services/deploy").await;
+    assert!(
+        page.contains("/panel/services/deploy/rotate-token"),
+        "the service page offers it"
+    );
+
+    let res = panel_post(
+        &app,
+        &cookie,
+        "/panel/services/deploy/rotate-token",
+        &[("overlap", "1h")],
+    )
+    .await;
+
+    assert_eq!(res.status(), 200);
+    assert_eq!(res.headers()["cache-control"], "no-store");
+    let page = res.text().await.unwrap();
+    let start = page.find("wps_").expect("the new token is on the page");
+    let new_token: String = page[start..]
+        .chars()
+        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+        .collect();
+    assert_ne!(new_token, old_token);
+    for token in [&new_token, &old_token] {
+        let found = watchpump::services::authenticate(&db.pool, token)
+            .await
+            .unwrap();
+        assert_eq!(
+            found.map(|s| s.name).as_deref(),
+            Some("deploy"),
+            "both work during the grace"
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_panel_moves_and_removes_a_service_and_refuses_bad_input_changing_nothing() {
+    let db = TestDb::new().await;
+    let (service, token) = db.add_service("deploy", "http://127.0.0.1:9").await;
+    db.add_watch(service.id, "app", OBJECT, all()).await;
+    let app = AppServer::start(&db.pool, &operator_config()).await;
+    let cookie = app.log_in().await;
+
+    let bad = panel_post(
+        &app,
+        &cookie,
+        "/panel/services/deploy/url",
+        &[("base_url", "ftp://x")],
+    )
+    .await;
+    assert_eq!(bad.status(), 422);
+    assert_eq!(
+        base_url_of(&db, "deploy").await.as_deref(),
+        Some("http://127.0.0.1:9")
+    );
+    let moved = panel_post(
+        &app,
+        &cookie,
+        "/panel/services/deploy/url",
+        &[("base_url", "http://127.0.0.1:7")],
+    )
+    .await;
+    assert_eq!(moved.status(), 303);
+    assert_eq!(
+        moved.headers()["location"],
+        "/panel/services/deploy?done=moved"
+    );
+    assert_eq!(
+        base_url_of(&db, "deploy").await.as_deref(),
+        Some("http://127.0.0.1:7")
+    );
+
+    let unconfirmed = panel_post(
+        &app,
+        &cookie,
+        "/panel/services/deploy/remove",
+        &[("confirm", "deplo")],
+    )
+    .await;
+    assert_eq!(unconfirmed.status(), 422);
+    assert!(base_url_of(&db, "deploy").await.is_some(), "not removed");
+    let without_origin = panel_client()
+        .post(app.url("/panel/services/deploy/remove"))
+        .header("cookie", &cookie)
+        .form(&[("confirm", "deploy")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(without_origin.status(), 403);
+    assert!(base_url_of(&db, "deploy").await.is_some(), "not removed");
+
+    let removed = panel_post(
+        &app,
+        &cookie,
+        "/panel/services/deploy/remove",
+        &[("confirm", "deploy")],
+    )
+    .await;
+    assert_eq!(removed.status(), 200);
+    assert!(removed.text().await.unwrap().contains("1 watches removed"));
+    assert!(base_url_of(&db, "deploy").await.is_none());
+    assert!(watchpump::services::authenticate(&db.pool, &token)
+        .await
+        .unwrap()
+        .is_none());
+}

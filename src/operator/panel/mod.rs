@@ -1,12 +1,14 @@
 //! `/panel`: the operator's pages, server-rendered, usable without
 //! JavaScript. Watches are shown, never edited (consumers own them, ADR
-//! 0021); deliveries can be retried.
+//! 0021); deliveries can be retried, and a service's lifecycle run
+//! (`lifecycle.rs`: new secret or token, new URL, removal).
 //!
 //! Access: a login form takes `WATCHPUMP_ADMIN_TOKEN` and sets an HttpOnly,
 //! SameSite=Strict session cookie ([`Session`]). Every state change is a
 //! POST that must also come from the panel's own origin ([`SameOrigin`]).
 
 mod deliveries;
+mod lifecycle;
 mod pages;
 
 use axum::extract::{DefaultBodyLimit, FromRequestParts, State};
@@ -39,6 +41,16 @@ pub fn routes() -> Router<OperatorState> {
             "/panel/services/{name}/retry-failed",
             post(deliveries::retry_failed),
         )
+        .route("/panel/services/{name}/url", post(lifecycle::set_url))
+        .route(
+            "/panel/services/{name}/rotate-secret",
+            post(lifecycle::rotate_secret),
+        )
+        .route(
+            "/panel/services/{name}/rotate-token",
+            post(lifecycle::rotate_token),
+        )
+        .route("/panel/services/{name}/remove", post(lifecycle::remove))
         .route("/panel/watches", get(pages::watches))
         .route("/panel/warnings", get(pages::warnings))
         .route("/panel/deliveries", get(deliveries::list))

@@ -8,11 +8,13 @@ use chrono::Utc;
 use serde::Deserialize;
 
 use super::deliveries::deliveries_table;
+use super::lifecycle;
 use super::Session;
 use crate::http::html::{self, esc};
 use crate::http::{AsHtml, HttpError};
 use crate::operator::store::{self, Backlog, DeliveryFilter, Warning, WatchFilter};
 use crate::operator::{OperatorState, Settings};
+use crate::services;
 
 pub async fn overview(_: Session, State(state): State<OperatorState>) -> Result<Response, AsHtml> {
     let backlog = store::backlog(&state.pool).await?;
@@ -135,6 +137,9 @@ pub async fn service(
         n,
     })) = notice
     {
+        if done == "moved" {
+            body.push_str(r#"<p class="note">Moved: deliveries go to the new URL from their next attempt.</p>"#);
+        }
         if done == "requeued" {
             body.push_str(&format!(
                 r#"<p class="note">{} failed deliveries requeued: they are pending and due now.</p>"#,
@@ -185,6 +190,8 @@ pub async fn service(
     ));
     body.push_str("<h2>Warnings to notify</h2>");
     body.push_str(&warnings_table(&warnings, &state.settings));
+    let registered = services::find(&state.pool, &name).await?;
+    body.push_str(&lifecycle::forms(&name, &registered.base_url));
     Ok(html::page(
         StatusCode::OK,
         &format!("Service {name}"),

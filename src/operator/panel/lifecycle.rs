@@ -1,0 +1,170 @@
+//! A service's lifecycle from the panel, as `watchpump services ...` and
+//! the admin API do it: rotate its signing secret or its token (the old one
+//! keeps working for an overlap), move it to a new URL, remove it. Each is a
+//! POST from the panel's own origin ([`SameOrigin`]); a new credential is
+//! shown once, on the answer's page (which is never cached), and stored
+//! nowhere else but as the registry stores it.
+
+use axum::extract::rejection::FormRejection;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::Form;
+use chrono::{DateTime, Utc};
+use serde::Deserialize;
+
+use super::{SameOrigin, Session, ACTOR};
+use crate::http::html::{self, esc};
+use crate::http::{AsHtml, HttpError};
+use crate::operator::OperatorState;
+use crate::services;
+
+/// The forms of the service page's "Lifecycle" section.
+pub fn forms(name: &str, base_url: &str) -> String {
+    let svc = esc(name);
+    let action = |what: &str| format!("/panel/services/{svc}/{what}");
+    format!(
+        r#"<h2>Lifecycle</h2>
+<form class="filters" method="post" action="{url}">
+<label>Base URL <input name="base_url" value="{base}" size="40" required></label>
+<button class="act" type="submit">Move {svc} to this URL</button></form>
+<form class="filters" method="post" action="{secret}">
+<label>Old secret signs for <input name="overlap" value="24h" size="6"></label>
+<button class="act" type="submit">Rotate the signing secret</button></form>
+<form class="filters" method="post" action="{token}">
+<label>Old token works for <input name="overlap" value="24h" size="6"></label>
+<button class="act" type="submit">Rotate the token</button></form>
+<form class="filters" method="post" action="{remove}">
+<label>Type <code>{svc}</code> to confirm <input name="confirm" size="16" required></label>
+<button class="act" type="submit">Remove {svc}, its watches and their undelivered deliveries</button></form>"#,
+        url = action("url"),
+        base = esc(base_url),
+        secret = action("rotate-secret"),
+        token = action("rotate-token"),
+        remove = action("remove"),
+    )
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OverlapForm {
+    overlap: Option<String>,
+}
+
+impl OverlapForm {
+    /// The overlap as typed (90s, 30m, 24h, 7d); empty means 24 hours.
+    fn duration(&self) -> Result<std::time::Duration, HttpError> {
+        let typed = self.overlap.as_deref().map(str::trim).unwrap_or("");
+        Ok(services::parse_duration(if typed.is_empty() {
+            "24h"
+        } else {
+            typed
+        })?)
+    }
+}
+
+fn form<T>(form: Result<Form<T>, FormRejection>) -> Result<T, HttpError> {
+    form.map(|Form(f)| f)
+        .map_err(|e| HttpError::Invalid(e.body_text()))
+}
+
+/// A page that shows a new credential once.
+fn shown_once(name: &str, what: &str, value: &str, old_until: DateTime<Utc>) -> Response {
+    let svc = esc(name);
+    html::page(
+        StatusCode::OK,
+        &format!("New {what} for {name}"),
+        &format!(
+            r#"<p class="note">Hand this to the team that runs {svc}. It is shown once: this page is not stored, and watchpump keeps no copy it can show again.</p>
+<pre id="credential">{}</pre>
+<p>The old {what} keeps working until {}.</p>
+<p><a href="/panel/services/{svc}">Back to {svc}</a></p>"#,
+            esc(value),
+            html::time(old_until),
+        ),
+        true,
+    )
+}
+
+pub async fn rotate_secret(
+    _: Session,
+    _: SameOrigin,
+    State(state): State<OperatorState>,
+    Path(name): Path<String>,
+    given: Result<Form<OverlapForm>, FormRejection>,
+) -> Result<Response, AsHtml> {
+    let overlap = form(given)?.duration()?;
+    let (secret, until) = services::rotate_secret(&state.pool, &name, overlap).await?;
+    tracing::info!(service = %name, "signing secret rotated from the panel");
+    Ok(shown_once(&name, "signing secret", &secret, until))
+}
+
+pub async fn rotate_token(
+    _: Session,
+    _: SameOrigin,
+    State(state): State<OperatorState>,
+    Path(name): Path<String>,
+    given: Result<Form<OverlapForm>, FormRejection>,
+) -> Result<Response, AsHtml> {
+    let grace = form(given)?.duration()?;
+    let (token, until) = services::rotate_token(&state.pool, &name, grace).await?;
+    tracing::info!(service = %name, "token rotated from the panel");
+    Ok(shown_once(&name, "token", &token, until))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UrlForm {
+    base_url: String,
+}
+
+pub async fn set_url(
+    _: Session,
+    _: SameOrigin,
+    State(state): State<OperatorState>,
+    Path(name): Path<String>,
+    given: Result<Form<UrlForm>, FormRejection>,
+) -> Result<Response, AsHtml> {
+    let new = form(given)?;
+    let allowed = &state.settings.destinations;
+    let service = services::set_url_within(&state.pool, &name, &new.base_url, allowed).await?;
+    tracing::info!(service = %name, base_url = %service.base_url, "service moved from the panel");
+    let to = format!(
+        "/panel/services/{name}{}",
+        html::query(&[("done", "moved".into())])
+    );
+    Ok(Redirect::to(&to).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RemoveForm {
+    confirm: String,
+}
+
+pub async fn remove(
+    _: Session,
+    _: SameOrigin,
+    State(state): State<OperatorState>,
+    Path(name): Path<String>,
+    given: Result<Form<RemoveForm>, FormRejection>,
+) -> Result<Response, AsHtml> {
+    if form(given)?.confirm.trim() != name {
+        return Err(HttpError::Invalid(format!(
+            "Type the service's name, {name:?}, to confirm its removal; nothing was removed."
+        ))
+        .into());
+    }
+    let removal = services::remove(&state.pool, &name, ACTOR).await?;
+    tracing::info!(service = %name, watches = removal.watches, dropped = removal.deliveries, "service removed from the panel");
+    Ok(html::page(
+        StatusCode::OK,
+        &format!("Service {name} removed"),
+        &format!(
+            r#"<p class="note">{} watches removed, {} undelivered deliveries dropped. Its token no longer works.</p>
+<p><a href="/panel">Back to the overview</a></p>"#,
+            removal.watches, removal.deliveries
+        ),
+        true,
+    ))
+}
