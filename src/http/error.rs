@@ -142,6 +142,13 @@ impl From<axum::extract::rejection::JsonRejection> for HttpError {
     }
 }
 
+/// A form the panel could not read: 422, as any other bad input there.
+impl From<axum::extract::rejection::FormRejection> for HttpError {
+    fn from(r: axum::extract::rejection::FormRejection) -> Self {
+        HttpError::Invalid(r.body_text())
+    }
+}
+
 impl From<axum::extract::rejection::QueryRejection> for HttpError {
     fn from(r: axum::extract::rejection::QueryRejection) -> Self {
         HttpError::BadRequest(r.body_text())

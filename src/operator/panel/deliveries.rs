@@ -309,7 +309,7 @@ pub async fn retry_failed(
     Path(name): Path<String>,
     form: Result<Form<RetryFailed>, FormRejection>,
 ) -> Result<Response, AsHtml> {
-    let Form(form) = form.map_err(|e| HttpError::Invalid(e.body_text()))?;
+    let Form(form) = form.map_err(HttpError::from)?;
     let since = parse_time("since", Some(&form.since))?
         .ok_or_else(|| HttpError::Invalid("since is required".into()))?;
     let n = store::retry_failed(&state.pool, &name, since, ACTOR).await?;

@@ -63,11 +63,6 @@ impl OverlapForm {
     }
 }
 
-fn form<T>(form: Result<Form<T>, FormRejection>) -> Result<T, HttpError> {
-    form.map(|Form(f)| f)
-        .map_err(|e| HttpError::Invalid(e.body_text()))
-}
-
 /// A page that shows a new credential once.
 fn shown_once(name: &str, what: &str, value: &str, old_until: DateTime<Utc>) -> Response {
     let svc = esc(name);
@@ -86,6 +81,36 @@ fn shown_once(name: &str, what: &str, value: &str, old_until: DateTime<Utc>) -> 
     )
 }
 
+/// The two credentials a service has, each rotated with an overlap.
+#[derive(Clone, Copy)]
+enum Credential {
+    SigningSecret,
+    Token,
+}
+
+/// Rotates one credential and shows the new one once.
+async fn rotate(
+    state: &OperatorState,
+    name: &str,
+    given: Result<Form<OverlapForm>, FormRejection>,
+    credential: Credential,
+) -> Result<Response, AsHtml> {
+    let Form(given) = given.map_err(HttpError::from)?;
+    let overlap = given.duration()?;
+    let (new, old_until, what) = match credential {
+        Credential::SigningSecret => {
+            let (secret, until) = services::rotate_secret(&state.pool, name, overlap).await?;
+            (secret, until, "signing secret")
+        }
+        Credential::Token => {
+            let (token, until) = services::rotate_token(&state.pool, name, overlap).await?;
+            (token, until, "token")
+        }
+    };
+    tracing::info!(service = %name, "{what} rotated from the panel");
+    Ok(shown_once(name, what, &new, old_until))
+}
+
 pub async fn rotate_secret(
     _: Session,
     _: SameOrigin,
@@ -93,10 +118,7 @@ pub async fn rotate_secret(
     Path(name): Path<String>,
     given: Result<Form<OverlapForm>, FormRejection>,
 ) -> Result<Response, AsHtml> {
-    let overlap = form(given)?.duration()?;
-    let (secret, until) = services::rotate_secret(&state.pool, &name, overlap).await?;
-    tracing::info!(service = %name, "signing secret rotated from the panel");
-    Ok(shown_once(&name, "signing secret", &secret, until))
+    rotate(&state, &name, given, Credential::SigningSecret).await
 }
 
 pub async fn rotate_token(
@@ -106,10 +128,7 @@ pub async fn rotate_token(
     Path(name): Path<String>,
     given: Result<Form<OverlapForm>, FormRejection>,
 ) -> Result<Response, AsHtml> {
-    let grace = form(given)?.duration()?;
-    let (token, until) = services::rotate_token(&state.pool, &name, grace).await?;
-    tracing::info!(service = %name, "token rotated from the panel");
-    Ok(shown_once(&name, "token", &token, until))
+    rotate(&state, &name, given, Credential::Token).await
 }
 
 #[derive(Debug, Deserialize)]
@@ -125,7 +144,7 @@ pub async fn set_url(
     Path(name): Path<String>,
     given: Result<Form<UrlForm>, FormRejection>,
 ) -> Result<Response, AsHtml> {
-    let new = form(given)?;
+    let Form(new) = given.map_err(HttpError::from)?;
     let allowed = &state.settings.destinations;
     let service = services::set_url_within(&state.pool, &name, &new.base_url, allowed).await?;
     tracing::info!(service = %name, base_url = %service.base_url, "service moved from the panel");
@@ -149,7 +168,8 @@ pub async fn remove(
     Path(name): Path<String>,
     given: Result<Form<RemoveForm>, FormRejection>,
 ) -> Result<Response, AsHtml> {
-    if form(given)?.confirm.trim() != name {
+    let Form(given) = given.map_err(HttpError::from)?;
+    if given.confirm.trim() != name {
         return Err(HttpError::Invalid(format!(
             "Type the service's name, {name:?}, to confirm its removal; nothing was removed."
         ))
