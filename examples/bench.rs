@@ -38,7 +38,6 @@ async fn main() {
         ("bulk-1", |b| Box::pin(bulk_one(b))),
         ("bulk", |b| Box::pin(bulk(b))),
         ("fanout", |b| Box::pin(fanout(b))),
-        ("producer_cost", |b| Box::pin(producer_cost(b))),
         ("producer", |b| Box::pin(producer(b))),
         ("supersession", |b| Box::pin(supersession(b))),
         ("recovery", |b| Box::pin(recovery(b))),
@@ -559,31 +558,6 @@ async fn producer(b: Bench) -> Outcome {
                      "emit_commits_per_s_without_pump": without_pump, "emit_commits_per_s_with_pump": with_pump,
                      "ratio_without_pump": without_pump / plain, "ratio_with_pump": with_pump / plain,
                      "pump_cpu_s": cpu, "received": consumer.received()}),
-    }
-}
-
-/// 8 producer connections committing for 10 s: plain insert vs insert + emit.
-async fn producer_cost(b: Bench) -> Outcome {
-    let consumer = Consumer::start(1).await;
-    let services = b.services(&consumer).await;
-    b.watch(services[0], "acme/").await;
-    sqlx::query("create table producer_pushes (id bigserial primary key, repo text, ref text, after text, at timestamptz default now())")
-        .execute(&b.pool)
-        .await
-        .unwrap();
-    let pump = b.pump(&[]);
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let seconds = 10;
-    let plain = commits_per_second(&b.pool, seconds, false).await;
-    let with_emit = commits_per_second(&b.pool, seconds, true).await;
-    consumer.wait_for(1, Duration::from_secs(5)).await;
-    pump.stop();
-    let ratio = with_emit / plain;
-    Outcome {
-        line: format!(
-            "8 connections x {seconds}s: plain insert {plain:.0} commits/s, insert + emit {with_emit:.0} commits/s, ratio {ratio:.2}"
-        ),
-        json: json!({"connections": 8, "seconds": seconds, "plain_commits_per_s": plain, "emit_commits_per_s": with_emit, "ratio": ratio}),
     }
 }
 
