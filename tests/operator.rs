@@ -32,6 +32,26 @@ where
 }
 
 #[tokio::test]
+async fn a_first_attempt_on_the_wire_does_not_make_a_healthy_service_look_down() {
+    let db = TestDb::new().await;
+    let (deploy, _) = db.add_service("deploy", "http://127.0.0.1:9").await;
+    db.add_watch(deploy.id, "app", "acme/", all()).await;
+    let delivered = delivery_of(&db, db.emit("acme/a", "push", json!({})).await).await;
+    set_state(&db, &[delivered], "delivered", None).await;
+    // Newer than the last delivery, claimed, its first attempt under way.
+    let sending = delivery_of(&db, db.emit("acme/b", "push", json!({})).await).await;
+    set_state(&db, &[sending], "in_flight", None).await;
+
+    let (in_flight, looks_down): (i64, bool) = sqlx::query_as(
+        "select in_flight, looks_down from watchpump.backlog where service = 'deploy'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!((in_flight, looks_down), (1, false));
+}
+
+#[tokio::test]
 async fn the_views_show_backlog_log_watches_and_history_of_real_rows() {
     let db = TestDb::new().await;
     let pump = RunningPump::start(&db.pool, pump_config());

@@ -70,7 +70,10 @@ left join lateral (
            min(d.next_attempt_at) filter (where not coalesce(d.lease_until > now(), false)
                                             and d.next_attempt_at <= now()) as oldest_due_at,
            count(*) filter (where d.attempts > 0 and not coalesce(d.lease_until > now(), false)) as retrying,
-           min(d.created_at) filter (where d.attempts > 0) as oldest_retrying_at
+           -- Waiting for a retry, not on the wire: a claim counts the
+           -- attempt it starts, so an in-flight first attempt has attempts = 1.
+           min(d.created_at) filter (where d.attempts > 0
+                                       and not coalesce(d.lease_until > now(), false)) as oldest_retrying_at
     from watchpump.queue d
     where d.service_id = s.id
 ) q on true
