@@ -161,7 +161,9 @@ fn mask_prefixed(text: &str, prefix: &str, secret: impl Fn(&str) -> (usize, usiz
 }
 
 /// `scheme://user:pass@host` → `scheme://••••••••@host`.
-fn mask_url_credentials(text: &str) -> String {
+/// `text` with the user information of every URL in it (`scheme://user:pw@`)
+/// masked: for messages about a URL that may carry credentials.
+pub fn mask_url_credentials(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(at) = rest.find("://") {

@@ -24,7 +24,7 @@ use crate::{edge, metrics, operator, schema, services};
 /// is made first, so that a bad URL or a refused connection says why at
 /// once (a pool only reports that it timed out waiting, after 10 s).
 pub async fn connect(database_url: &str, size: u32) -> Result<PgPool> {
-    let shown = without_password(database_url);
+    let shown = crate::redact::mask_url_credentials(database_url);
     let options: PgConnectOptions = database_url
         .strip_prefix("postgres://")
         .or_else(|| database_url.strip_prefix("postgresql://"))
@@ -92,18 +92,6 @@ fn is_gone(e: &sqlx::Error) -> bool {
             matches!(&*c, "57P01" | "57P02" | "57P03") || (c.starts_with("08") && c != "08P01")
         }),
         _ => false,
-    }
-}
-
-/// A database URL fit for messages: its password replaced.
-fn without_password(url: &str) -> String {
-    match reqwest::Url::parse(url) {
-        Ok(mut u) if u.password().is_some() => {
-            let _ = u.set_password(Some("***"));
-            u.to_string()
-        }
-        Ok(u) => u.to_string(),
-        Err(_) => url.split('@').next_back().unwrap_or(url).to_string(),
     }
 }
 

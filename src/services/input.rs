@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use crate::destinations::Destinations;
 use crate::error::{Error, Result};
+use crate::redact::mask_url_credentials;
 
 pub(super) fn validate_name(name: &str) -> Result<()> {
     let ok = !name.is_empty()
@@ -30,11 +31,11 @@ pub fn normalize_base_url(raw: &str) -> Result<String> {
     let url = reqwest::Url::parse(raw).map_err(|e| {
         Error::Invalid(format!(
             "base URL {:?} is not a URL: {e}",
-            without_credentials(raw)
+            mask_url_credentials(raw)
         ))
     })?;
     let invalid =
-        |why: &str| Error::Invalid(format!("base URL {:?} {why}", without_credentials(raw)));
+        |why: &str| Error::Invalid(format!("base URL {:?} {why}", mask_url_credentials(raw)));
     if url.scheme() != "http" && url.scheme() != "https" {
         return Err(invalid("must use http or https"));
     }
@@ -61,21 +62,6 @@ pub(super) async fn allowed_base_url(raw: &str, allowed: &Destinations) -> Resul
         .await
         .map_err(|why| Error::Invalid(format!("base URL {base_url:?}: {why}")))?;
     Ok(base_url)
-}
-
-/// `raw` with anything between `://` and an `@` before the path masked, for
-/// error messages about URLs that carry credentials.
-fn without_credentials(raw: &str) -> String {
-    match raw.split_once("://") {
-        Some((scheme, rest)) => {
-            let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-            match rest[..authority_end].rfind('@') {
-                Some(at) => format!("{scheme}://***@{}", &rest[at + 1..]),
-                None => raw.to_string(),
-            }
-        }
-        None => raw.to_string(),
-    }
 }
 
 /// Parses an overlap or grace period: `90s`, `30m`, `24h`, `7d`.
