@@ -75,7 +75,7 @@ pub enum ServicesCommand {
     RotateSecret {
         name: String,
         /// How long the old secret keeps signing: 90s, 30m, 24h, 7d.
-        #[arg(long, default_value = "24h")]
+        #[arg(long, default_value = crate::services::DEFAULT_OVERLAP)]
         overlap: String,
     },
     /// Give a service a new token; the old one keeps working for the grace
@@ -83,7 +83,7 @@ pub enum ServicesCommand {
     RotateToken {
         name: String,
         /// How long the old token keeps working: 90s, 30m, 24h, 7d.
-        #[arg(long, default_value = "24h")]
+        #[arg(long, default_value = crate::services::DEFAULT_OVERLAP)]
         grace: String,
     },
     /// Point a service at a new base URL.

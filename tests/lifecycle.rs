@@ -538,3 +538,56 @@ async fn the_panel_moves_and_removes_a_service_and_refuses_bad_input_changing_no
         .unwrap()
         .is_none());
 }
+
+#[tokio::test]
+async fn the_panel_rotates_a_secret_with_the_default_overlap_and_refuses_a_bad_one() {
+    let db = TestDb::new().await;
+    db.add_service("deploy", "http://127.0.0.1:9").await;
+    let app = AppServer::start(&db.pool, &operator_config()).await;
+    let cookie = app.log_in().await;
+    let secret = || async {
+        sqlx::query_scalar::<_, String>(
+            "select signing_secret from watchpump.services where name = 'deploy'",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .unwrap()
+    };
+    let before = secret().await;
+
+    let bad = panel_post(
+        &app,
+        &cookie,
+        "/panel/services/deploy/rotate-secret",
+        &[("overlap", "soon")],
+    )
+    .await;
+    assert_eq!(bad.status(), 422);
+    assert_eq!(secret().await, before, "nothing rotated");
+
+    let res = panel_post(
+        &app,
+        &cookie,
+        "/panel/services/deploy/rotate-secret",
+        &[("overlap", "")],
+    )
+    .await;
+    assert_eq!(res.status(), 200);
+    let after = secret().await;
+    assert_ne!(after, before);
+    assert!(
+        res.text().await.unwrap().contains(&after),
+        "the new secret is shown"
+    );
+    let hours: f64 = sqlx::query_scalar(
+        "select (extract(epoch from previous_secret_until - now()) / 3600)::float8
+         from watchpump.services where name = 'deploy'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert!(
+        (23.0..=24.0).contains(&hours),
+        "a blank overlap is the default 24 h: {hours}"
+    );
+}

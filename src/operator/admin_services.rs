@@ -78,7 +78,8 @@ struct Overlap {
     overlap: Option<String>,
 }
 
-/// An optional JSON body `{"overlap": "24h"}`; no body means 24 hours.
+/// An optional JSON body `{"overlap": "24h"}`; no body, or no overlap,
+/// means [`services::DEFAULT_OVERLAP`].
 fn overlap(body: &[u8]) -> Result<std::time::Duration, HttpError> {
     let given = if body.iter().all(u8::is_ascii_whitespace) {
         Overlap::default()
@@ -89,9 +90,7 @@ fn overlap(body: &[u8]) -> Result<std::time::Duration, HttpError> {
             ))
         })?
     };
-    Ok(services::parse_duration(
-        given.overlap.as_deref().unwrap_or("24h"),
-    )?)
+    Ok(services::parse_overlap(given.overlap.as_deref())?)
 }
 
 async fn rotate_secret(

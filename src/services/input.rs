@@ -64,6 +64,18 @@ pub(super) async fn allowed_base_url(raw: &str, allowed: &Destinations) -> Resul
     Ok(base_url)
 }
 
+/// How long an old secret or token keeps working after a rotation, unless
+/// the operator says otherwise (the CLI, the admin API and the panel alike).
+pub const DEFAULT_OVERLAP: &str = "24h";
+
+/// An overlap as given; none or blank means [`DEFAULT_OVERLAP`].
+pub fn parse_overlap(given: Option<&str>) -> Result<Duration> {
+    match given.map(str::trim) {
+        Some(text) if !text.is_empty() => parse_duration(text),
+        _ => parse_duration(DEFAULT_OVERLAP),
+    }
+}
+
 /// Parses an overlap or grace period: `90s`, `30m`, `24h`, `7d`.
 pub fn parse_duration(text: &str) -> Result<Duration> {
     let text = text.trim();

@@ -28,7 +28,7 @@ use crate::destinations::Destinations;
 use crate::error::{Error, Result};
 use crate::signing::SigningSecret;
 use input::{allowed_base_url, validate_name};
-pub use input::{normalize_base_url, parse_duration};
+pub use input::{normalize_base_url, parse_duration, parse_overlap, DEFAULT_OVERLAP};
 
 /// A consumer service as the producer knows it.
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]

@@ -29,10 +29,10 @@ pub fn forms(name: &str, base_url: &str) -> String {
 <label>Base URL <input name="base_url" value="{base}" size="40" required></label>
 <button class="act" type="submit">Move {svc} to this URL</button></form>
 <form class="filters" method="post" action="{secret}">
-<label>Old secret signs for <input name="overlap" value="24h" size="6"></label>
+<label>Old secret signs for <input name="overlap" value="{overlap}" size="6"></label>
 <button class="act" type="submit">Rotate the signing secret</button></form>
 <form class="filters" method="post" action="{token}">
-<label>Old token works for <input name="overlap" value="24h" size="6"></label>
+<label>Old token works for <input name="overlap" value="{overlap}" size="6"></label>
 <button class="act" type="submit">Rotate the token</button></form>
 <form class="filters" method="post" action="{remove}">
 <label>Type <code>{svc}</code> to confirm <input name="confirm" size="16" required></label>
@@ -42,6 +42,7 @@ pub fn forms(name: &str, base_url: &str) -> String {
         secret = action("rotate-secret"),
         token = action("rotate-token"),
         remove = action("remove"),
+        overlap = services::DEFAULT_OVERLAP,
     )
 }
 
@@ -49,18 +50,6 @@ pub fn forms(name: &str, base_url: &str) -> String {
 #[serde(deny_unknown_fields)]
 pub struct OverlapForm {
     overlap: Option<String>,
-}
-
-impl OverlapForm {
-    /// The overlap as typed (90s, 30m, 24h, 7d); empty means 24 hours.
-    fn duration(&self) -> Result<std::time::Duration, HttpError> {
-        let typed = self.overlap.as_deref().map(str::trim).unwrap_or("");
-        Ok(services::parse_duration(if typed.is_empty() {
-            "24h"
-        } else {
-            typed
-        })?)
-    }
 }
 
 /// A page that shows a new credential once.
@@ -96,7 +85,7 @@ async fn rotate(
     credential: Credential,
 ) -> Result<Response, AsHtml> {
     let Form(given) = given.map_err(HttpError::from)?;
-    let overlap = given.duration()?;
+    let overlap = services::parse_overlap(given.overlap.as_deref())?;
     let (new, old_until, what) = match credential {
         Credential::SigningSecret => {
             let (secret, until) = services::rotate_secret(&state.pool, name, overlap).await?;
