@@ -318,3 +318,23 @@ pub fn shutdown_signal() -> impl Future<Output = ()> {
         let _ = tokio::signal::ctrl_c().await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn start_up_waits_only_for_a_database_that_went_away() {
+        let cut = std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            "expected to read 5 bytes",
+        );
+        assert!(is_gone(&sqlx::Error::Io(cut)));
+        assert!(is_gone(&sqlx::Error::PoolTimedOut));
+        assert!(!is_gone(&sqlx::Error::Protocol(
+            "unexpected message".into()
+        )));
+        assert!(!is_gone(&sqlx::Error::RowNotFound));
+        assert!(!is_gone(&sqlx::Error::Configuration("bad option".into())));
+    }
+}
