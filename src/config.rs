@@ -192,6 +192,19 @@ pub struct PumpConfig {
     #[arg(long, env = "WATCHPUMP_SERVICE_CONCURRENCY", default_value_t = 64)]
     pub service_concurrency: u32,
 
+    /// Deliveries in flight across all consumer services at most: the
+    /// pump's outbound requests (and so its sockets) whatever the number of
+    /// services. Claims take no more than the free part of it.
+    #[arg(long, env = "WATCHPUMP_MAX_IN_FLIGHT", default_value_t = 512)]
+    pub max_in_flight: u32,
+
+    /// Payload bytes held by deliveries in flight across all consumers at
+    /// most (each change's payload counted once, however many deliveries
+    /// share it). A claim stops adding deliveries at the free part of it,
+    /// but always takes at least one when nothing is in flight.
+    #[arg(long, env = "WATCHPUMP_MAX_IN_FLIGHT_BYTES", default_value_t = 64 * 1024 * 1024)]
+    pub max_in_flight_bytes: u64,
+
     // The retry policy these bound: src/retry.rs.
     /// First retry delay; it doubles with each attempt (with jitter).
     #[arg(long, env = "WATCHPUMP_RETRY_INITIAL_MS", default_value_t = 1000)]
@@ -341,6 +354,9 @@ impl PumpConfig {
         }
         if self.service_concurrency == 0 || self.sweep_interval_ms == 0 {
             return Err("service concurrency and sweep interval must be above zero".into());
+        }
+        if self.max_in_flight == 0 || self.max_in_flight_bytes == 0 {
+            return Err("WATCHPUMP_MAX_IN_FLIGHT and WATCHPUMP_MAX_IN_FLIGHT_BYTES must be above zero".into());
         }
         if self.retry_initial_ms == 0 || self.retry_max_ms < self.retry_initial_ms {
             return Err("the retry delays must satisfy 0 < initial <= max".into());
