@@ -34,6 +34,11 @@ pub const WAKEUPS: &str = "watchpump_wakeups_total";
 pub const LISTENER_RECONNECTS: &str = "watchpump_listener_reconnects_total";
 pub const CLAIMED_BATCH_SIZE: &str = "watchpump_claimed_batch_size";
 pub const IN_FLIGHT: &str = "watchpump_in_flight";
+/// Payload bytes held by this pump's deliveries in flight.
+pub const IN_FLIGHT_BYTES: &str = "watchpump_in_flight_bytes";
+/// Claims not made because a global in-flight cap was reached, by cap
+/// (`requests` or `bytes`).
+pub const CLAIMS_HELD: &str = "watchpump_claims_held_total";
 pub const BUILD_INFO: &str = "watchpump_build_info";
 /// Counted by the operator's warning worker (`operator::notify`).
 pub const NOTIFY_WARNINGS: &str = "watchpump_notify_warnings_total";
@@ -86,6 +91,10 @@ pub fn install_recorder() -> Result<PrometheusHandle, String> {
         metrics::counter!(WAKEUPS, "source" => source).absolute(0);
     }
     metrics::counter!(LISTENER_RECONNECTS).absolute(0);
+    for cap in ["requests", "bytes"] {
+        metrics::counter!(CLAIMS_HELD, "cap" => cap).absolute(0);
+    }
+    metrics::gauge!(IN_FLIGHT_BYTES).set(0.0);
     metrics::gauge!(BACKLOG_LEADER).increment(0.0);
     Ok(handle)
 }

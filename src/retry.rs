@@ -11,8 +11,8 @@
 //! - **When**: exponential back-off from `--retry-initial-ms`, doubling per
 //!   attempt up to `--retry-max-ms`, with ±25% jitter so that a consumer
 //!   that comes back is not hit by every retry at once; a consumer's
-//!   `Retry-After` (seconds) is honoured within the same bounds
-//!   ([`RetryPolicy::retry_at`]). Warnings back off the same way, without
+//!   `Retry-After` (seconds) lengthens a delay, never shortens it, and is
+//!   capped by the same maximum ([`RetryPolicy::delay`]). Warnings back off the same way, without
 //!   jitter ([`RetryPolicy::backoff`]).
 //! - **Until when**: every delivery has a deadline, set when it is emitted
 //!   to `now() + watchpump.delivery_window()` (24 hours unless the database
@@ -68,16 +68,15 @@ impl RetryPolicy {
         Utc::now() + self.delay(attempt, retry_after)
     }
 
-    /// The consumer's `Retry-After` within the bounds, or the back-off with
-    /// jitter.
+    /// The back-off with jitter, lengthened (never shortened) by the
+    /// consumer's `Retry-After`, at most `max`. A consumer that answers
+    /// `Retry-After: 1` to every attempt therefore still backs off
+    /// exponentially: letting it replace the back-off retried each of
+    /// 10,000 deliveries every second for a day.
     pub fn delay(&self, attempt: i32, retry_after: Option<Duration>) -> Duration {
-        match retry_after {
-            Some(asked) => asked.clamp(self.initial, self.max),
-            None => {
-                let spread = rand::thread_rng().gen_range(1.0 - JITTER..=1.0 + JITTER);
-                self.backoff(attempt).mul_f64(spread).min(self.max)
-            }
-        }
+        let spread = rand::thread_rng().gen_range(1.0 - JITTER..=1.0 + JITTER);
+        let backoff = self.backoff(attempt).mul_f64(spread);
+        backoff.max(retry_after.unwrap_or_default()).min(self.max)
     }
 
     /// The back-off without jitter: `initial` doubled per attempt after
@@ -166,12 +165,15 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn retry_after_is_honoured_within_bounds() {
+    fn retry_after_lengthens_the_back_off_and_never_shortens_it() {
         let p = policy();
         let at = |at: DateTime<Utc>| (at - Utc::now()).num_milliseconds();
         assert!((29_000..=30_000).contains(&at(p.retry_at(1, Some(Duration::from_secs(30))))));
         assert!(at(p.retry_at(1, Some(Duration::from_secs(7200)))) <= 60_000);
-        assert!(at(p.retry_at(1, Some(Duration::from_secs(0)))) >= 900);
+        assert!(at(p.retry_at(1, Some(Duration::from_secs(0)))) >= 700);
+        // Attempt 6 backs off 32 s (+-25%); asking for 1 s does not shorten it.
+        let d = p.delay(6, Some(Duration::from_secs(1)));
+        assert!(d >= Duration::from_secs(24), "{d:?}");
         assert_eq!(parse_retry_after(" 30 "), Some(Duration::from_secs(30)));
         assert_eq!(parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT"), None);
     }

@@ -29,6 +29,7 @@ const FILES: &[SqlFile] = &[
     sql_file!("migrations", "0002_operator", false),
     sql_file!("migrations", "0003_service_lifecycle", false),
     sql_file!("migrations", "0004_storage_v2", false),
+    sql_file!("migrations", "0005_bounds", false),
     sql_file!("functions", "0050_registry", true),
     sql_file!("functions", "0100_emit", true),
     sql_file!("functions", "0200_pump", true),

@@ -7,7 +7,14 @@
 -- with `set jit = off`, because JIT compiles for milliseconds what runs in
 -- microseconds, and `set plan_cache_mode = force_generic_plan`, because the
 -- generic plans are right for every call (checked with EXPLAIN) and
--- planning each call again cost more than running it. This note is not
+-- planning each call again cost more than running it. The pump's
+-- functions (0200_pump.sql) also set `enable_seqscan = off` and
+-- `enable_mergejoin = off`: the queue's statistics are those of an empty
+-- table most of the time, and a generic plan made from them lives as long
+-- as the pump's connection, so a plan that scans a table (or a whole index,
+-- for a merge join) would be kept for the burst it is worst at. With those
+-- off, every lookup is an index lookup by key, whatever the statistics say
+-- (tests/bounds.rs checks it on a queue analyzed empty). This note is not
 -- repeated at each of them.
 
 -- How long deliveries are retried. Override per database with
@@ -21,22 +28,49 @@ $$;
 -- The object itself and each of its prefixes that ends in '/':
 -- 'acme/web/main' -> {acme/, acme/web/, acme/web/main}. A watch on any of
 -- them follows the object, and each is an index lookup on watches.object.
--- (PL/pgSQL rather than SQL: a SQL function that cannot be inlined is
--- parsed and planned again at every call, which cost emit() 0.2 ms.)
+-- Linear in the object's length: one split, then each prefix grows from
+-- the one before. emit() refuses objects over 1,024 bytes, the longest a
+-- watch may name, so no prefix is longer and there are at most 512 of them;
+-- the cap here holds for other callers too. (PL/pgSQL rather than SQL: a
+-- SQL function that cannot be inlined is parsed and planned again at every
+-- call, which cost emit() 0.2 ms.)
 create or replace function watchpump.object_prefixes(p_object text) returns text[]
 language plpgsql immutable strict parallel safe as $$
 declare
+    v_parts    text[] := string_to_array(left(p_object, 1025), '/');
     v_prefixes text[] := '{}';
-    v_at integer := 0;
-    v_next integer;
+    v_prefix   text := '';
 begin
-    loop
-        v_next := strpos(substr(p_object, v_at + 1), '/');
-        exit when v_next = 0 or v_at + v_next >= length(p_object);
-        v_at := v_at + v_next;
-        v_prefixes := v_prefixes || left(p_object, v_at);
+    -- Every part but the last closes a prefix (a trailing '/' leaves an
+    -- empty last part: the object is itself a prefix).
+    for i in 1 .. cardinality(v_parts) - 1 loop
+        v_prefix := v_prefix || v_parts[i] || '/';
+        exit when octet_length(v_prefix) > 1024 or octet_length(v_prefix) >= octet_length(p_object);
+        v_prefixes := v_prefixes || v_prefix;
     end loop;
     return v_prefixes || p_object;
+end
+$$;
+
+-- The largest payload emit() accepts, in bytes of its JSON text:
+--   alter database mydb set watchpump.max_payload_bytes = 4194304;
+-- 1 MiB unless set, and never above 16 MiB, the ceiling at which the
+-- pump's memory is measured (BENCHMARKS.md, "Bounds").
+create or replace function watchpump.max_payload_bytes() returns integer
+language plpgsql stable as $$
+declare
+    v_text text := nullif(current_setting('watchpump.max_payload_bytes', true), '');
+begin
+    if v_text is null then
+        return 1048576;
+    end if;
+    -- Checked by pattern, not by catching the cast's error: an exception
+    -- block would open a subtransaction in every emit().
+    if v_text !~ '^\s*[0-9]{1,12}\s*$' then
+        raise exception 'watchpump.max_payload_bytes is %, not a number of bytes', quote_literal(v_text)
+            using errcode = '22023';
+    end if;
+    return least(greatest(v_text::bigint, 1), 16777216);
 end
 $$;
 
@@ -71,12 +105,37 @@ declare
     v_sequence bigint;
     v_change   bigint;
     v_deadline timestamptz := now() + watchpump.delivery_window();
+    v_bytes    integer;
 begin
-    if p_object is null or p_object = '' then
-        raise exception 'watchpump.emit: object must not be empty' using errcode = '22023';
+    -- What one change may be (README, "Bounds"). Refusals carry a SQLSTATE
+    -- of their own (22023: not a valid object or kind; 54000: over a
+    -- limit), never an error of the storage underneath: an object and a
+    -- kind watchpump accepts always fit its indexes.
+    if p_object is null or p_object = '' or left(p_object, 1) = '/' or strpos(p_object, '//') > 0 then
+        raise exception 'watchpump.emit: the object % is not valid: it must be non-empty, not start with a slash and not contain two slashes in a row',
+            coalesce(quote_literal(left(p_object, 64)), 'null')
+            using errcode = '22023';
+    end if;
+    if octet_length(p_object) > 1024 then
+        raise exception 'watchpump.emit: the object is % bytes; the limit is 1024 (the longest object a watch may follow)',
+            octet_length(p_object) using errcode = '54000';
     end if;
     if p_kind is null or p_kind = '' then
         raise exception 'watchpump.emit: kind must not be empty' using errcode = '22023';
+    end if;
+    if octet_length(p_kind) > 128 then
+        raise exception 'watchpump.emit: the kind is % bytes; the limit is 128', octet_length(p_kind)
+            using errcode = '54000';
+    end if;
+    -- An SQL NULL payload is the empty object everywhere: stored, matched
+    -- against filters and sent.
+    p_payload := coalesce(p_payload, '{}');
+    v_bytes := octet_length(p_payload::text);
+    if v_bytes > watchpump.max_payload_bytes() then
+        raise exception 'watchpump.emit: the payload is % bytes of JSON; the limit is % (watchpump.max_payload_bytes)',
+            v_bytes, watchpump.max_payload_bytes()
+            using errcode = '54000',
+                  hint = 'send a reference to the data (a commit id, a URL) rather than the data itself';
     end if;
 
     -- The counter row stays locked until the caller commits: emitters to one
@@ -86,8 +145,8 @@ begin
     on conflict (object) do update set last_sequence = o.last_sequence + 1
     returning o.last_sequence into v_sequence;
 
-    insert into watchpump.changes (object, kind, sequence, payload)
-    values (p_object, p_kind, v_sequence, coalesce(p_payload, '{}'))
+    insert into watchpump.changes (object, kind, sequence, payload, payload_bytes)
+    values (p_object, p_kind, v_sequence, p_payload, v_bytes)
     returning id into v_change;
 
     -- One delivery per matching watch, into the queue. Older news of the

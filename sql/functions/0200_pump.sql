@@ -52,6 +52,8 @@ create or replace function watchpump.settle(
 language plpgsql
 set jit = off
 set plan_cache_mode = force_generic_plan
+set enable_seqscan = off
+set enable_mergejoin = off
 as $$
 begin
     return query
@@ -90,13 +92,17 @@ $$;
 -- The supersession rule, in one place: for each (watch, object) given, the
 -- newest queued delivery carries the object's news, and every older one
 -- not in flight is superseded by it (and never sent). Rows another
--- transaction holds are skipped, never waited for; the caller gets back
--- what it superseded.
-create or replace function watchpump.supersede_older(p_watch_ids bigint[], p_objects text[])
+-- transaction holds are skipped, never waited for; at most p_max rows are
+-- superseded per call, oldest first (what is left waits for the next call:
+-- a claim does not take the newest while older ones remain). The caller
+-- gets back what it superseded.
+create or replace function watchpump.supersede_older(p_watch_ids bigint[], p_objects text[], p_max integer)
 returns table (delivery_id bigint, service_id bigint, superseded_by bigint)
 language plpgsql
 set jit = off
 set plan_cache_mode = force_generic_plan
+set enable_seqscan = off
+set enable_mergejoin = off
 as $$
 declare
     v_ids    bigint[];
@@ -115,6 +121,8 @@ begin
         join watchpump.queue q
           on q.watch_id = s.watch_id and q.object = s.object and q.id < s.newest
         where not coalesce(q.lease_until > now(), false)
+        order by q.id
+        limit greatest(p_max, 0)
         for update of q skip locked
     )
     select coalesce(array_agg(o.id), '{}'), coalesce(array_agg(o.newest), '{}')
@@ -132,15 +140,25 @@ begin
 end
 $$;
 
--- Claim up to p_free due deliveries of each service (p_default_free for
--- services not listed), lease them, and return what the pump needs to send
--- them. A probing service (p_probe) gets its soonest pending delivery even
--- if that one's own retry is not due yet: the probe stands in for the whole
--- service's backlog. The lease fences a pump that died mid-send; a
--- delivery whose lease ran out is claimed again like any pending one
--- (expired_lease_of names the pump that lost it). The order rule (top of
--- this file) is decided here. The returned columns but service_id,
--- service_version and expired_lease_of are the message a consumer receives
+-- Claim due deliveries for this pump, lease them, and return what the pump
+-- needs to send them. Per service at most p_free of them (p_default_free
+-- for services not listed); a probing service (p_probe) gets its soonest
+-- pending delivery even if that one's own retry is not due yet: the probe
+-- stands in for the whole service's backlog.
+--
+-- Bounded whatever the backlog (README, "Bounds"): at most p_max_rows
+-- deliveries, taken round-robin across the services (each service's
+-- soonest due first), and at most p_max_bytes of payload, each change's
+-- payload counted once however many of its deliveries are claimed (the
+-- first change always goes, however large: a claim always makes progress).
+-- Each change's payload is returned once, on the first of its rows (its
+-- other rows carry null and the pump shares the text between them).
+--
+-- The lease fences a pump that died mid-send; a delivery whose lease ran
+-- out is claimed again like any pending one (expired_lease_of names the
+-- pump that lost it). The order rule (top of this file) is decided here.
+-- The returned columns but service_id, service_version and
+-- expired_lease_of are the message a consumer receives
 -- (src/delivery/mod.rs); message() below lists them for the panel: a field
 -- of the body is added to both.
 create or replace function watchpump.claim(
@@ -149,7 +167,9 @@ create or replace function watchpump.claim(
     p_free         integer[],
     p_probe        boolean[],
     p_default_free integer,
-    p_lease        interval
+    p_lease        interval,
+    p_max_rows     integer default 1000,
+    p_max_bytes    bigint default 67108864
 ) returns table (
     delivery_id      bigint,
     change_id        bigint,
@@ -163,12 +183,15 @@ create or replace function watchpump.claim(
     kind             text,
     sequence         bigint,
     occurred_at      timestamptz,
+    -- On the first row of each change only (see above).
     payload          text,
     expired_lease_of text
 )
 language plpgsql
 set jit = off
 set plan_cache_mode = force_generic_plan
+set enable_seqscan = off
+set enable_mergejoin = off
 as $$
 declare
     v_watch_ids    bigint[];
@@ -182,31 +205,41 @@ begin
         raise exception 'watchpump.claim must run at read committed, not %',
             current_setting('transaction_isolation') using errcode = '25000';
     end if;
+    if coalesce(p_max_rows, 0) < 1 then
+        return;
+    end if;
 
     -- 1. Due (or probed) deliveries per service, oldest due first, as many
-    --    as its free slots. This pump decides about each of their (watch,
-    --    object)s now if it gets its lock. (Whether one of them is in
-    --    flight is asked once, in step 2: asked here too it cost a heap
-    --    visit per row.)
+    --    as its free slots, and p_max_rows in all, taking each service's
+    --    first, then each one's second, and so on. This pump decides about
+    --    each of their (watch, object)s now if it gets its lock. (Whether
+    --    one of them is in flight is asked once, in step 2: asked here too
+    --    it cost a heap visit per row.)
     with scanned as materialized (
-        select distinct d.watch_id, d.object, coalesce(f.probe, false) as probe
+        select d.watch_id, d.object, d.probe, d.turn, d.next_attempt_at
         from watchpump.services s
         left join unnest(p_service_ids, p_free, p_probe) as f (id, free, probe) on f.id = s.id
         cross join lateral (
-            select q.watch_id, q.object
+            select q.watch_id, q.object, coalesce(f.probe, false) as probe, q.next_attempt_at,
+                   row_number() over (order by q.next_attempt_at) as turn
             from watchpump.queue q
             where q.service_id = s.id
               and (coalesce(f.probe, false) or q.next_attempt_at <= now())
               and not coalesce(q.lease_until > now(), false)
             order by q.next_attempt_at
-            limit greatest(coalesce(f.free, p_default_free), 0)
+            limit least(greatest(coalesce(f.free, p_default_free), 0), p_max_rows)
         ) d
         where s.removed_at is null
+        order by d.turn, d.next_attempt_at
+        limit p_max_rows
+    ),
+    streams as (
+        select distinct k.watch_id, k.object, k.probe from scanned k
     )
     select coalesce(array_agg(k.watch_id), '{}'), coalesce(array_agg(k.object), '{}'),
            coalesce(array_agg(k.probe), '{}')
     into v_watch_ids, v_objects, v_probes
-    from scanned k
+    from streams k
     where watchpump.stream_lock(k.watch_id, k.object);
     if cardinality(v_watch_ids) = 0 then
         return;
@@ -237,7 +270,7 @@ begin
     ),
     locked as (
         select q.id from watchpump.queue q
-        where q.id in (select n.id from newest n) and not coalesce(q.lease_until > now(), false)
+        where q.id = any (array(select n.id from newest n)) and not coalesce(q.lease_until > now(), false)
         for update skip locked
     )
     select coalesce(array_agg(n.id), '{}'), coalesce(array_agg(n.id) filter (where n.has_older), '{}')
@@ -247,13 +280,14 @@ begin
 
     -- 3. Every older delivery of those (watch, object)s (stale news, left
     --    behind while a pump was behind or its consumer down) is superseded
-    --    in this same transaction; where one is held by someone else, the
-    --    (watch, object) waits for the next claim.
+    --    in this same transaction, p_max_rows at most; where one is held by
+    --    someone else or left for the next claim, the (watch, object)
+    --    waits for that claim.
     if cardinality(v_older) > 0 then
         select coalesce(array_agg(q.watch_id), '{}'), coalesce(array_agg(q.object), '{}')
         into v_watch_ids, v_objects
         from watchpump.queue q where q.id = any (v_older);
-        perform from watchpump.supersede_older(v_watch_ids, v_objects);
+        perform from watchpump.supersede_older(v_watch_ids, v_objects, p_max_rows);
         v_ids := array(
             select c.id from watchpump.queue c
             where c.id = any (v_ids)
@@ -266,7 +300,30 @@ begin
         return;
     end if;
 
-    -- 4. The lease: a HOT update (no indexed column changes).
+    -- 4. The payload bytes: whole changes, oldest first, while the bytes
+    --    before each stay under p_max_bytes (so the first always goes).
+    --    A delivery left out stays pending; its older news, if any, was
+    --    superseded by it above, which the order rule allows.
+    v_ids := array(
+        with per_change as (
+            select q.change_id, min(q.id) as first_id, array_agg(q.id) as ids
+            from watchpump.queue q
+            where q.id = any (v_ids)
+            group by q.change_id
+        ),
+        weighed as (
+            select p.ids,
+                   coalesce(sum(ch.payload_bytes) over (order by p.first_id
+                            rows between unbounded preceding and 1 preceding), 0) as bytes_before
+            from per_change p
+            cross join lateral (
+                select c.payload_bytes from watchpump.changes c where c.id = p.change_id offset 0
+            ) ch
+        )
+        select unnest(w.ids) from weighed w where w.bytes_before < greatest(p_max_bytes, 1)
+    );
+
+    -- 5. The lease: a HOT update (no indexed column changes).
     return query
     with before as materialized (
         select q.id, q.leased_by from watchpump.queue q where q.id = any (v_ids)
@@ -274,16 +331,30 @@ begin
     claimed as (
         update watchpump.queue q
         set attempts = q.attempts + 1, lease_until = clock_timestamp() + p_lease, leased_by = p_pump
-        from before b
-        where q.id = b.id
-        returning q.id, q.change_id, q.watch_id, q.service_id, q.attempts, b.leased_by as expired
+        where q.id = any (v_ids)
+        returning q.id, q.change_id, q.watch_id, q.service_id, q.attempts
+    ),
+    ordered as materialized (
+        select c.*, b.leased_by as expired,
+               row_number() over (partition by c.change_id order by c.id) = 1 as first_of_change
+        from claimed c
+        join before b on b.id = c.id
     )
     select c.id, c.change_id, c.watch_id, c.service_id, s.version, c.attempts,
-           w.resource, ch.object, ch.kind, ch.sequence, ch.occurred_at, ch.payload::text, c.expired
-    from claimed c
-    join watchpump.changes ch on ch.id = c.change_id
-    join watchpump.watches w on w.id = c.watch_id
-    join watchpump.services s on s.id = c.service_id;
+           w.resource, ch.object, ch.kind, ch.sequence, ch.occurred_at,
+           case when c.first_of_change then ch.payload::text end, c.expired
+    from ordered c
+    cross join lateral (
+        select x.object, x.kind, x.sequence, x.occurred_at, x.payload
+        from watchpump.changes x where x.id = c.change_id offset 0
+    ) ch
+    cross join lateral (
+        select x.resource from watchpump.watches x where x.id = c.watch_id offset 0
+    ) w
+    cross join lateral (
+        select x.version from watchpump.services x where x.id = c.service_id offset 0
+    ) s
+    order by c.change_id, c.id;
 
     delete from watchpump.sleepers where pump = p_pump;
 end
@@ -353,6 +424,8 @@ create or replace function watchpump.complete(
 language plpgsql
 set jit = off
 set plan_cache_mode = force_generic_plan
+set enable_seqscan = off
+set enable_mergejoin = off
 as $$
 declare
     v_settle     bigint[];
@@ -432,7 +505,7 @@ begin
         -- Newer news waiting supersedes a retry; past the deadline it fails.
         return query
         select s.delivery_id, s.service_id, 'superseded'::text
-        from watchpump.supersede_older(v_watch_ids, v_objects) s;
+        from watchpump.supersede_older(v_watch_ids, v_objects, 1000) s;
         select coalesce(array_agg(q.id), '{}'),
                coalesce(array_agg('deadline passed; last error: ' || coalesce(q.last_error, 'none')), '{}')
         into v_failed, v_errors_f
@@ -458,12 +531,17 @@ begin
 end
 $$;
 
--- Appends one row per attempt that did not deliver (the delivering one is
--- kept on the settled row, settle()); a failed attempt that repeats the
--- delivery's previous attempt row (same status, same error) folds into it
--- instead: repeats + 1, last_started_at, the newest duration. A consumer
--- that is down for a day then costs a delivery a few rows, not one per
--- probe.
+-- Appends one row per run of failed attempts of a delivery (the delivering
+-- attempt is kept on the settled row, settle()). A failed attempt that
+-- follows the delivery's previous one (attempt numbers in a row) folds into
+-- that run's row whatever it answered: repeats + 1, the newest answer
+-- (status, error, head, duration, last_started_at, pump), and its count in
+-- statuses; first_status and first_error keep how the run began. A consumer
+-- that is down for a day, or answers a different 4xx each time, costs a
+-- delivery one row, not one per attempt. A run breaks only when attempts
+-- went unrecorded (a pump died mid-send), and a delivery keeps at most
+-- MAX_ATTEMPT_ROWS = 20 rows: past that, every failure folds into its
+-- newest row.
 create or replace function watchpump.record_attempts(
     p_pump       text,
     p_ids        bigint[],
@@ -478,10 +556,13 @@ create or replace function watchpump.record_attempts(
 language plpgsql
 set jit = off
 set plan_cache_mode = force_generic_plan
+set enable_seqscan = off
+set enable_mergejoin = off
 as $$
 begin
     with reported as materialized (
-        select o.id, o.attempt, o.outcome, o.status, o.error, o.started, o.duration, o.head
+        select o.id, o.attempt, o.outcome, o.status, o.error, o.started, o.duration, o.head,
+               coalesce(o.status::text, 'no answer') as answer
         from unnest(p_ids, p_attempts, p_outcomes, p_statuses, p_errors, p_started, p_durations, p_heads)
              as o (id, attempt, outcome, status, error, started, duration, head)
         -- The delivering attempt goes on the settled row, unless this pump
@@ -491,30 +572,33 @@ begin
                           where q.id = o.id and q.leased_by = p_pump and q.attempts = o.attempt)
     ),
     previous as (
-        select r.id as delivery_id, r.started, r.duration, r.head, a.id
+        select r.id as delivery_id, r.status, r.error, r.started, r.duration, r.head, r.answer, a.id
         from reported r
         cross join lateral (
-            select a.id, a.status, a.error
+            select a.id, a.attempt, a.repeats
             from watchpump.attempt_log a
             where a.delivery_id = r.id
             order by a.attempt desc, a.id desc
             limit 1
         ) a
         where r.outcome = 'retry'
-          and a.status is not distinct from r.status
-          and a.error is not distinct from r.error
+          and (a.attempt + a.repeats = r.attempt
+               or (select count(*) from watchpump.attempt_log c where c.delivery_id = r.id) >= 20)
     ),
     folded as (
         update watchpump.attempt_log a
         set repeats = a.repeats + 1, last_started_at = p.started, duration_ms = p.duration,
-            response_head = p.head, pump = p_pump
+            status = p.status, error = p.error, response_head = p.head, pump = p_pump,
+            statuses = coalesce(a.statuses, '{}')
+                       || jsonb_build_object(p.answer, coalesce((a.statuses ->> p.answer)::integer, 0) + 1)
         from previous p
         where a.id = p.id
         returning a.delivery_id
     )
     insert into watchpump.attempt_log (delivery_id, attempt, started_at, duration_ms, status, error,
-                                       response_head, pump)
-    select r.id, r.attempt, r.started, r.duration, r.status, r.error, r.head, p_pump
+                                       response_head, pump, first_status, first_error, statuses)
+    select r.id, r.attempt, r.started, r.duration, r.status, r.error, r.head, p_pump, r.status, r.error,
+           jsonb_build_object(r.answer, 1)
     from reported r
     where r.id not in (select f.delivery_id from folded f);
 end
@@ -526,6 +610,8 @@ create or replace function watchpump.release_backlog(p_service_id bigint) return
 language plpgsql
 set jit = off
 set plan_cache_mode = force_generic_plan
+set enable_seqscan = off
+set enable_mergejoin = off
 as $$
 declare
     v_count integer;

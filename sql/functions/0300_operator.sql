@@ -29,14 +29,19 @@ from watchpump.settled s;
 
 -- Every attempt to send a delivery, as the table of that name held them
 -- before 0004_storage_v2.sql: the log of attempts that did not deliver, and
--- the delivering attempt kept on its settled row.
+-- the delivering attempt kept on its settled row. A row of the log stands
+-- for `repeats` attempts in a row (attempt .. attempt + repeats - 1):
+-- status and error are the last one's, first_status and first_error the
+-- first one's, statuses counts the answers ({"503": 4, "no answer": 2}).
 create or replace view watchpump.attempts as
 select a.id, a.delivery_id, a.attempt, a.started_at, a.duration_ms, a.status, a.error,
-       a.response_head, a.pump, a.repeats, a.last_started_at
+       a.response_head, a.pump, a.repeats, a.last_started_at, a.first_status, a.first_error,
+       a.statuses
 from watchpump.attempt_log a
 union all
 select null::bigint, s.id, s.attempts, s.last_started_at, s.last_duration_ms, s.last_status, null::text,
-       s.last_response_head, s.last_pump, 1, null::timestamptz
+       s.last_response_head, s.last_pump, 1, null::timestamptz, s.last_status, null::text,
+       jsonb_build_object(s.last_status::text, 1)
 from watchpump.settled s
 where s.last_pump is not null;
 
@@ -165,7 +170,12 @@ select a.delivery_id, a.started_at, 1,
        coalesce(a.error, 'HTTP ' || a.status)
        || format(' after %s ms, by pump %s', round(a.duration_ms::numeric, 1), a.pump)
        || case when a.repeats > 1
-               then format(' (the same %s times, the last at %s UTC)', a.repeats,
+               then format(' (%s attempts: %s; the last at %s UTC)', a.repeats,
+                           (select string_agg(case when e.key ~ '^[0-9]+$' then 'HTTP ' || e.key
+                                                   else e.key end || ' x' || e.value,
+                                              ', ' order by e.value::integer desc, e.key)
+                            from jsonb_each_text(coalesce(a.statuses,
+                                                          jsonb_build_object('?', a.repeats))) e),
                            to_char(a.last_started_at at time zone 'UTC', 'YYYY-MM-DD HH24:MI:SS'))
                else '' end
 from watchpump.attempts a

@@ -5,7 +5,9 @@
 //! - [`Message`]: the delivery's content as the database hands it out, to
 //!   the pump (inside [`Claimed`], what `watchpump.claim()` returns) and to
 //!   the panel (`watchpump.message()`).
-//! - [`Body`]: the JSON a consumer receives, built from a [`Message`].
+//! - [`Body`]: the JSON a consumer receives, built from a [`Message`];
+//!   sent in parts ([`BodyParts`]) so that a change's deliveries share one
+//!   copy of its [`Payload`].
 //! - [`request`]: where it goes, its headers with their signatures, and the
 //!   request as an operator reads it.
 //! - [`outcome`]: what an attempt came to ([`outcome::AttemptResult`]).
@@ -21,17 +23,18 @@
 //! 3. Consumers: the kit's `Delivery` (`src/kit/delivery.rs`) ignores
 //!    fields it does not know; add it there for them to read it.
 
+pub mod payload;
 pub mod request;
 pub mod state;
 
 #[cfg(feature = "producer")]
 pub mod outcome;
 
+pub use payload::Payload;
 pub use state::State;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use serde_json::value::RawValue;
 
 /// A delivery's content: everything its body carries but the producer's
 /// name. Read by column name, from `watchpump.claim()` (the pump) and
@@ -50,23 +53,65 @@ pub struct Message {
     pub sequence: i64,
     pub occurred_at: DateTime<Utc>,
     /// The change's payload as PostgreSQL prints jsonb: the body embeds
-    /// exactly this text.
-    pub payload: String,
+    /// exactly this text, shared by the change's deliveries.
+    #[cfg_attr(feature = "kit", sqlx(try_from = "String"))]
+    pub payload: Payload,
 }
 
 impl Message {
     /// The exact bytes sent, and signed, as `producer`'s delivery.
     pub fn body(&self, producer: &str) -> Vec<u8> {
-        Body::new(self, producer).to_bytes()
+        self.body_parts(producer).concat()
+    }
+
+    /// The body as sent: the JSON up to the payload, the payload itself
+    /// (shared, not copied), and the closing brace.
+    pub fn body_parts(&self, producer: &str) -> BodyParts {
+        BodyParts {
+            head: Body::new(self, producer).head(),
+            payload: self.payload.clone(),
+        }
+    }
+}
+
+/// A delivery's body in the three parts it is signed and sent in; their
+/// concatenation is the body.
+#[derive(Debug, Clone)]
+pub struct BodyParts {
+    /// Every field of [`Body`] before the payload, and `"payload":`.
+    pub head: Vec<u8>,
+    pub payload: Payload,
+}
+
+impl BodyParts {
+    /// What closes the body after the payload.
+    pub const TAIL: &'static [u8] = b"}";
+
+    /// The parts, in order.
+    pub fn slices(&self) -> [&[u8]; 3] {
+        [&self.head, self.payload.as_bytes(), Self::TAIL]
+    }
+
+    pub fn len(&self) -> usize {
+        self.head.len() + self.payload.len() + Self::TAIL.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// The whole body in one buffer (for the panel and tests; the pump
+    /// sends the parts).
+    pub fn concat(&self) -> Vec<u8> {
+        self.slices().concat()
     }
 }
 
 /// A delivery this pump holds a lease on: its [`Message`] and what the pump
 /// needs besides to send it.
 #[cfg(feature = "producer")]
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone)]
 pub struct Claimed {
-    #[sqlx(flatten)]
     pub message: Message,
     pub service_id: i64,
     /// The service's version: its URL and keys are cached by it.
@@ -76,7 +121,9 @@ pub struct Claimed {
     pub expired_lease_of: Option<String>,
 }
 
-/// The body every consumer receives.
+/// The body every consumer receives, but its payload: [`Body::head`]
+/// serialises these fields in this order, and the payload follows as the
+/// last field (`"payload":` and the change's JSON text, [`BodyParts`]).
 #[derive(Debug, Serialize)]
 pub struct Body<'a> {
     pub delivery_id: i64,
@@ -89,8 +136,6 @@ pub struct Body<'a> {
     pub sequence: i64,
     pub occurred_at: &'a DateTime<Utc>,
     pub attempt: i32,
-    /// The change's payload, embedded as PostgreSQL printed it.
-    pub payload: Box<RawValue>,
 }
 
 impl<'a> Body<'a> {
@@ -106,32 +151,22 @@ impl<'a> Body<'a> {
             sequence: m.sequence,
             occurred_at: &m.occurred_at,
             attempt: m.attempt,
-            payload: payload(&m.payload),
         }
     }
 
-    /// The exact bytes sent, and signed.
-    pub fn to_bytes(&self) -> Vec<u8> {
-        serde_json::to_vec(self).expect("a delivery body always serialises")
+    /// The body's bytes up to its payload: the fields above as a JSON
+    /// object, left open, and `,"payload":`.
+    pub fn head(&self) -> Vec<u8> {
+        let mut head = serde_json::to_vec(self).expect("a delivery body always serialises");
+        head.pop(); // the closing brace
+        head.extend_from_slice(b",\"payload\":");
+        head
     }
-}
-
-/// A change's payload as stored (jsonb text), embedded unparsed; anything
-/// that is not JSON (which jsonb cannot hold) becomes `null`.
-pub fn payload(text: &str) -> Box<RawValue> {
-    RawValue::from_string(text.to_owned())
-        .unwrap_or_else(|_| RawValue::from_string("null".to_owned()).expect("null is JSON"))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_payload_that_is_not_json_is_sent_as_null() {
-        assert_eq!(payload("{\"a\": 1}").get(), "{\"a\": 1}");
-        assert_eq!(payload("not json").get(), "null");
-    }
 
     #[test]
     fn the_body_keeps_its_field_order_and_embeds_the_payload_as_stored() {
@@ -145,7 +180,7 @@ mod tests {
             kind: "push".into(),
             sequence: 4,
             occurred_at: DateTime::from_timestamp(1_700_000_000, 0).unwrap(),
-            payload: "{\"b\": 1, \"a\": 2}".into(),
+            payload: Payload::new("{\"b\": 1, \"a\": 2}".into()),
         };
         assert_eq!(
             String::from_utf8(m.body("git")).unwrap(),

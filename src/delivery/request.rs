@@ -36,18 +36,19 @@ impl Target {
 
 /// The headers of one attempt, in the order they are sent: the producer's
 /// token (ADR 0021), the content type, watchpump's own delivery and attempt
-/// numbers, and the three Standard Webhooks headers signing `body` with each
-/// of `secrets` (two while a secret rotates).
+/// numbers, and the three Standard Webhooks headers signing the body (the
+/// concatenation of `body`'s parts) with each of `secrets` (two while a
+/// secret rotates).
 pub fn headers(
     authorization: &str,
     delivery_id: i64,
     attempt: i32,
     timestamp: i64,
-    body: &[u8],
+    body: &[&[u8]],
     secrets: &[&SigningSecret],
 ) -> [(&'static str, String); 7] {
     let id = delivery_id.to_string();
-    let signature = signing::sign(secrets, &id, timestamp, body);
+    let signature = signing::sign_parts(secrets, &id, timestamp, body);
     [
         ("authorization", authorization.to_string()),
         ("content-type", "application/json".to_string()),
@@ -92,7 +93,14 @@ mod tests {
     fn the_signature_covers_the_exact_body_and_verifies() {
         let secret = SigningSecret::generate();
         let body = br#"{"delivery_id":7}"#;
-        let headers = headers("Bearer t", 7, 1, 1_700_000_000, body, &[&secret]);
+        let headers = headers(
+            "Bearer t",
+            7,
+            1,
+            1_700_000_000,
+            &[&body[..5], &body[5..]],
+            &[&secret],
+        );
         let get = |name: &str| headers.iter().find(|(n, _)| *n == name).unwrap().1.clone();
         assert_eq!(get("webhook-id"), "7");
         assert!(signing::verify(

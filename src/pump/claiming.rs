@@ -4,6 +4,7 @@
 //! NOTIFY, its sweep, a retry or probe time, or a freed slot.
 
 use std::future::Future;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -105,6 +106,37 @@ pub(super) async fn claim_loop(
     }
 }
 
+/// Most deliveries one claim takes, whatever the free slots: bounds the
+/// claim's statement (its rows, its locks, the result the pump reads) and
+/// matches the largest batch written back at once (`COMPLETE_BATCH`).
+pub(super) const MAX_CLAIM_ROWS: u32 = 1000;
+
+/// What the global caps (`WATCHPUMP_MAX_IN_FLIGHT`,
+/// `WATCHPUMP_MAX_IN_FLIGHT_BYTES`) leave for the next claim, or which cap
+/// leaves nothing. With nothing in flight the whole byte budget is offered,
+/// and a claim always takes its first change whatever its size, so payload
+/// bytes in flight stay under the cap plus one payload (at most
+/// `watchpump.max_payload_bytes()`'s 16 MiB ceiling), and a large payload
+/// still goes, one change at a time.
+fn claim_limits(
+    cfg: &crate::config::PumpConfig,
+    in_flight: u32,
+    in_flight_bytes: u64,
+) -> std::result::Result<store::ClaimLimits, &'static str> {
+    let rows = cfg.max_in_flight.saturating_sub(in_flight).min(MAX_CLAIM_ROWS);
+    if rows == 0 {
+        return Err("requests");
+    }
+    let bytes = cfg.max_in_flight_bytes.saturating_sub(in_flight_bytes);
+    if bytes == 0 {
+        return Err("bytes");
+    }
+    Ok(store::ClaimLimits {
+        rows: rows as i32,
+        bytes: bytes.min(i64::MAX as u64) as i64,
+    })
+}
+
 /// Sleeps until `at`; with no time, never wakes.
 async fn sleep_until(at: Option<Instant>) {
     match at {
@@ -123,11 +155,33 @@ async fn register_asleep(shared: &Shared) -> bool {
     }
 }
 
-/// One claim with the current per-service limits.
+/// One claim with the current per-service limits and what the global caps
+/// leave; none at all when they leave nothing (a finished send wakes the
+/// loop).
 pub(super) async fn claim(shared: &Shared) -> Result<Vec<Claimed>> {
     let now = Instant::now();
-    let slots = shared.health.lock().unwrap().slots(now);
-    let claimed = store::claim(&shared.pool, &shared.name, &slots, shared.cfg.lease()).await?;
+    let (slots, in_flight) = {
+        let health = shared.health.lock().unwrap();
+        (health.slots(now), health.total_in_flight())
+    };
+    let bytes = shared.in_flight_bytes.load(Ordering::Relaxed);
+    metrics::gauge!(m::IN_FLIGHT_BYTES).set(bytes as f64);
+    let limits = match claim_limits(&shared.cfg, in_flight, bytes) {
+        Ok(limits) => limits,
+        Err(cap) => {
+            metrics::counter!(m::CLAIMS_HELD, "cap" => cap).increment(1);
+            return Ok(Vec::new());
+        }
+    };
+    let claimed = store::claim(
+        &shared.pool,
+        &shared.name,
+        &slots,
+        shared.cfg.lease(),
+        limits,
+        &shared.in_flight_bytes,
+    )
+    .await?;
     // A probe that found nothing to send waits its pause like any other.
     let mut health = shared.health.lock().unwrap();
     for (i, id) in slots.service_ids.iter().enumerate() {
@@ -296,5 +350,18 @@ mod tests {
         assert!(seen >= 500.0, "busy: {seen}");
         // Quiet for two seconds: a trickle again.
         assert!(rate.add(1, busy + Duration::from_secs(2)) < 500.0);
+    }
+
+    #[test]
+    fn the_global_caps_bound_each_claim() {
+        let mut cfg = crate::config::PumpConfig::new("git", "t");
+        cfg.max_in_flight = 512;
+        cfg.max_in_flight_bytes = 1000;
+        let limits = claim_limits(&cfg, 500, 0).unwrap();
+        assert_eq!((limits.rows, limits.bytes), (12, 1000));
+        assert_eq!(claim_limits(&cfg, 0, 0).unwrap().rows, 512);
+        assert_eq!(claim_limits(&cfg, 512, 0).unwrap_err(), "requests");
+        assert_eq!(claim_limits(&cfg, 1, 1000).unwrap_err(), "bytes");
+        assert_eq!(claim_limits(&cfg, 1, 400).unwrap().bytes, 600);
     }
 }

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::delivery::outcome::{AttemptResult, Failure};
+use crate::delivery::outcome::AttemptResult;
 use crate::retry::RetryPolicy;
 
 /// Per-service claim limits, in the shape `watchpump.claim()` takes them.
@@ -34,16 +34,17 @@ pub enum Answer {
 }
 
 impl Answer {
-    /// What an attempt says about its consumer's health: a server error,
-    /// a timeout, a refused connection or 429 count against it; any other
-    /// answer means it is up (a 4xx is about this delivery, not the service).
+    /// What an attempt says about its consumer's health: only a 2xx or a
+    /// 410 means it takes deliveries. Every other answer (a 4xx included),
+    /// a timeout or a refused connection counts against it, so that a
+    /// service that refuses everything is probed one delivery at a time
+    /// like one that is down, instead of being sent its whole backlog on
+    /// every retry. One 4xx among 2xx answers changes nothing: the count
+    /// is of failures in a row.
     pub fn of(result: &AttemptResult) -> Answer {
         match result {
-            AttemptResult::Retry {
-                failure: Failure::Status(500..=599 | 429) | Failure::Timeout | Failure::Connect,
-                ..
-            } => Answer::Failed,
-            _ => Answer::Answered,
+            AttemptResult::Retry { .. } => Answer::Failed,
+            AttemptResult::Delivered { .. } | AttemptResult::Gone => Answer::Answered,
         }
     }
 }

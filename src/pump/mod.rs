@@ -22,6 +22,7 @@ pub mod wakeup;
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -54,6 +55,10 @@ struct Shared {
     /// Each service's URL, name and signing keys, as of the version claim()
     /// reported.
     destinations: Mutex<HashMap<i64, Arc<Target>>>,
+    /// Payload bytes held by deliveries in flight, each change's once
+    /// ([`crate::delivery::Payload::metered`]); capped by
+    /// `WATCHPUMP_MAX_IN_FLIGHT_BYTES`.
+    in_flight_bytes: Arc<AtomicU64>,
 }
 
 impl Pump {
@@ -77,6 +82,7 @@ impl Pump {
             signals: Arc::new(Signals::default()),
             retries: Mutex::new(Wakeups::default()),
             destinations: Mutex::new(HashMap::new()),
+            in_flight_bytes: Arc::new(AtomicU64::new(0)),
             cfg,
         };
         Ok(Pump {

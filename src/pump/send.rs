@@ -3,15 +3,19 @@
 //! read its answer into an [`AttemptResult`] with a retry time
 //! ([`crate::retry`]).
 
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
+use bytes::Bytes;
 use chrono::{DateTime, Utc};
+use hyper::body::{Frame, SizeHint};
 
 use crate::config::PumpConfig;
 use crate::delivery::outcome::{AttemptResult, Failure, Finished};
 use crate::delivery::request::{self, Target};
-use crate::delivery::Claimed;
+use crate::delivery::{BodyParts, Claimed};
 use crate::retry::{self, RetryPolicy};
 
 /// How many bytes of a consumer's answer are kept with the attempt.
@@ -105,23 +109,25 @@ impl Sender {
         }
     }
 
-    /// The request as it goes out: the body and its signed headers.
+    /// The request as it goes out: the body and its signed headers. The
+    /// body is sent in its parts, the payload's shared with the change's
+    /// other deliveries ([`crate::delivery::payload`]).
     fn prepare(&self, c: &Claimed, target: &Target, now: DateTime<Utc>) -> reqwest::RequestBuilder {
         let m = &c.message;
-        let body = m.body(&self.producer);
+        let body = m.body_parts(&self.producer);
         let headers = request::headers(
             &self.authorization,
             m.delivery_id,
             m.attempt,
             now.timestamp(),
-            &body,
+            &body.slices(),
             &target.destination.signing_at(now),
         );
         let mut request = self.client.post(target.url.clone());
         for (name, value) in headers {
             request = request.header(name, value);
         }
-        request.body(body)
+        request.body(reqwest::Body::wrap(PartsBody::new(body)))
     }
 
     /// Sends `request` and reads the consumer's answer.
@@ -149,6 +155,45 @@ impl Sender {
             retry_after,
             head: storable_text(&head, &[token]),
         })
+    }
+}
+
+/// A body sent as its parts (head, shared payload, tail), each a frame,
+/// with its exact length known (so it goes with a `Content-Length`).
+struct PartsBody {
+    frames: std::collections::VecDeque<Bytes>,
+}
+
+impl PartsBody {
+    fn new(body: BodyParts) -> PartsBody {
+        let frames = [
+            Bytes::from(body.head),
+            body.payload.bytes(),
+            Bytes::from_static(BodyParts::TAIL),
+        ];
+        PartsBody {
+            frames: frames.into_iter().filter(|f| !f.is_empty()).collect(),
+        }
+    }
+}
+
+impl hyper::body::Body for PartsBody {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        Poll::Ready(self.get_mut().frames.pop_front().map(|f| Ok(Frame::data(f))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.frames.is_empty()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.frames.iter().map(|f| f.len() as u64).sum())
     }
 }
 

@@ -1,10 +1,14 @@
 //! The pump's database calls: each is one round trip to a function in
 //! `sql/functions/0200_pump.sql`, which holds the logic a DBA may read.
 
+use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
 use sqlx::PgPool;
 
 use crate::delivery::outcome::Finished;
-use crate::delivery::{Claimed, State};
+use crate::delivery::{Claimed, Message, Payload, State};
 use crate::error::Result;
 use crate::pump::health::Slots;
 
@@ -26,23 +30,96 @@ pub struct Swept {
     pub failed: i32,
 }
 
+/// What one claim may take besides each service's slots: deliveries in
+/// all, and payload bytes (each change's counted once; the first change
+/// goes whatever its size).
+#[derive(Debug, Clone, Copy)]
+pub struct ClaimLimits {
+    pub rows: i32,
+    pub bytes: i64,
+}
+
+/// A row of `watchpump.claim()`: the payload is on the first row of each
+/// change only.
+#[derive(sqlx::FromRow)]
+struct ClaimRow {
+    delivery_id: i64,
+    change_id: i64,
+    watch_id: i64,
+    service_id: i64,
+    service_version: i32,
+    attempt: i32,
+    resource: String,
+    object: String,
+    kind: String,
+    sequence: i64,
+    occurred_at: chrono::DateTime<chrono::Utc>,
+    payload: Option<String>,
+    expired_lease_of: Option<String>,
+}
+
+/// Claims and leases due deliveries; each change's payload is read once
+/// and shared by its deliveries, counted in `in_flight_bytes` while they
+/// hold it.
 pub async fn claim(
     pool: &PgPool,
     pump: &str,
     slots: &Slots,
     lease: std::time::Duration,
+    limits: ClaimLimits,
+    in_flight_bytes: &Arc<AtomicU64>,
 ) -> Result<Vec<Claimed>> {
-    Ok(
-        sqlx::query_as("select * from watchpump.claim($1, $2, $3, $4, $5, $6)")
+    let rows: Vec<ClaimRow> =
+        sqlx::query_as("select * from watchpump.claim($1, $2, $3, $4, $5, $6, $7, $8)")
             .bind(pump)
             .bind(&slots.service_ids)
             .bind(&slots.free)
             .bind(&slots.probe)
             .bind(slots.default_free)
             .bind(interval(lease))
+            .bind(limits.rows)
+            .bind(limits.bytes)
             .fetch_all(pool)
-            .await?,
-    )
+            .await?;
+    let mut payloads: HashMap<i64, Payload> = HashMap::new();
+    Ok(rows
+        .into_iter()
+        .filter_map(|r| {
+            let payload = match r.payload {
+                Some(text) => {
+                    let payload = Payload::metered(text, in_flight_bytes);
+                    payloads.insert(r.change_id, payload.clone());
+                    payload
+                }
+                // claim() orders each change's rows after its first.
+                None => match payloads.get(&r.change_id) {
+                    Some(payload) => payload.clone(),
+                    None => {
+                        tracing::error!(delivery_id = r.delivery_id, change_id = r.change_id,
+                            "claimed without its payload; it goes again when its lease runs out");
+                        return None;
+                    }
+                },
+            };
+            Some(Claimed {
+                message: Message {
+                    delivery_id: r.delivery_id,
+                    change_id: r.change_id,
+                    watch_id: r.watch_id,
+                    attempt: r.attempt,
+                    resource: r.resource,
+                    object: r.object,
+                    kind: r.kind,
+                    sequence: r.sequence,
+                    occurred_at: r.occurred_at,
+                    payload,
+                },
+                service_id: r.service_id,
+                service_version: r.service_version,
+                expired_lease_of: r.expired_lease_of,
+            })
+        })
+        .collect())
 }
 
 /// Records every finished attempt and returns where each delivery now stands,

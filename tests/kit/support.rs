@@ -198,7 +198,7 @@ pub fn signed(
         id,
         1,
         timestamp,
-        body,
+        &[body],
         &[secret],
     )
     .into_iter()
