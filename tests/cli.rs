@@ -577,9 +577,7 @@ async fn emit_reads_a_large_payload_from_stdin_or_a_file_and_refuses_nul() {
     db.add_watch(service.id, "app", "acme/", all()).await;
     // 880 KB: past what one argument may hold on Linux (128 KiB), within
     // emit()'s default payload limit (1 MiB).
-    let paths: Vec<String> = (0..40_000)
-        .map(|i| format!("src/file-{i:06}.rs"))
-        .collect();
+    let paths: Vec<String> = (0..40_000).map(|i| format!("src/file-{i:06}.rs")).collect();
     let big = json!({"paths": paths}).to_string();
     assert!(big.len() > 800_000 && big.len() < 1_048_576);
     let mut child = watchpump_cli(Some(&db.url))

@@ -11,9 +11,13 @@ use watchpump::pump::Pump;
 
 const OBJECT: &str = "acme/web/refs/heads/main";
 
-/// A pump that is never run, only stepped.
+/// A pump that is never run, only stepped; its retries are far enough
+/// ahead that only `make_retries_due` brings them, however slow a step.
 fn stepped_pump(db: &TestDb) -> Pump {
-    Pump::new(db.pool.clone(), pump_config()).expect("valid pump config")
+    let mut cfg = pump_config();
+    cfg.retry_initial_ms = 60_000;
+    cfg.retry_max_ms = 120_000;
+    Pump::new(db.pool.clone(), cfg).expect("valid pump config")
 }
 
 /// Makes every queued delivery due now, as time passing would.

@@ -123,7 +123,10 @@ fn claim_limits(
     in_flight: u32,
     in_flight_bytes: u64,
 ) -> std::result::Result<store::ClaimLimits, &'static str> {
-    let rows = cfg.max_in_flight.saturating_sub(in_flight).min(MAX_CLAIM_ROWS);
+    let rows = cfg
+        .max_in_flight
+        .saturating_sub(in_flight)
+        .min(MAX_CLAIM_ROWS);
     if rows == 0 {
         return Err("requests");
     }

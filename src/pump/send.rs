@@ -185,7 +185,12 @@ impl hyper::body::Body for PartsBody {
         self: Pin<&mut Self>,
         _: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        Poll::Ready(self.get_mut().frames.pop_front().map(|f| Ok(Frame::data(f))))
+        Poll::Ready(
+            self.get_mut()
+                .frames
+                .pop_front()
+                .map(|f| Ok(Frame::data(f))),
+        )
     }
 
     fn is_end_stream(&self) -> bool {

@@ -85,22 +85,23 @@ pub async fn claim(
     Ok(rows
         .into_iter()
         .filter_map(|r| {
-            let payload = match r.payload {
-                Some(text) => {
-                    let payload = Payload::metered(text, in_flight_bytes);
-                    payloads.insert(r.change_id, payload.clone());
-                    payload
-                }
-                // claim() orders each change's rows after its first.
-                None => match payloads.get(&r.change_id) {
-                    Some(payload) => payload.clone(),
-                    None => {
-                        tracing::error!(delivery_id = r.delivery_id, change_id = r.change_id,
-                            "claimed without its payload; it goes again when its lease runs out");
-                        return None;
+            let payload =
+                match r.payload {
+                    Some(text) => {
+                        let payload = Payload::metered(text, in_flight_bytes);
+                        payloads.insert(r.change_id, payload.clone());
+                        payload
                     }
-                },
-            };
+                    // claim() orders each change's rows after its first.
+                    None => match payloads.get(&r.change_id) {
+                        Some(payload) => payload.clone(),
+                        None => {
+                            tracing::error!(delivery_id = r.delivery_id, change_id = r.change_id,
+                            "claimed without its payload; it goes again when its lease runs out");
+                            return None;
+                        }
+                    },
+                };
             Some(Claimed {
                 message: Message {
                     delivery_id: r.delivery_id,
