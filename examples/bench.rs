@@ -24,6 +24,8 @@ use sqlx::PgPool;
 
 const PRODUCER_TOKEN: &str = "bench-producer-token";
 
+#[path = "scenarios/bounds.rs"]
+mod bounds;
 #[path = "scenarios/filters.rs"]
 mod filters;
 
@@ -42,6 +44,8 @@ async fn main() {
         ("supersession", |b| Box::pin(supersession(b))),
         ("recovery", |b| Box::pin(recovery(b))),
         ("filters", |b| Box::pin(filters::filters(b))),
+        ("payload-rss", |b| Box::pin(bounds::payload_rss(b))),
+        ("answers", |b| Box::pin(bounds::answers(b))),
     ];
     println!(
         "watchpump bench — {} cores, {}",
