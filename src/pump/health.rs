@@ -205,6 +205,31 @@ mod tests {
     }
 
     #[test]
+    fn only_a_2xx_or_a_410_counts_as_an_answer() {
+        use crate::delivery::outcome::Failure;
+        let retry = |failure| AttemptResult::Retry {
+            at: chrono::Utc::now(),
+            failure,
+        };
+        for failure in [
+            Failure::Status(400),
+            Failure::Status(404),
+            Failure::Status(429),
+            Failure::Status(302),
+            Failure::Status(503),
+            Failure::Timeout,
+            Failure::Connect,
+        ] {
+            assert_eq!(Answer::of(&retry(failure)), Answer::Failed, "{failure:?}");
+        }
+        assert_eq!(
+            Answer::of(&AttemptResult::Delivered { status: 204 }),
+            Answer::Answered
+        );
+        assert_eq!(Answer::of(&AttemptResult::Gone), Answer::Answered);
+    }
+
+    #[test]
     fn in_flight_is_capped_per_service() {
         let now = Instant::now();
         let mut h = Health::new(2, 3, policy());
