@@ -215,13 +215,13 @@ begin
     --    each of their (watch, object)s now if it gets its lock. (Whether
     --    one of them is in flight is asked once, in step 2: asked here too
     --    it cost a heap visit per row.)
-    with scanned as materialized (
-        select d.watch_id, d.object, d.probe, d.turn, d.next_attempt_at
+    with per_service as materialized (
+        select s.id as service_id, d.watch_id, d.object, coalesce(f.probe, false) as probe,
+               d.next_attempt_at
         from watchpump.services s
         left join unnest(p_service_ids, p_free, p_probe) as f (id, free, probe) on f.id = s.id
         cross join lateral (
-            select q.watch_id, q.object, coalesce(f.probe, false) as probe, q.next_attempt_at,
-                   row_number() over (order by q.next_attempt_at) as turn
+            select q.watch_id, q.object, q.next_attempt_at
             from watchpump.queue q
             where q.service_id = s.id
               and (coalesce(f.probe, false) or q.next_attempt_at <= now())
@@ -230,7 +230,14 @@ begin
             limit least(greatest(coalesce(f.free, p_default_free), 0), p_max_rows)
         ) d
         where s.removed_at is null
-        order by d.turn, d.next_attempt_at
+    ),
+    scanned as materialized (
+        -- Numbered outside the per-service scan: a window function inside
+        -- it would read every due row of the service before the limit.
+        select p.watch_id, p.object, p.probe
+        from (select p.*, row_number() over (partition by p.service_id order by p.next_attempt_at) as turn
+              from per_service p) p
+        order by p.turn, p.next_attempt_at
         limit p_max_rows
     ),
     streams as (
