@@ -128,11 +128,10 @@ async fn run<H: Handler>(c: Consumer<H>, on_start: impl FnOnce(PgPool)) -> Resul
         c.service, s.producer
     );
     on_start(own.clone());
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
-        .await?;
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    kit::serve(listener, app, kit::Limits::default(), ctrl_c).await?;
     Ok(())
 }
 
