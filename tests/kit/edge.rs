@@ -104,7 +104,11 @@ async fn idle_slow_header_and_slow_body_connections_are_closed_within_the_limits
         .unwrap();
     let trickle = tokio::time::timeout(GUARD, async {
         let mut n = 0;
-        while slow.write_all(format!("x-trickle-{n}: 1\r\n").as_bytes()).await.is_ok() {
+        while slow
+            .write_all(format!("x-trickle-{n}: 1\r\n").as_bytes())
+            .await
+            .is_ok()
+        {
             n += 1;
             tokio::time::sleep(Duration::from_millis(100)).await;
             let mut probe = [0u8; 1];
@@ -165,7 +169,9 @@ async fn a_connection_flood_leaves_room_for_a_genuine_delivery() {
         let to = server.addr;
         tasks.spawn(async move {
             let mut stream = connect_from(flooder, to).await;
-            let _ = stream.write_all(b"POST /api/v1/git/events HTTP/1.1\r\n").await;
+            let _ = stream
+                .write_all(b"POST /api/v1/git/events HTTP/1.1\r\n")
+                .await;
             let mut buf = [0u8; 64];
             let read = tokio::time::timeout(Duration::from_secs(3), stream.read(&mut buf)).await;
             let refused = matches!(read, Ok(Ok(n)) if buf[..n].starts_with(b"HTTP/1.1 503"));
@@ -254,5 +260,8 @@ async fn a_path_with_cr_lf_and_esc_cannot_forge_a_log_line() {
     );
     // Nor is the answer a way to smuggle them.
     let message = answer["error"]["message"].as_str().unwrap();
-    assert!(!message.contains('\r') && !message.contains('\u{1b}'), "{message:?}");
+    assert!(
+        !message.contains('\r') && !message.contains('\u{1b}'),
+        "{message:?}"
+    );
 }
