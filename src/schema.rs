@@ -29,6 +29,7 @@ const FILES: &[SqlFile] = &[
     sql_file!("migrations", "0002_operator", false),
     sql_file!("migrations", "0003_service_lifecycle", false),
     sql_file!("migrations", "0004_storage_v2", false),
+    sql_file!("migrations", "0006_encrypted_secrets", false),
     sql_file!("functions", "0050_registry", true),
     sql_file!("functions", "0100_emit", true),
     sql_file!("functions", "0200_pump", true),
@@ -41,11 +42,18 @@ const FILES: &[SqlFile] = &[
 pub async fn migrate(pool: &PgPool) -> Result<Vec<String>> {
     let applied = sql_files::apply(pool, "watchpump", FILES).await?;
     // Data that needs Rust: signing secrets for services registered before
-    // signing existed (0003_service_lifecycle.sql).
+    // signing existed (0003_service_lifecycle.sql), sealed with the key
+    // (0006_encrypted_secrets.sql).
     apply_roles(pool).await?;
-    let given = crate::services::ensure_signing_secrets(pool).await?;
-    if !given.is_empty() {
-        tracing::info!(services = ?given, "gave services their signing secret; `watchpump services rotate-secret NAME` shows a new one to hand to each team");
+    let sealed = crate::services::seal_signing_secrets(pool).await?;
+    if !sealed.given.is_empty() {
+        tracing::info!(services = ?sealed.given, "gave services their signing secret; `watchpump services rotate-secret NAME` shows a new one to hand to each team");
+    }
+    if sealed.sealed > 0 {
+        tracing::info!(
+            secrets = sealed.sealed,
+            "encrypted signing secrets with the current WATCHPUMP_SECRET_KEY"
+        );
     }
     Ok(applied)
 }
