@@ -425,11 +425,26 @@ fn new_token_secret() -> (String, Vec<u8>) {
     (secret, hash)
 }
 
+/// The service id and secret of a token, `wps_<id>_<secret>`.
+///
+/// Only the form [`add`] hands out is a token: the id in decimal digits
+/// without a sign or a leading zero, and 64 lowercase hex digits. `str::parse`
+/// alone also took `wps_01_…` and `wps_+1_…`, so one token had many
+/// spellings that all authenticated (and a leaked one could be passed off
+/// as another in logs and in a search for it).
 fn parse_token(token: &str) -> Option<(i64, &str)> {
     let rest = token.strip_prefix(TOKEN_PREFIX)?;
     let (id, secret) = rest.split_once('_')?;
-    let id = id.parse().ok()?;
-    (secret.len() == 64).then_some((id, secret))
+    let canonical_id =
+        !id.is_empty() && !id.starts_with('0') && id.bytes().all(|b| b.is_ascii_digit());
+    let canonical_secret = secret.len() == 64
+        && secret
+            .bytes()
+            .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    if !(canonical_id && canonical_secret) {
+        return None;
+    }
+    Some((id.parse().ok()?, secret))
 }
 
 #[cfg(test)]
@@ -446,5 +461,36 @@ mod tests {
         assert_eq!(parse_token(&format!("wps_x_{secret}")), None);
         assert_eq!(parse_token("wps_12_short"), None);
         assert_eq!(parse_token(&format!("Bearer wps_12_{secret}")), None);
+    }
+
+    #[test]
+    fn a_token_has_one_spelling() {
+        let secret = "0123456789abcdef".repeat(4);
+        assert_eq!(
+            parse_token(&format!("wps_1_{secret}")),
+            Some((1, secret.as_str()))
+        );
+        for id in [
+            "01",
+            "+1",
+            "-1",
+            "0",
+            "",
+            " 1",
+            "1 ",
+            "१",
+            "99999999999999999999",
+        ] {
+            assert_eq!(
+                parse_token(&format!("wps_{id}_{secret}")),
+                None,
+                "id {id:?}"
+            );
+        }
+        let upper = secret.to_uppercase();
+        let not_hex = "g".repeat(64);
+        for other in [upper.as_str(), not_hex.as_str()] {
+            assert_eq!(parse_token(&format!("wps_1_{other}")), None, "{other}");
+        }
     }
 }
