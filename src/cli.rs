@@ -187,15 +187,6 @@ async fn run(cli: Cli) -> Result<()> {
             } else {
                 println!("applied: {}", applied.join(", "));
             }
-            let missing = schema::missing_roles(&pool).await?;
-            if !missing.is_empty() {
-                eprintln!(
-                    "warning: the roles {} are missing: this role may not create roles (CREATEROLE), \
-                     so nothing was granted to them; run `watchpump migrate` once as a role that may, \
-                     or have a DBA run sql/roles.sql (see docs/operator.md)",
-                    missing.join(", ")
-                );
-            }
             // Stored filters the language refuses keep working; say which.
             for finding in crate::watches::audit::stored_filters(&pool).await? {
                 eprintln!("warning: {finding}");

@@ -98,7 +98,7 @@ async fn apply_roles(pool: &PgPool) -> Result<()> {
         tracing::warn!(
             "the roles {} do not exist and this database role may not create them (it lacks CREATEROLE): \
              nothing was granted to them; run `watchpump migrate` once as a role with CREATEROLE, \
-             or have a DBA run sql/roles.sql",
+             or have a DBA run sql/roles.sql (docs/operator.md, Roles)",
             missing.join(", ")
         );
     }

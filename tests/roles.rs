@@ -237,3 +237,52 @@ async fn the_pump_role_runs_migrate_and_a_pump_that_delivers() {
     );
     pump_role.drop_role(&db).await;
 }
+
+#[tokio::test]
+async fn an_owner_without_createrole_migrates_and_grants_to_roles_a_dba_made() {
+    // The roles exist in the test cluster (every migrate of a superuser
+    // makes them), as after a DBA ran sql/roles.sql. The producer's own
+    // role, which may not create roles, owns a database and migrates it.
+    let admin = TestDb::new().await;
+    let owner = format!("wp_t_owner_{:08x}", rand::random::<u32>());
+    let database = format!("wp_t_{:016x}", rand::random::<u64>());
+    for sql in [
+        format!("create role {owner} login nocreaterole"),
+        format!("create database {database} owner {owner}"),
+    ] {
+        sqlx::query(&sql).execute(&admin.pool).await.unwrap();
+    }
+    let (base, rest) = admin.url.split_once("://").unwrap();
+    let host = rest.split_once('@').unwrap().1.rsplit_once('/').unwrap().0;
+    let url = format!("{base}://{owner}@{host}/{database}");
+    let pool = watchpump::server::connect(&url, 2).await.unwrap();
+    watchpump::schema::migrate(&pool).await.unwrap();
+
+    let granted: Vec<String> = sqlx::query_scalar(
+        "select table_name::text from information_schema.role_table_grants
+         where grantee = 'watchpump_inspector' order by 1",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert!(
+        granted.contains(&"backlog".to_string()) && granted.contains(&"delivery_log".to_string()),
+        "{granted:?}"
+    );
+    let definer: Vec<(String, bool)> = sqlx::query_as(
+        "select proname::text, prosecdef from pg_proc
+         where pronamespace = 'watchpump'::regnamespace and proname in ('emit', 'retry', 'retry_failed')",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(definer.len(), 3);
+    assert!(definer.iter().all(|(_, d)| *d), "{definer:?}");
+    pool.close().await;
+    for sql in [
+        format!("drop database {database} with (force)"),
+        format!("drop role {owner}"),
+    ] {
+        sqlx::query(&sql).execute(&admin.pool).await.unwrap();
+    }
+}
