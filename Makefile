@@ -33,6 +33,8 @@ run: ## run the pump and API (starts a project-local PostgreSQL when DATABASE_UR
 	fi; \
 	export WATCHPUMP_PRODUCER="$${WATCHPUMP_PRODUCER:-git}"; \
 	export WATCHPUMP_PRODUCER_TOKEN="$${WATCHPUMP_PRODUCER_TOKEN:-dev-producer-token}"; \
+	[ -s target/dev-secret-key ] || (mkdir -p target; umask 077; head -c 32 /dev/urandom | base64 > target/dev-secret-key); \
+	export WATCHPUMP_SECRET_KEY="$${WATCHPUMP_SECRET_KEY:-$$(cat target/dev-secret-key)}"; \
 	echo "building watchpump in release mode (the first build takes a few minutes)"; \
 	cargo build --release; \
 	target/release/watchpump migrate; \

@@ -9,7 +9,8 @@
 //! ```
 //! Consumers register watches on `tracker/acme/issues/` at
 //! `http://127.0.0.1:8090/api/v1/watches` with a token from
-//! `DATABASE_URL=$TRACKER_DATABASE_URL target/release/watchpump services add ...`.
+//! `DATABASE_URL=$TRACKER_DATABASE_URL target/release/watchpump services add ...`
+//! (with `WATCHPUMP_SECRET_KEY`: by default `make run`'s, in target/dev-secret-key).
 
 #[path = "tracker/mod.rs"]
 mod tracker;
@@ -21,6 +22,14 @@ async fn main() -> std::process::ExitCode {
         .with_env_filter("info")
         .with_ansi(std::io::stdout().is_terminal())
         .init();
+    // Its pump opens the signing secrets with WATCHPUMP_SECRET_KEY; by
+    // default the one `make run` made.
+    if std::env::var_os("WATCHPUMP_SECRET_KEY").is_none() {
+        let made_by_make_run = concat!(env!("CARGO_MANIFEST_DIR"), "/target/dev-secret-key");
+        if let Ok(key) = std::fs::read_to_string(made_by_make_run) {
+            std::env::set_var("WATCHPUMP_SECRET_KEY", key.trim());
+        }
+    }
     let database_url = std::env::var("TRACKER_DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:54329/tracker".into());
     if let Err(e) = create_database(&database_url).await {

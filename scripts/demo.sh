@@ -21,6 +21,9 @@ bin=target/release/watchpump
 admin=$(scripts/dev-postgres.sh start pg "$port" on | tail -1)
 psql "$admin" -qc "drop database if exists watchpump_demo with (force)" -c "create database watchpump_demo"
 export DATABASE_URL="${admin%/postgres}/watchpump_demo"
+# The demo's database is its own: a key of its own seals its signing secrets.
+WATCHPUMP_SECRET_KEY=$(head -c 32 /dev/urandom | base64)
+export WATCHPUMP_SECRET_KEY
 "$bin" migrate >/dev/null
 
 consumer_port=$(free_port)

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-use crate::config::{Cli, Command, ServicesCommand};
+use crate::config::{Cli, Command, SecretsCommand, ServicesCommand};
 use crate::error::{Error, Result};
 use crate::{schema, server, services};
 
@@ -193,6 +193,19 @@ async fn run(cli: Cli) -> Result<()> {
             }
         }
         Command::Serve(cfg) => server::serve(&url, cfg, server::shutdown_signal()).await?,
+        Command::Secrets(SecretsCommand::Rekey) => {
+            // migrate seals what is not sealed with the current key; the
+            // key is checked first, so that an unset key is refused even on
+            // a database with nothing to seal.
+            let keys = services::at_rest::SecretKeys::from_env()?;
+            let pool = server::connect(&url, 2).await?;
+            schema::migrate(&pool).await?;
+            println!(
+                "every signing secret is encrypted with key {}; {} can be unset",
+                keys.current_id(),
+                services::at_rest::PREVIOUS_KEY_VAR
+            );
+        }
         Command::Services(command) => {
             let pool = server::connect(&url, 2).await?;
             schema::migrate(&pool).await?;

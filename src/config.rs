@@ -36,6 +36,9 @@ pub enum Command {
     /// Register and list consumer services.
     #[command(subcommand)]
     Services(ServicesCommand),
+    /// Signing secrets at rest (encrypted with WATCHPUMP_SECRET_KEY).
+    #[command(subcommand)]
+    Secrets(SecretsCommand),
     /// Record a change and fan it out to the matching watches (for trying
     /// things out; producers call watchpump.emit() in their own transaction).
     Emit {
@@ -48,6 +51,14 @@ pub enum Command {
         #[arg(default_value = "{}")]
         payload: String,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SecretsCommand {
+    /// Encrypt every signing secret again with WATCHPUMP_SECRET_KEY, opening
+    /// those of the previous key with WATCHPUMP_SECRET_KEY_PREVIOUS (a key
+    /// rotation; docs/operator.md). `migrate` does the same.
+    Rekey,
 }
 
 #[derive(Debug, Subcommand)]

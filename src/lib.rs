@@ -67,8 +67,9 @@
 //! # Features
 //!
 //! `producer` (default) builds everything above; `kit` builds only
-//! [`kit`], [`signing`], [`delivery`], [`http`], [`sql_files`] and
-//! [`error`], without the pump's dependencies (reqwest, clap, metrics).
+//! [`kit`], [`edge`] (without its `serve` settings), [`signing`],
+//! [`delivery`], [`http`], [`sql_files`] and [`error`], without the pump's
+//! dependencies (reqwest, clap, metrics).
 
 #[cfg(feature = "producer")]
 pub mod api;
@@ -79,7 +80,7 @@ pub mod config;
 pub mod delivery;
 #[cfg(feature = "producer")]
 pub mod destinations;
-#[cfg(feature = "producer")]
+#[cfg(feature = "kit")]
 pub mod edge;
 #[cfg(feature = "producer")]
 pub mod emit;

@@ -30,6 +30,7 @@ const FILES: &[SqlFile] = &[
     sql_file!("migrations", "0003_service_lifecycle", false),
     sql_file!("migrations", "0004_storage_v2", false),
     sql_file!("migrations", "0005_bounds", false),
+    sql_file!("migrations", "0006_encrypted_secrets", false),
     sql_file!("functions", "0050_registry", true),
     sql_file!("functions", "0100_emit", true),
     sql_file!("functions", "0200_pump", true),
@@ -42,10 +43,75 @@ const FILES: &[SqlFile] = &[
 pub async fn migrate(pool: &PgPool) -> Result<Vec<String>> {
     let applied = sql_files::apply(pool, "watchpump", FILES).await?;
     // Data that needs Rust: signing secrets for services registered before
-    // signing existed (0003_service_lifecycle.sql).
-    let given = crate::services::ensure_signing_secrets(pool).await?;
-    if !given.is_empty() {
-        tracing::info!(services = ?given, "gave services their signing secret; `watchpump services rotate-secret NAME` shows a new one to hand to each team");
+    // signing existed (0003_service_lifecycle.sql), sealed with the key
+    // (0006_encrypted_secrets.sql).
+    apply_roles(pool).await?;
+    let sealed = crate::services::seal_signing_secrets(pool).await?;
+    if !sealed.given.is_empty() {
+        tracing::info!(services = ?sealed.given, "gave services their signing secret; `watchpump services rotate-secret NAME` shows a new one to hand to each team");
+    }
+    if sealed.sealed > 0 {
+        tracing::info!(
+            secrets = sealed.sealed,
+            "encrypted signing secrets with the current WATCHPUMP_SECRET_KEY"
+        );
     }
     Ok(applied)
+}
+
+/// The group roles of `sql/roles.sql`.
+pub const ROLES: [&str; 4] = [
+    "watchpump_inspector",
+    "watchpump_operator",
+    "watchpump_emitter",
+    "watchpump_pump",
+];
+
+/// Applies `sql/roles.sql` on every run, not once: the functions it makes
+/// SECURITY DEFINER may have just been replaced, and a run that lacked
+/// CREATEROLE left the roles to a later one. Only the schema's owner (or a
+/// superuser) can grant on its objects; a `serve` running as a role granted
+/// `watchpump_pump` skips this. The advisory lock is `sql_files::apply`'s:
+/// two migrates granting at once would fail with "tuple concurrently
+/// updated".
+async fn apply_roles(pool: &PgPool) -> Result<()> {
+    let mut tx = pool.begin().await?;
+    let owner: bool = sqlx::query_scalar(
+        "select pg_has_role(nspowner, 'USAGE') from pg_namespace where nspname = 'watchpump'",
+    )
+    .fetch_one(&mut *tx)
+    .await?;
+    if !owner {
+        return Ok(());
+    }
+    sqlx::query("select pg_advisory_xact_lock(hashtext('watchpump.migrate'))")
+        .execute(&mut *tx)
+        .await?;
+    sqlx::raw_sql("set local client_min_messages = error")
+        .execute(&mut *tx)
+        .await?;
+    sqlx::raw_sql(include_str!("../sql/roles.sql"))
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    let missing = missing_roles(pool).await?;
+    if !missing.is_empty() {
+        tracing::warn!(
+            "the roles {} do not exist and this database role may not create them (it lacks CREATEROLE): \
+             nothing was granted to them; run `watchpump migrate` once as a role with CREATEROLE, \
+             or have a DBA run sql/roles.sql (docs/operator.md, Roles)",
+            missing.join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// The roles of [`ROLES`] that do not exist in the cluster.
+pub async fn missing_roles(pool: &PgPool) -> Result<Vec<String>> {
+    Ok(sqlx::query_scalar(
+        "select r from unnest($1::text[]) r where not exists (select from pg_roles where rolname = r)",
+    )
+    .bind(ROLES)
+    .fetch_all(pool)
+    .await?)
 }

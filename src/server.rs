@@ -120,6 +120,8 @@ pub async fn serve(
     cfg.pump.validate().map_err(Error::Config)?;
     cfg.operator.validate().map_err(Error::Config)?;
     cfg.edge.validate().map_err(Error::Config)?;
+    // The pump signs every delivery: without the key it could sign none.
+    services::at_rest::SecretKeys::from_env()?;
     let metrics_addr = metrics_addr(&cfg)?;
     let soft_limit = open_file_limit();
     // One connection more than asked for: the listener keeps one for itself.

@@ -46,16 +46,17 @@ async fn apply_all(
     sqlx::raw_sql("set client_min_messages = warning")
         .execute(&mut *conn)
         .await?;
-    sqlx::raw_sql(&format!(
-        "create schema if not exists {schema};
-         create table if not exists {schema}.schema_migrations (
-             name        text primary key,
-             checksum    bytea not null,
-             applied_at  timestamptz not null default now()
-         );"
+    // Only when missing: `create schema if not exists` needs CREATE on the
+    // database even when the schema is there, which a role that runs the
+    // pump (watchpump_pump) does not have.
+    let exists: bool = sqlx::query_scalar(&format!(
+        "select to_regclass('{schema}.schema_migrations') is not null"
     ))
-    .execute(&mut *conn)
+    .fetch_one(&mut *conn)
     .await?;
+    if !exists {
+        create_bookkeeping(conn, schema).await?;
+    }
     let mut applied = Vec::new();
     let mut outcome = Ok(());
     for file in files {
@@ -73,6 +74,20 @@ async fn apply_all(
         .execute(&mut *conn)
         .await?;
     outcome.map(|()| applied)
+}
+
+async fn create_bookkeeping(conn: &mut PgConnection, schema: &str) -> sqlx::Result<()> {
+    sqlx::raw_sql(&format!(
+        "create schema if not exists {schema};
+         create table if not exists {schema}.schema_migrations (
+             name        text primary key,
+             checksum    bytea not null,
+             applied_at  timestamptz not null default now()
+         );"
+    ))
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
 }
 
 /// Applies one file in its own transaction, unless it was applied before

@@ -515,6 +515,22 @@ async fn requests_without_a_valid_service_token_are_401_and_change_nothing() {
         (
             "nonexistent id",
             Some(format!("Bearer wps_{}_{deploy_secret}", api.docs.id + 100)),
+        ), // The real token in other spellings: one token has one spelling.
+        (
+            "real token, id with a leading zero",
+            Some(format!("Bearer wps_0{}_{deploy_secret}", api.deploy.id)),
+        ),
+        (
+            "real token, id with a plus sign",
+            Some(format!("Bearer wps_+{}_{deploy_secret}", api.deploy.id)),
+        ),
+        (
+            "real token, secret in capitals",
+            Some(format!(
+                "Bearer wps_{}_{}",
+                api.deploy.id,
+                deploy_secret.to_uppercase()
+            )),
         ),
     ];
     let body = json!({"resource": "app", "object": "acme/web/"});

@@ -545,13 +545,18 @@ async fn the_panel_rotates_a_secret_with_the_default_overlap_and_refuses_a_bad_o
     db.add_service("deploy", "http://127.0.0.1:9").await;
     let app = AppServer::start(&db.pool, &operator_config()).await;
     let cookie = app.log_in().await;
+    // As stored (sealed), opened with the tests' key.
     let secret = || async {
-        sqlx::query_scalar::<_, String>(
+        let stored = sqlx::query_scalar::<_, String>(
             "select signing_secret from watchpump.services where name = 'deploy'",
         )
         .fetch_one(&db.pool)
         .await
-        .unwrap()
+        .unwrap();
+        watchpump::services::at_rest::SecretKeys::from_env()
+            .unwrap()
+            .open(&stored, "deploy's secret")
+            .unwrap()
     };
     let before = secret().await;
 

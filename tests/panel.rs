@@ -604,3 +604,60 @@ async fn a_failed_delivery_is_retried_from_the_panel_in_a_real_browser() {
     assert_eq!(actions(&db, other).await, 0);
     pump.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_large_body_is_shown_cut_at_64_kib_with_its_size() {
+    let db = TestDb::new().await;
+    let server = AppServer::start(&db.pool, &operator_config()).await;
+    let (svc, _) = db.add_service("deploy", "http://127.0.0.1:9").await;
+    db.add_watch(svc.id, "app", "acme/", all()).await;
+    // Under the producer's default payload limit (1 MiB), far over 64 KiB.
+    // jsonb orders keys by length: "a" (the start), "bb" (service tokens
+    // over the cut), "ccc" (past the cut). The start is one byte longer each
+    // time, so that the cut splits a token at every offset: what is shown of
+    // it is masked all the same.
+    let token = format!("wps_3_{}", "c".repeat(64));
+    let tokens = vec![token.as_str(); 60].join(" ");
+    let mut ids = Vec::new();
+    for k in 0..=token.len() {
+        let tail = if k == 0 { 900_000 } else { 2_000 };
+        let payload = json!({"a": "x".repeat(62_000 + k), "bb": tokens, "ccc": "y".repeat(tail)});
+        let change = db.emit(&format!("acme/big-{k}"), "push", payload).await;
+        ids.push(delivery_of(&db, change).await);
+    }
+
+    let cookie = server.log_in().await;
+    for id in ids {
+        let html = panel_client()
+            .get(server.url(&format!("/panel/deliveries/{id}")))
+            .header("cookie", cookie.clone())
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(html.len() < 80 * 1024, "the page is {} bytes", html.len());
+        let note = html
+            .split(r#"id="request-cut">"#)
+            .nth(1)
+            .and_then(|rest| rest.split('<').next())
+            .expect("a note that the request was cut");
+        assert!(note.starts_with("The first 64 KiB of "), "{note}");
+        assert!(html.contains(&format!("Watchpump-Delivery: {id}")));
+        assert!(
+            html.contains("&quot;a&quot;: &quot;xxxx"),
+            "the body's start is shown"
+        );
+        assert!(!html.contains("yyyy"), "past the cut");
+        assert!(!html.contains("_cc"), "a token at the cut is masked");
+    }
+
+    // A small body is shown whole, without the note.
+    let small = db.emit("acme/small", "push", json!({"n": 1})).await;
+    let small = delivery_of(&db, small).await;
+    let html = server
+        .panel_get(&format!("/panel/deliveries/{small}"))
+        .await;
+    assert!(!html.contains("request-cut") && html.contains("&quot;n&quot;: 1"));
+}

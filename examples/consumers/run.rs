@@ -77,6 +77,14 @@ pub async fn main<H: Handler>(c: Consumer<H>, on_start: impl FnOnce(PgPool)) -> 
         // No colour codes in a file or a pipe, as the watchpump binary.
         .with_ansi(std::io::stdout().is_terminal())
         .init();
+    // The example registers itself through the producer's database, which
+    // stores signing secrets encrypted: with `make run`'s key unless told.
+    if std::env::var_os("WATCHPUMP_SECRET_KEY").is_none() {
+        let made_by_make_run = concat!(env!("CARGO_MANIFEST_DIR"), "/target/dev-secret-key");
+        if let Ok(key) = std::fs::read_to_string(made_by_make_run) {
+            std::env::set_var("WATCHPUMP_SECRET_KEY", key.trim());
+        }
+    }
     let service = c.service;
     match run(c, on_start).await {
         Ok(()) => ExitCode::SUCCESS,
@@ -128,11 +136,10 @@ async fn run<H: Handler>(c: Consumer<H>, on_start: impl FnOnce(PgPool)) -> Resul
         c.service, s.producer
     );
     on_start(own.clone());
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
-        .await?;
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    kit::serve(listener, app, kit::Limits::default(), ctrl_c).await?;
     Ok(())
 }
 

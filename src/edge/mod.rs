@@ -67,10 +67,16 @@
 //!   stalls); `body`: the service around the router (`ConnectInfo`, the
 //!   body deadline, `408`).
 //! - [`fd`]: the open-file limit and the connection budget.
-//! - [`config`]: the `watchpump serve` settings that become [`EdgeLimits`].
+//! - `config`: the `watchpump serve` settings that become [`EdgeLimits`]
+//!   (with the `producer` feature: they are clap arguments).
+//!
+//! The consumer kit serves its events endpoint on this edge too
+//! (`kit::serve`): a consumer faces the same slow and idle clients as the
+//! producer's API.
 
 mod accept;
 mod body;
+#[cfg(feature = "producer")]
 pub mod config;
 mod conn;
 pub mod fd;
@@ -85,6 +91,7 @@ use tokio::sync::Semaphore;
 
 pub use accept::serve;
 pub use body::BodyTimeout;
+#[cfg(feature = "producer")]
 pub use config::EdgeConfig;
 pub use fd::{connection_budget, raise_open_file_limit, FD_BASE_OVERHEAD};
 pub use per_ip::client_key;

@@ -84,8 +84,12 @@ async fn events<H: Handler>(
         Ok(accepted) => accepted.into_response(),
         Err(refusal) => {
             // Internal errors and Gone were logged where they happened.
+            // The producer segment is whatever the client put in the path
+            // (percent-decoded, so CR, LF and ESC included): logged escaped
+            // (`?`), so that it cannot forge a log line or a terminal
+            // sequence. The refusal's message quotes client text with `?` too.
             if !matches!(refusal, Refusal::Internal | Refusal::Gone(_)) {
-                tracing::warn!(%producer, %refusal, "delivery refused");
+                tracing::warn!(producer = ?loggable(&producer), %refusal, "delivery refused");
             }
             refusal.into_response()
         }
@@ -95,7 +99,10 @@ async fn events<H: Handler>(
 impl<H: Handler> Inbox<H> {
     async fn take(&self, producer: &str, request: Request) -> Result<Accepted, Refusal> {
         let producer = self.producers.get(producer).ok_or_else(|| {
-            Refusal::NoSuchProducer(format!("this consumer follows no producer {producer:?}"))
+            Refusal::NoSuchProducer(format!(
+                "this consumer follows no producer {:?}",
+                loggable(producer)
+            ))
         })?;
         let (parts, body) = request.into_parts();
         producer.check_token(&parts.headers)?;
@@ -189,6 +196,19 @@ fn parse(body: &[u8], id: i64, producer: &Producer) -> Result<Delivery, Refusal>
         )));
     }
     Ok(d)
+}
+
+/// Longest piece of a client's path that a log line quotes.
+const LOGGED_PATH_CHARS: usize = 128;
+
+/// At most [`LOGGED_PATH_CHARS`] characters of `text`, to be logged with
+/// `?` (Debug escapes control characters): a long path cannot fill the
+/// consumer's logs either.
+fn loggable(text: &str) -> &str {
+    match text.char_indices().nth(LOGGED_PATH_CHARS) {
+        Some((end, _)) => &text[..end],
+        None => text,
+    }
 }
 
 /// Logs what went wrong (the producer only learns that it should retry).

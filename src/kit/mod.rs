@@ -13,6 +13,9 @@
 //!   consumer knows (current and previous during a rotation), before any
 //!   database work; a forged request changes nothing ([`verify`]);
 //! - the delivery must name a watch this consumer registered (403 if not);
+//! - [`serve()`](fn@serve) bounds what a client can hold: header, body and
+//!   idle timeouts, connection caps; nothing a client sends before it is
+//!   authenticated is logged raw (a path is logged escaped);
 //! - the delivery is recorded in an inbox in the consumer's database, in the
 //!   same transaction as the work: a second copy of a delivery, or news not
 //!   newer than what was accepted for its (watch, object), answers 2xx
@@ -43,7 +46,8 @@
 //! let git = Producer::new("git", "the producer's token", vec![secret]);
 //! let app = Inbox::new(pool, Deploy).producer(git).router();
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:9000").await?;
-//! axum::serve(listener, app).await?;
+//! let ctrl_c = async { let _ = tokio::signal::ctrl_c().await; };
+//! kit::serve(listener, app, kit::Limits::default(), ctrl_c).await?;
 //! # Ok(()) }
 //! ```
 //!
@@ -56,6 +60,9 @@
 //! - [`inbox`]: the events endpoint ([`Inbox`]): verify, record, run the
 //!   handler, answer.
 //! - [`answer`]: the endpoint's answers and refusals, as JSON.
+//! - [`serve`](mod@serve): [`serve()`](fn@serve) and its [`Limits`]: the
+//!   endpoint on watchpump's hardened edge (timeouts, connection caps), not
+//!   on `axum::serve`, which has neither.
 //! - [`store`]: the calls into the inbox's SQL functions.
 //! - [`watches`]: [`WatchClient`], for the producer's watches API.
 //! - [`schema`]: [`migrate`], for the `watchpump_inbox` schema.
@@ -66,6 +73,7 @@ pub mod delivery;
 pub mod error;
 pub mod inbox;
 pub mod schema;
+pub mod serve;
 pub mod store;
 pub mod verify;
 pub mod watches;
@@ -74,6 +82,7 @@ pub use delivery::{BoxError, Delivery, Handler, Outcome};
 pub use error::{Error, Result};
 pub use inbox::Inbox;
 pub use schema::migrate;
+pub use serve::{serve, Limits};
 pub use store::{known_watches, prune, KnownWatch};
 pub use verify::Producer;
 pub use watches::{RegisteredWatch, WatchClient, WatchFilters, WatchRequest};

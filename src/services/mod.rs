@@ -5,7 +5,8 @@
 //! of its secret part is stored; a caller is looked up by the id and its
 //! secret compared in constant time, so neither the database nor a timing
 //! measurement gives the token away. The signing secret (`whsec_...`, see
-//! [`crate::signing`]) is stored as is: signing needs the key itself.
+//! [`crate::signing`]) cannot be a hash, since signing needs the key itself:
+//! it is stored encrypted with `WATCHPUMP_SECRET_KEY` ([`at_rest`]).
 //!
 //! Both can be rotated with an overlap: the old token keeps working, and the
 //! old secret keeps signing next to the new one, until the overlap ends.
@@ -13,6 +14,7 @@
 //! What a registration is checked against (name, base URL, durations) is
 //! `input.rs`.
 
+pub mod at_rest;
 mod input;
 
 use std::time::Duration;
@@ -27,6 +29,7 @@ use subtle::ConstantTimeEq;
 use crate::destinations::Destinations;
 use crate::error::{Error, Result};
 use crate::signing::SigningSecret;
+use at_rest::SecretKeys;
 use input::{allowed_base_url, validate_name};
 pub use input::{normalize_base_url, parse_duration, parse_overlap, DEFAULT_OVERLAP};
 
@@ -101,6 +104,7 @@ pub async fn add_within(
     allowed: &Destinations,
 ) -> Result<Registered> {
     validate_name(name)?;
+    let keys = SecretKeys::from_env()?;
     let base_url = allowed_base_url(base_url, allowed).await?;
     let (secret, hash) = new_token_secret();
     let signing_secret = SigningSecret::generate().to_whsec();
@@ -111,7 +115,7 @@ pub async fn add_within(
     .bind(name)
     .bind(&base_url)
     .bind(hash)
-    .bind(&signing_secret)
+    .bind(keys.seal(&signing_secret))
     .fetch_one(pool)
     .await
     .map_err(|e| match e {
@@ -215,9 +219,11 @@ pub async fn destination(pool: &PgPool, id: i64) -> Result<Destination> {
     .fetch_optional(pool)
     .await?
     .ok_or_else(|| Error::NotFound(format!("there is no service with id {id}")))?;
-    let parse = |s: &str| {
-        SigningSecret::parse(s)
-            .map_err(|e| Error::Config(format!("the signing secret of service {id}: {e}")))
+    let keys = SecretKeys::from_env()?;
+    let parse = |stored: &str| {
+        let what = format!("the signing secret of service {id}");
+        SigningSecret::parse(&keys.open(stored, &what)?)
+            .map_err(|e| Error::Config(format!("{what}: {e}")))
     };
     let current = parse(row.signing_secret.as_deref().ok_or_else(|| {
         Error::Config(format!(
@@ -237,24 +243,86 @@ pub async fn destination(pool: &PgPool, id: i64) -> Result<Destination> {
     })
 }
 
+/// What [`seal_signing_secrets`] did: the services given a secret, and the
+/// secrets sealed (clear ones, and those of a previous key).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Sealed {
+    pub given: Vec<String>,
+    pub sealed: usize,
+}
+
 /// Gives every service without a signing secret one (services registered
-/// before signing existed). Returns their names.
-pub async fn ensure_signing_secrets(pool: &PgPool) -> Result<Vec<String>> {
-    let missing: Vec<(i64, String)> =
-        sqlx::query_as("select id, name from watchpump.services where signing_secret is null")
-            .fetch_all(pool)
+/// before signing existed), and seals with the current key every secret
+/// stored in clear (before 0006_encrypted_secrets.sql) or under the
+/// previous key (a key rotation: `watchpump secrets rekey`). Without the key
+/// it refuses only when there is something to do.
+pub async fn seal_signing_secrets(pool: &PgPool) -> Result<Sealed> {
+    let keys = match SecretKeys::from_env() {
+        Ok(keys) => keys,
+        Err(e) => {
+            let waiting: i64 = sqlx::query_scalar(
+                "select count(*) from watchpump.services
+                 where signing_secret is null or signing_secret not like 'wpenc:%'
+                    or previous_signing_secret not like 'wpenc:%'",
+            )
+            .fetch_one(pool)
             .await?;
-    for (id, _) in &missing {
+            return if waiting == 0 {
+                Ok(Sealed::default())
+            } else {
+                Err(e)
+            };
+        }
+    };
+    let rows: Vec<(i64, String, Option<String>, Option<String>)> = sqlx::query_as(
+        "select id, name, signing_secret, previous_signing_secret from watchpump.services",
+    )
+    .fetch_all(pool)
+    .await?;
+    let mut done = Sealed::default();
+    for (id, name, current, previous) in rows {
+        let reseal = |stored: Option<&String>, which: &str| -> Result<Option<String>> {
+            match stored {
+                Some(s) if keys.is_current(s) => Ok(None),
+                Some(s) if s.starts_with("whsec_") => Ok(Some(keys.seal(s))),
+                Some(s) => {
+                    let what = format!("the {which}signing secret of service {name:?}");
+                    Ok(Some(keys.seal(&keys.open(s, &what)?)))
+                }
+                None => Ok(None),
+            }
+        };
+        let new_current = match &current {
+            None => {
+                done.given.push(name.clone());
+                Some(keys.seal(&SigningSecret::generate().to_whsec()))
+            }
+            Some(_) => reseal(current.as_ref(), "")?,
+        };
+        let new_previous = reseal(previous.as_ref(), "previous ")?;
+        if new_current.is_none() && new_previous.is_none() {
+            continue;
+        }
+        done.sealed += usize::from(new_current.is_some()) + usize::from(new_previous.is_some());
+        // Compared with what was read: a rotation in between is not undone.
         sqlx::query(
-            "update watchpump.services set signing_secret = $2, version = version + 1
-             where id = $1 and signing_secret is null",
+            "update watchpump.services
+             set signing_secret = coalesce($4, signing_secret),
+                 previous_signing_secret = coalesce($5, previous_signing_secret),
+                 version = version + 1
+             where id = $1 and signing_secret is not distinct from $2
+               and previous_signing_secret is not distinct from $3",
         )
         .bind(id)
-        .bind(SigningSecret::generate().to_whsec())
+        .bind(&current)
+        .bind(&previous)
+        .bind(&new_current)
+        .bind(&new_previous)
         .execute(pool)
         .await?;
     }
-    Ok(missing.into_iter().map(|(_, name)| name).collect())
+    done.sealed -= done.given.len();
+    Ok(done)
 }
 
 /// A new signing secret for `name`; the old one keeps signing (next to the
@@ -264,6 +332,7 @@ pub async fn rotate_secret(
     name: &str,
     overlap: Duration,
 ) -> Result<(String, DateTime<Utc>)> {
+    let keys = SecretKeys::from_env()?;
     let secret = SigningSecret::generate().to_whsec();
     let until: Option<DateTime<Utc>> = sqlx::query_scalar(
         "update watchpump.services
@@ -274,7 +343,7 @@ pub async fn rotate_secret(
          returning previous_secret_until",
     )
     .bind(name)
-    .bind(&secret)
+    .bind(keys.seal(&secret))
     .bind(overlap.as_secs_f64())
     .fetch_optional(pool)
     .await?;
@@ -356,11 +425,26 @@ fn new_token_secret() -> (String, Vec<u8>) {
     (secret, hash)
 }
 
+/// The service id and secret of a token, `wps_<id>_<secret>`.
+///
+/// Only the form [`add`] hands out is a token: the id in decimal digits
+/// without a sign or a leading zero, and 64 lowercase hex digits. `str::parse`
+/// alone also took `wps_01_…` and `wps_+1_…`, so one token had many
+/// spellings that all authenticated (and a leaked one could be passed off
+/// as another in logs and in a search for it).
 fn parse_token(token: &str) -> Option<(i64, &str)> {
     let rest = token.strip_prefix(TOKEN_PREFIX)?;
     let (id, secret) = rest.split_once('_')?;
-    let id = id.parse().ok()?;
-    (secret.len() == 64).then_some((id, secret))
+    let canonical_id =
+        !id.is_empty() && !id.starts_with('0') && id.bytes().all(|b| b.is_ascii_digit());
+    let canonical_secret = secret.len() == 64
+        && secret
+            .bytes()
+            .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    if !(canonical_id && canonical_secret) {
+        return None;
+    }
+    Some((id.parse().ok()?, secret))
 }
 
 #[cfg(test)]
@@ -377,5 +461,36 @@ mod tests {
         assert_eq!(parse_token(&format!("wps_x_{secret}")), None);
         assert_eq!(parse_token("wps_12_short"), None);
         assert_eq!(parse_token(&format!("Bearer wps_12_{secret}")), None);
+    }
+
+    #[test]
+    fn a_token_has_one_spelling() {
+        let secret = "0123456789abcdef".repeat(4);
+        assert_eq!(
+            parse_token(&format!("wps_1_{secret}")),
+            Some((1, secret.as_str()))
+        );
+        for id in [
+            "01",
+            "+1",
+            "-1",
+            "0",
+            "",
+            " 1",
+            "1 ",
+            "१",
+            "99999999999999999999",
+        ] {
+            assert_eq!(
+                parse_token(&format!("wps_{id}_{secret}")),
+                None,
+                "id {id:?}"
+            );
+        }
+        let upper = secret.to_uppercase();
+        let not_hex = "g".repeat(64);
+        for other in [upper.as_str(), not_hex.as_str()] {
+            assert_eq!(parse_token(&format!("wps_1_{other}")), None, "{other}");
+        }
     }
 }

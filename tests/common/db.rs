@@ -19,6 +19,7 @@ pub fn cluster_url() -> String {
 /// Creates an empty database on the test cluster, named `wp_t_<random>` so
 /// that the test run's clean-up drops it, and returns its URL.
 pub async fn fresh_database() -> String {
+    super::use_test_secret_key();
     let admin = cluster_url();
     let name = format!("wp_t_{:016x}", rand::random::<u64>());
     let admin_pool = watchpump::server::connect(&admin, 1)

@@ -36,3 +36,15 @@ pub const PRODUCER: &str = "git";
 pub const PRODUCER_TOKEN: &str = "producer-secret-token";
 /// The operator's token for the admin API and the panel.
 pub const ADMIN_TOKEN: &str = "admin-token-for-the-tests";
+/// The key signing secrets are sealed with in the tests
+/// (`WATCHPUMP_SECRET_KEY`): fixed, so that a child process opens what the
+/// test process sealed. Set by [`use_test_secret_key`].
+pub const TEST_SECRET_KEY: &str = "dGVzdHMtb25seTogd2F0Y2hwdW1wIHNlY3JldCBrZXk=";
+
+/// Puts [`TEST_SECRET_KEY`] into this process's environment, once, before
+/// the first database is made (every test starts with one): the library
+/// reads the key from there, as `serve` does, and child processes inherit it.
+pub fn use_test_secret_key() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| std::env::set_var("WATCHPUMP_SECRET_KEY", TEST_SECRET_KEY));
+}

@@ -7,7 +7,7 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_watchpump");
 
 /// The binary with a clean environment: no DATABASE_URL or WATCHPUMP_*
 /// from the outside, quiet logs unless asked, stdin closed; DATABASE_URL
-/// set to `database_url` when given.
+/// set to `database_url` when given; the tests' secret key.
 pub fn watchpump_cli(database_url: Option<&str>) -> Command {
     let mut cmd = Command::new(BIN);
     for (key, _) in std::env::vars_os() {
@@ -19,6 +19,7 @@ pub fn watchpump_cli(database_url: Option<&str>) -> Command {
     if let Some(url) = database_url {
         cmd.env("DATABASE_URL", url);
     }
+    cmd.env("WATCHPUMP_SECRET_KEY", super::TEST_SECRET_KEY);
     cmd.stdin(Stdio::null());
     cmd
 }

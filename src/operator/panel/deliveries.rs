@@ -280,10 +280,41 @@ fn request_as_sent(d: &Delivery, sent: &store::Sent, s: &Settings) -> String {
         "as sent on the last attempt"
     };
     let request = request::render(&url, m.delivery_id, m.attempt, &m.body(&s.producer), MASK);
+    // Cut, then masked: the masking recognises a credential by its start,
+    // and a known secret's beginning at the end of the text (it was made
+    // for answers stored cut at 512 bytes).
+    let shown = s.mask(prefix(&request, SHOWN_REQUEST_BYTES));
+    let note = if request.len() > SHOWN_REQUEST_BYTES {
+        format!(
+            r#"<p class="note" id="request-cut">The first {} KiB of {} bytes are shown.</p>"#,
+            SHOWN_REQUEST_BYTES / 1024,
+            request.len()
+        )
+    } else {
+        String::new()
+    };
     format!(
-        r#"<h2>Request <span class="muted">({when}; tokens masked)</span></h2><pre id="request">{}</pre>"#,
-        esc(&s.mask(&request))
+        r#"<h2>Request <span class="muted">({when}; tokens masked)</span></h2>{note}<pre id="request">{}</pre>"#,
+        esc(&shown)
     )
+}
+
+/// The most of a request (headers and body) a delivery's page shows: 64 KiB,
+/// enough to read any body a person reads in a browser, with a note and the
+/// whole size beyond it. A 100 MB payload made a 102 MB page and took
+/// `serve` to 984 MB (issue 17); `tests/panel.rs` holds the bound.
+const SHOWN_REQUEST_BYTES: usize = 64 * 1024;
+
+/// At most `limit` bytes of `text`, ending on a character boundary.
+fn prefix(text: &str, limit: usize) -> &str {
+    if text.len() <= limit {
+        return text;
+    }
+    let mut end = limit;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
 }
 
 pub async fn retry(
