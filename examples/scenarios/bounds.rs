@@ -36,7 +36,10 @@ pub async fn payload_rss(b: Bench) -> Outcome {
     for mib in [1usize, 10, 16] {
         let b = Bench::new(&admin, &format!("payload_rss_{mib}")).await;
         let (rss, all) = one_payload(&b, mib).await;
-        line.push(format!("{mib} MiB: {rss:.0} MiB{}", if all { "" } else { " INCOMPLETE" }));
+        line.push(format!(
+            "{mib} MiB: {rss:.0} MiB{}",
+            if all { "" } else { " INCOMPLETE" }
+        ));
         figures.push(json!({"payload_mib": mib, "watches": WATCHES, "pump_peak_rss_mib": rss, "complete": all}));
     }
     Outcome {
@@ -78,12 +81,16 @@ async fn one_payload(b: &Bench, mib: usize) -> (f64, bool) {
         .unwrap();
     // {"a": "..."} of mib MiB of JSON text.
     let payload = json!({ "a": "x".repeat(mib * 1024 * 1024 - 9) });
-    watchpump::emit(&mut tx, "big/one", "push", &payload).await.unwrap();
+    watchpump::emit(&mut tx, "big/one", "push", &payload)
+        .await
+        .unwrap();
     tx.commit().await.unwrap();
     drop(payload);
     let pump = b.pump(&[("WATCHPUMP_ALLOWED_DESTINATIONS", "127.0.0.0/8")]);
     let started = Instant::now();
-    while arrived.load(Ordering::Relaxed) < WATCHES as u64 && started.elapsed() < Duration::from_secs(120) {
+    while arrived.load(Ordering::Relaxed) < WATCHES as u64
+        && started.elapsed() < Duration::from_secs(120)
+    {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let all = arrived.load(Ordering::Relaxed) == WATCHES as u64;

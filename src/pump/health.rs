@@ -74,32 +74,47 @@ struct Service {
 #[derive(Debug)]
 pub struct Health {
     cap: u32,
+    /// The pump's requests in flight across all services
+    /// (`WATCHPUMP_MAX_IN_FLIGHT`), shared fairly: see [`Health::slots`].
+    max_in_flight: u32,
     down_after: u32,
     policy: RetryPolicy,
     services: HashMap<i64, Service>,
 }
 
 impl Health {
-    pub fn new(cap: u32, down_after: u32, policy: RetryPolicy) -> Self {
+    pub fn new(cap: u32, max_in_flight: u32, down_after: u32, policy: RetryPolicy) -> Self {
         Health {
             cap,
+            max_in_flight: max_in_flight.max(1),
             down_after: down_after.max(1),
             policy,
             services: HashMap::new(),
         }
     }
 
-    /// How many deliveries of each service the next claim may take.
+    /// How many deliveries of each service the next claim may take: its
+    /// free slots under the per-service cap and under its fair share of the
+    /// global one. The share is the global cap divided among the services
+    /// with requests in flight (64 each up to 8 of them at the defaults; 1
+    /// each for 512 or more), so that consumers that hang cannot hold the
+    /// whole global budget until their requests time out: a healthy
+    /// consumer's requests finish, and its freed slots are ones the hanging
+    /// services, at their share, cannot take.
     pub fn slots(&self, now: Instant) -> Slots {
+        let busy = self.services.values().filter(|s| s.in_flight > 0).count();
+        let share = (self.max_in_flight / busy.max(1) as u32)
+            .max(1)
+            .min(self.cap);
         let mut slots = Slots {
-            default_free: self.cap as i32,
+            default_free: share as i32,
             ..Slots::default()
         };
         for (id, s) in &self.services {
             let (free, probe) = match &s.down {
                 Some(d) if s.in_flight == 0 && now >= d.next_probe_at => (1, true),
                 Some(_) => (0, false),
-                None => (self.cap.saturating_sub(s.in_flight) as i32, false),
+                None => (share.saturating_sub(s.in_flight) as i32, false),
             };
             slots.service_ids.push(*id);
             slots.free.push(free);
@@ -230,9 +245,42 @@ mod tests {
     }
 
     #[test]
+    fn services_with_requests_in_flight_share_the_global_cap() {
+        let now = Instant::now();
+        let mut h = Health::new(64, 512, 3, policy());
+        for _ in 0..64 {
+            h.claimed(1, "a", now);
+        }
+        assert_eq!(
+            slot_of(&h.slots(now), 1),
+            (0, false),
+            "64: the per-service cap"
+        );
+        // 300 services that hang, two requests each, and one that answers.
+        for id in 100..400 {
+            h.claimed(id, "hanging", now);
+            h.claimed(id, "hanging", now);
+        }
+        h.claimed(7, "healthy", now);
+        h.finished(7, Answer::Answered, now);
+        let slots = h.slots(now);
+        assert_eq!(
+            slot_of(&slots, 150),
+            (0, false),
+            "a hanging service is past its share"
+        );
+        assert_eq!(
+            slot_of(&slots, 7),
+            (1, false),
+            "the healthy one keeps its share"
+        );
+        assert_eq!(slots.default_free, 1);
+    }
+
+    #[test]
     fn in_flight_is_capped_per_service() {
         let now = Instant::now();
-        let mut h = Health::new(2, 3, policy());
+        let mut h = Health::new(2, 512, 3, policy());
         h.claimed(1, "a", now);
         assert_eq!(slot_of(&h.slots(now), 1), (1, false));
         h.claimed(1, "a", now);
@@ -245,7 +293,7 @@ mod tests {
     #[test]
     fn a_failing_service_is_probed_one_at_a_time_and_comes_back() {
         let now = Instant::now();
-        let mut h = Health::new(8, 2, policy());
+        let mut h = Health::new(8, 512, 2, policy());
         h.claimed(1, "a", now);
         h.claimed(1, "a", now);
         assert_eq!(h.finished(1, Answer::Failed, now), Transition::None);
