@@ -72,6 +72,7 @@ declare
     v_change   bigint;
     v_deadline timestamptz := now() + watchpump.delivery_window();
 begin
+    if current_setting('watchpump.strict_kinds', true) = 'on' then perform watchpump.check_kind(p_kind, p_payload); end if;
     if p_object is null or p_object = '' then
         raise exception 'watchpump.emit: object must not be empty' using errcode = '22023';
     end if;
