@@ -217,7 +217,11 @@ async fn run(cli: Cli) -> Result<()> {
             let (change_id, deliveries) = emit_one(&pool, &object, &kind, &payload)
                 .await
                 .map_err(emit_error)?;
-            let plural = if deliveries == 1 { "delivery" } else { "deliveries" };
+            let plural = if deliveries == 1 {
+                "delivery"
+            } else {
+                "deliveries"
+            };
             println!("change {change_id}: {deliveries} {plural}");
         }
     }
@@ -275,8 +279,7 @@ fn emit_error(e: sqlx::Error) -> Error {
 async fn run_kinds(pool: &sqlx::PgPool, command: KindsCommand) -> Result<()> {
     match command {
         KindsCommand::Add {
-            file: Some(file),
-            ..
+            file: Some(file), ..
         } => {
             let text = read_text(&file, "the kinds file")?;
             let declared = kinds::KindsFile::parse(&text)?;
@@ -327,7 +330,10 @@ async fn run_kinds(pool: &sqlx::PgPool, command: KindsCommand) -> Result<()> {
                 let page = kinds::list(pool, &after, 1000).await?;
                 for k in &page {
                     if json {
-                        println!("{}", serde_json::to_string(k).map_err(|e| Error::Invalid(e.to_string()))?);
+                        println!(
+                            "{}",
+                            serde_json::to_string(k).map_err(|e| Error::Invalid(e.to_string()))?
+                        );
                     } else {
                         println!("{}\t{}", k.name, k.description);
                     }

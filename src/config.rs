@@ -396,7 +396,10 @@ impl PumpConfig {
             return Err("service concurrency and sweep interval must be above zero".into());
         }
         if self.max_in_flight == 0 || self.max_in_flight_bytes == 0 {
-            return Err("WATCHPUMP_MAX_IN_FLIGHT and WATCHPUMP_MAX_IN_FLIGHT_BYTES must be above zero".into());
+            return Err(
+                "WATCHPUMP_MAX_IN_FLIGHT and WATCHPUMP_MAX_IN_FLIGHT_BYTES must be above zero"
+                    .into(),
+            );
         }
         if self.retry_initial_ms == 0 || self.retry_max_ms < self.retry_initial_ms {
             return Err("the retry delays must satisfy 0 < initial <= max".into());

@@ -98,9 +98,8 @@ pub async fn add(pool: &PgPool, new: &NewKind) -> Result<bool> {
 /// not at all.
 pub async fn add_in(conn: &mut PgConnection, new: &NewKind) -> Result<bool> {
     validate_name(&new.name)?;
-    check_schema(&new.schema).map_err(|why| {
-        Error::Invalid(format!("the schema of kind {:?}: {why}", new.name))
-    })?;
+    check_schema(&new.schema)
+        .map_err(|why| Error::Invalid(format!("the schema of kind {:?}: {why}", new.name)))?;
     if !new.example.is_object() {
         return Err(Error::Invalid(format!(
             "the example of kind {:?} must be a JSON object, as payloads are",
@@ -113,12 +112,11 @@ pub async fn add_in(conn: &mut PgConnection, new: &NewKind) -> Result<bool> {
             new.name
         )));
     }
-    let misfit: Option<String> =
-        sqlx::query_scalar("select watchpump.kind_violation($1, $2, '$')")
-            .bind(&new.schema)
-            .bind(&new.example)
-            .fetch_one(&mut *conn)
-            .await?;
+    let misfit: Option<String> = sqlx::query_scalar("select watchpump.kind_violation($1, $2, '$')")
+        .bind(&new.schema)
+        .bind(&new.example)
+        .fetch_one(&mut *conn)
+        .await?;
     if let Some(why) = misfit {
         return Err(Error::Invalid(format!(
             "the example of kind {:?} does not fit its schema: {why}",
@@ -190,7 +188,9 @@ pub fn check_schema(schema: &Value) -> std::result::Result<(), String> {
         ));
     }
     if schema.get("type").and_then(Value::as_str) != Some("object") {
-        return Err("the top level must be {\"type\": \"object\", ...}: payloads are objects".into());
+        return Err(
+            "the top level must be {\"type\": \"object\", ...}: payloads are objects".into(),
+        );
     }
     check_node(schema, "$", 0)
 }
@@ -210,7 +210,9 @@ fn check_node(node: &Value, at: &str, depth: usize) -> std::result::Result<(), S
             "required" => {
                 let names = value.as_array().filter(|a| a.iter().all(Value::is_string));
                 if names.is_none() {
-                    return Err(format!("{at}: \"required\" must be a list of property names"));
+                    return Err(format!(
+                        "{at}: \"required\" must be a list of property names"
+                    ));
                 }
             }
             "properties" => {
@@ -235,13 +237,11 @@ fn check_node(node: &Value, at: &str, depth: usize) -> std::result::Result<(), S
                 }
             }
             k if ANNOTATIONS.contains(&k) => {}
-            other => {
-                return Err(format!(
-                    "{at}: {other:?} is not supported; a schema may use type, required, properties, \
+            other => return Err(format!(
+                "{at}: {other:?} is not supported; a schema may use type, required, properties, \
                      items, enum, additionalProperties (true or false) and the annotations {}",
-                    ANNOTATIONS.join(", ")
-                ))
-            }
+                ANNOTATIONS.join(", ")
+            )),
         }
     }
     Ok(())
@@ -283,13 +283,34 @@ mod tests {
     fn anything_outside_the_subset_is_refused_by_name() {
         for (schema, says) in [
             (json!({"type": "array"}), "top level"),
-            (json!({"type": "object", "anyOf": []}), "\"anyOf\" is not supported"),
-            (json!({"type": "object", "properties": {"a": {"$ref": "#"}}}), "$.a: \"$ref\""),
-            (json!({"type": "object", "properties": {"a": {"pattern": "x*"}}}), "\"pattern\""),
-            (json!({"type": "object", "additionalProperties": {"type": "string"}}), "true or false"),
-            (json!({"type": "object", "properties": {"a": {"type": "date"}}}), "\"type\" must be"),
-            (json!({"type": "object", "required": "a"}), "list of property names"),
-            (json!({"type": "object", "properties": {"a": {"enum": []}}}), "non-empty"),
+            (
+                json!({"type": "object", "anyOf": []}),
+                "\"anyOf\" is not supported",
+            ),
+            (
+                json!({"type": "object", "properties": {"a": {"$ref": "#"}}}),
+                "$.a: \"$ref\"",
+            ),
+            (
+                json!({"type": "object", "properties": {"a": {"pattern": "x*"}}}),
+                "\"pattern\"",
+            ),
+            (
+                json!({"type": "object", "additionalProperties": {"type": "string"}}),
+                "true or false",
+            ),
+            (
+                json!({"type": "object", "properties": {"a": {"type": "date"}}}),
+                "\"type\" must be",
+            ),
+            (
+                json!({"type": "object", "required": "a"}),
+                "list of property names",
+            ),
+            (
+                json!({"type": "object", "properties": {"a": {"enum": []}}}),
+                "non-empty",
+            ),
         ] {
             let why = check_schema(&schema).unwrap_err();
             assert!(why.contains(says), "{schema}: {why}");
@@ -303,7 +324,9 @@ mod tests {
             deep = json!({"type": "array", "items": deep});
         }
         let too_deep = json!({"type": "object", "properties": {"a": deep.clone()}});
-        assert!(check_schema(&too_deep).unwrap_err().contains("deeper than 8"));
+        assert!(check_schema(&too_deep)
+            .unwrap_err()
+            .contains("deeper than 8"));
         let deep_ok = deep["items"].clone();
         let ok = json!({"type": "object", "properties": {"a": deep_ok}});
         assert_eq!(check_schema(&ok), Ok(()));

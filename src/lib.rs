@@ -90,10 +90,10 @@ pub mod emit;
 pub mod error;
 #[cfg(feature = "kit")]
 pub mod http;
-#[cfg(feature = "kit")]
-pub mod kit;
 #[cfg(feature = "producer")]
 pub mod kinds;
+#[cfg(feature = "kit")]
+pub mod kit;
 #[cfg(feature = "producer")]
 pub mod metrics;
 #[cfg(feature = "producer")]

@@ -24,7 +24,7 @@ use crate::{edge, metrics, operator, schema, services};
 /// is made first, so that a bad URL or a refused connection says why at
 /// once (a pool only reports that it timed out waiting, after 10 s).
 pub async fn connect(database_url: &str, size: u32) -> Result<PgPool> {
-    let shown = crate::redact::mask_url_credentials(database_url);
+    let shown = crate::redact::mask_database_url(database_url);
     let options: PgConnectOptions = database_url
         .strip_prefix("postgres://")
         .or_else(|| database_url.strip_prefix("postgresql://"))

@@ -407,7 +407,13 @@ async fn commands_on_an_unmigrated_database_say_to_run_migrate_and_create_nothin
     let (url, pool) = blank_database().await;
     for args in [
         &["services", "list"][..],
-        &["services", "add", "deploy", "--base-url", "http://127.0.0.1:9"],
+        &[
+            "services",
+            "add",
+            "deploy",
+            "--base-url",
+            "http://127.0.0.1:9",
+        ],
         &["kinds", "list"],
         &["emit", "acme/x", "push"],
     ] {

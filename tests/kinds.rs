@@ -52,7 +52,10 @@ async fn the_git_kinds_file_declares_what_consumers_read_at_api_v1_kinds() {
 
     let listed = run(&api.db.url, &["kinds", "list"]);
     let listed = text(&listed.stdout);
-    let names: Vec<&str> = listed.lines().map(|l| l.split('\t').next().unwrap()).collect();
+    let names: Vec<&str> = listed
+        .lines()
+        .map(|l| l.split('\t').next().unwrap())
+        .collect();
     assert_eq!(names, ["closed", "opened", "push", "updated"]);
 
     // Consumers read every kind, with its schema and example, by name.
@@ -74,7 +77,11 @@ async fn the_git_kinds_file_declares_what_consumers_read_at_api_v1_kinds() {
             .find(|k| k["name"] == declared["name"])
             .unwrap_or_else(|| panic!("{} served", declared["name"]));
         for field in ["description", "schema", "example"] {
-            assert_eq!(kind[field], declared[field], "{field} of {}", declared["name"]);
+            assert_eq!(
+                kind[field], declared[field],
+                "{field} of {}",
+                declared["name"]
+            );
         }
     }
     // Pages of 3: the first has a cursor, the last none.
@@ -182,7 +189,12 @@ async fn kinds_add_refuses_what_strict_mode_could_not_check_and_changes_nothing(
             .write_all(schema.to_string().as_bytes())
             .unwrap();
         let out = child.wait_with_output().unwrap();
-        assert_eq!(out.status.code(), Some(2), "{schema}: {}", text(&out.stderr));
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{schema}: {}",
+            text(&out.stderr)
+        );
         assert!(text(&out.stderr).contains(says), "{}", text(&out.stderr));
         assert_eq!(count_kinds(&db).await, 0);
     }
@@ -193,7 +205,11 @@ async fn kinds_add_refuses_what_strict_mode_could_not_check_and_changes_nothing(
     std::fs::write(&file, json!({ "kinds": kinds }).to_string()).unwrap();
     let out = run(&db.url, &["kinds", "add", "--file", file.to_str().unwrap()]);
     std::fs::remove_file(&file).unwrap();
-    assert!(text(&out.stderr).contains("kind \"updated\": $.head: \"format\""), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("kind \"updated\": $.head: \"format\""),
+        "{}",
+        text(&out.stderr)
+    );
     assert_eq!(count_kinds(&db).await, 0);
 }
 
@@ -232,8 +248,12 @@ async fn strict_mode_refuses_undeclared_kinds_and_misfit_payloads_and_only_when_
 
     // Off (unset, or anything but on): nothing is checked.
     for strict in ["", "off"] {
-        emit_with(&db, strict, "force-push", json!({"x": 1})).await.unwrap();
-        emit_with(&db, strict, "push", json!({"after": 7})).await.unwrap();
+        emit_with(&db, strict, "force-push", json!({"x": 1}))
+            .await
+            .unwrap();
+        emit_with(&db, strict, "push", json!({"after": 7}))
+            .await
+            .unwrap();
     }
     let before: i64 = sqlx::query_scalar("select count(*) from watchpump.changes")
         .fetch_one(&db.pool)
@@ -244,14 +264,28 @@ async fn strict_mode_refuses_undeclared_kinds_and_misfit_payloads_and_only_when_
     // On: what fits goes through; the rest is refused, naming the kind.
     emit_with(&db, "on", "push", push.clone()).await.unwrap();
     emit_with(&db, "on", "closed", json!({})).await.unwrap();
-    let undeclared = emit_with(&db, "on", "force-push", json!({})).await.unwrap_err();
+    let undeclared = emit_with(&db, "on", "force-push", json!({}))
+        .await
+        .unwrap_err();
     let (code, message) = sqlstate(&undeclared);
     assert_eq!(code, "22023");
-    assert!(message.contains("kind \"force-push\" is not declared"), "{message}");
+    assert!(
+        message.contains("kind \"force-push\" is not declared"),
+        "{message}"
+    );
     for (payload, says) in [
-        (json!({"paths": []}), "required property \"after\" is missing"),
-        (json!({"after": 7, "paths": []}), "$.after: expected string, got number"),
-        (json!({"after": "a", "paths": ["ok", {"no": 1}]}), "$.paths[1]: expected string, got object"),
+        (
+            json!({"paths": []}),
+            "required property \"after\" is missing",
+        ),
+        (
+            json!({"after": 7, "paths": []}),
+            "$.after: expected string, got number",
+        ),
+        (
+            json!({"after": "a", "paths": ["ok", {"no": 1}]}),
+            "$.paths[1]: expected string, got object",
+        ),
     ] {
         let e = emit_with(&db, "on", "push", payload).await.unwrap_err();
         let (code, message) = sqlstate(&e);
@@ -273,7 +307,15 @@ async fn strict_mode_refuses_undeclared_kinds_and_misfit_payloads_and_only_when_
     .execute(&db.pool)
     .await
     .unwrap();
-    let out = run(&db.url, &["emit", "acme/web/refs/heads/main", "push", r#"{"after": 1}"#]);
+    let out = run(
+        &db.url,
+        &[
+            "emit",
+            "acme/web/refs/heads/main",
+            "push",
+            r#"{"after": 1}"#,
+        ],
+    );
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     assert!(
         text(&out.stderr).contains(
@@ -282,6 +324,14 @@ async fn strict_mode_refuses_undeclared_kinds_and_misfit_payloads_and_only_when_
         "{}",
         text(&out.stderr)
     );
-    let ok = run(&db.url, &["emit", "acme/web/refs/heads/main", "push", &push.to_string()]);
+    let ok = run(
+        &db.url,
+        &[
+            "emit",
+            "acme/web/refs/heads/main",
+            "push",
+            &push.to_string(),
+        ],
+    );
     assert!(ok.status.success(), "{}", text(&ok.stderr));
 }

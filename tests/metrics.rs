@@ -661,8 +661,8 @@ fn assert_every_metric_has_help(scrape: &Scrape) {
 
 /// The metrics `src/metrics.rs` defines (each `pub const` name).
 fn watchpump_metric_count() -> usize {
-    let source = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/src/metrics.rs"))
-        .unwrap();
+    let source =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/src/metrics.rs")).unwrap();
     source
         .lines()
         .filter(|l| l.starts_with("pub const ") && l.contains("\"watchpump_"))

@@ -55,8 +55,14 @@ pub async fn list(
         )));
     }
     // One more than asked for: a cursor only when something follows.
-    let mut page =
-        watches::list(&state.pool, service.id, q.include_removed, q.after, limit + 1).await?;
+    let mut page = watches::list(
+        &state.pool,
+        service.id,
+        q.include_removed,
+        q.after,
+        limit + 1,
+    )
+    .await?;
     let more = page.len() as i64 > limit;
     page.truncate(limit as usize);
     let next_after = more.then(|| page.last().map(|w| w.id)).flatten();
