@@ -3,14 +3,14 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
 # The project-local PostgreSQL clusters (target/pg*). `make run`'s is on a
-# well-known port; the others' ports are derived from the checkout's path,
-# so that two checkouts can run `make test` at once. `make ports` prints
-# them; PG_TEST_PORT=... and the like override them.
-PORT_BASE := $(shell printf '%s' "$(CURDIR)" | cksum | awk '{print 55000 + ($$1 % 1000) * 4}')
+# well-known port; the others get a free port chosen once per checkout and
+# remembered in target/pg-*.port (scripts/dev-postgres.sh), so that two
+# checkouts can run `make test` at once. `make ports` prints them;
+# PG_TEST_PORT=... and the like override them.
 PG_RUN_PORT  ?= 54329
-PG_TEST_PORT ?= $(PORT_BASE)
-PG_BENCH_PORT ?= $(shell echo $$(($(PORT_BASE) + 1)))
-PG_CHAOS_PORT ?= $(shell echo $$(($(PORT_BASE) + 2)))
+PG_TEST_PORT ?= $(shell scripts/dev-postgres.sh port pg-test)
+PG_BENCH_PORT ?= $(shell scripts/dev-postgres.sh port pg-bench)
+PG_CHAOS_PORT ?= $(shell scripts/dev-postgres.sh port pg-chaos)
 CHANGES ?= 20000
 NEXTEST := $(shell cargo nextest --version >/dev/null 2>&1 && echo yes)
 
@@ -74,8 +74,5 @@ fmt: ## format the code
 ports: ## print the project-local clusters' ports
 	@echo "run $(PG_RUN_PORT), test $(PG_TEST_PORT), bench $(PG_BENCH_PORT), chaos $(PG_CHAOS_PORT)"
 
-pg-stop: ## stop the project-local PostgreSQL clusters
-	scripts/dev-postgres.sh stop pg
-	scripts/dev-postgres.sh stop pg-test
-	scripts/dev-postgres.sh stop pg-bench
-	scripts/dev-postgres.sh stop pg-chaos
+pg-stop: ## stop the project-local PostgreSQL clusters (those running)
+	@for c in pg pg-test pg-bench pg-chaos; do scripts/dev-postgres.sh stop $$c; done
