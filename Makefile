@@ -14,7 +14,7 @@ PG_CHAOS_PORT ?= $(shell scripts/dev-postgres.sh port pg-chaos)
 CHANGES ?= 20000
 NEXTEST := $(shell cargo nextest --version >/dev/null 2>&1 && echo yes)
 
-.PHONY: help build run demo test chaos bench lint fmt ports pg-stop
+.PHONY: help build run examples demo test chaos bench lint fmt ports pg-stop
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -33,10 +33,18 @@ run: ## run the pump and API (starts a project-local PostgreSQL when DATABASE_UR
 	fi; \
 	export WATCHPUMP_PRODUCER="$${WATCHPUMP_PRODUCER:-git}"; \
 	export WATCHPUMP_PRODUCER_TOKEN="$${WATCHPUMP_PRODUCER_TOKEN:-dev-producer-token}"; \
-	echo "building watchpump in release mode (the first build takes a few minutes)"; \
-	cargo build --release; \
+	[ -s target/dev-admin-token ] || { mkdir -p target; od -An -N24 -tx1 /dev/urandom | tr -d ' \n' >target/dev-admin-token; }; \
+	export WATCHPUMP_ADMIN_TOKEN="$${WATCHPUMP_ADMIN_TOKEN:-$$(cat target/dev-admin-token)}"; \
+	echo "building watchpump in release mode (the first build takes 4-9 minutes on 2 cores)"; \
+	CARGO_TERM_PROGRESS_WHEN=always CARGO_TERM_PROGRESS_WIDTH=80 cargo build --release; \
 	target/release/watchpump migrate; \
+	target/release/watchpump kinds add --file kinds/git.json >/dev/null; \
+	echo "panel: http://$${WATCHPUMP_LISTEN:-127.0.0.1:8080}/panel, log in with the token in target/dev-admin-token"; \
 	exec target/release/watchpump serve
+
+examples: ## build the ADR's three example consumers in release mode (run each with `make run` running)
+	cargo build --release --examples
+	@echo "run them with: target/release/examples/deploy, target/release/examples/preview, target/release/examples/docs_draft"
 
 demo: ## one minute of watchpump: a pump, a consumer and a producer in this terminal
 	@scripts/demo.sh $(PG_RUN_PORT)

@@ -237,11 +237,13 @@ fn check_node(node: &Value, at: &str, depth: usize) -> std::result::Result<(), S
                 }
             }
             k if ANNOTATIONS.contains(&k) => {}
-            other => return Err(format!(
+            other => {
+                return Err(format!(
                 "{at}: {other:?} is not supported; a schema may use type, required, properties, \
                      items, enum, additionalProperties (true or false) and the annotations {}",
                 ANNOTATIONS.join(", ")
-            )),
+            ))
+            }
         }
     }
     Ok(())

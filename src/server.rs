@@ -138,6 +138,7 @@ pub async fn serve(
     };
     let listener = bind(cfg.listen, "the watches API", "--listen / WATCHPUMP_LISTEN").await?;
     tracing::info!(addr = %cfg.listen, "watches API listening");
+    log_panel(&cfg);
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = |mut rx: watch::Receiver<bool>| async move {
@@ -208,6 +209,17 @@ pub async fn serve(
     }
     pool.close().await;
     pump_result
+}
+
+/// Where the panel is, or why it is off: its page says so too, but nobody
+/// opens a page they do not know is there.
+fn log_panel(cfg: &ServeConfig) {
+    let url = cfg.operator.panel_url(cfg.listen);
+    if cfg.operator.admin_token.is_some() {
+        tracing::info!(%url, "panel and admin API on: log in with WATCHPUMP_ADMIN_TOKEN");
+    } else {
+        tracing::info!(%url, "panel and admin API off: set WATCHPUMP_ADMIN_TOKEN (16 characters or more) to turn them on");
+    }
 }
 
 /// The metrics listener's address, or None when it is off.

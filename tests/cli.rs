@@ -572,6 +572,13 @@ async fn serve_answers_healthz_and_exits_0_on_sigterm() {
         http.get(&healthz).send().await.is_err(),
         "nothing listens after the exit"
     );
+    // The log says where the panel is, and why it is off.
+    let logs = logs.lock().unwrap();
+    assert!(
+        logs.contains("panel and admin API off: set WATCHPUMP_ADMIN_TOKEN")
+            && logs.contains(&format!("http://127.0.0.1:{port}/panel")),
+        "{logs}"
+    );
 }
 
 #[tokio::test]
