@@ -33,7 +33,7 @@ run: ## run the pump and API (starts a project-local PostgreSQL when DATABASE_UR
 	fi; \
 	export WATCHPUMP_PRODUCER="$${WATCHPUMP_PRODUCER:-git}"; \
 	export WATCHPUMP_PRODUCER_TOKEN="$${WATCHPUMP_PRODUCER_TOKEN:-dev-producer-token}"; \
-	[ -s target/dev-admin-token ] || { mkdir -p target; od -An -N24 -tx1 /dev/urandom | tr -d ' \n' >target/dev-admin-token; }; \
+	[ -s target/dev-admin-token ] || (mkdir -p target; umask 077; od -An -N24 -tx1 /dev/urandom | tr -d ' \n' >target/dev-admin-token); \
 	export WATCHPUMP_ADMIN_TOKEN="$${WATCHPUMP_ADMIN_TOKEN:-$$(cat target/dev-admin-token)}"; \
 	echo "building watchpump in release mode (the first build takes 4-9 minutes on 2 cores)"; \
 	CARGO_TERM_PROGRESS_WHEN=always CARGO_TERM_PROGRESS_WIDTH=80 cargo build --release; \
@@ -43,10 +43,10 @@ run: ## run the pump and API (starts a project-local PostgreSQL when DATABASE_UR
 	exec target/release/watchpump serve
 
 examples: ## build the ADR's three example consumers in release mode (run each with `make run` running)
-	cargo build --release --examples
+	cargo build --release --example deploy --example preview --example docs_draft
 	@echo "run them with: target/release/examples/deploy, target/release/examples/preview, target/release/examples/docs_draft"
 
-demo: ## one minute of watchpump: a pump, a consumer and a producer in this terminal
+demo: ## a quarter-minute of watchpump: a pump, a consumer and a producer in this terminal
 	@scripts/demo.sh $(PG_RUN_PORT)
 
 test: ## start a throwaway PostgreSQL and run every test

@@ -7,12 +7,11 @@
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
 use axum::Json;
-use serde::Deserialize;
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
 
 use crate::api::{auth::Caller, AppState};
 use crate::http::HttpError;
-use crate::kinds;
+use crate::kinds::{self, Kind};
 
 const DEFAULT_PAGE: i64 = 100;
 const MAX_PAGE: i64 = 1000;
@@ -25,13 +24,21 @@ pub struct ListQuery {
     limit: Option<i64>,
 }
 
+/// A page of kinds; a struct rather than a JSON map so that each kind reads
+/// name first, as declared.
+#[derive(Debug, Serialize)]
+pub struct Page {
+    kinds: Vec<Kind>,
+    next_after: Option<String>,
+}
+
 /// `{"kinds": [...], "next_after": <name or null>}`, by name; pass
 /// `next_after` as `after` for the next page.
 pub async fn list(
     State(state): State<AppState>,
     Caller(_): Caller,
     query: Result<Query<ListQuery>, QueryRejection>,
-) -> Result<Json<Value>, HttpError> {
+) -> Result<Json<Page>, HttpError> {
     let Query(q) = query?;
     let limit = q.limit.unwrap_or(DEFAULT_PAGE);
     if !(1..=MAX_PAGE).contains(&limit) {
@@ -44,5 +51,8 @@ pub async fn list(
     let more = page.len() as i64 > limit;
     page.truncate(limit as usize);
     let next_after = more.then(|| page.last().map(|k| k.name.clone())).flatten();
-    Ok(Json(json!({ "kinds": page, "next_after": next_after })))
+    Ok(Json(Page {
+        kinds: page,
+        next_after,
+    }))
 }
