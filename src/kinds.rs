@@ -225,7 +225,7 @@ fn check_node(node: &Value, at: &str, depth: usize) -> std::result::Result<(), S
             }
             "items" => check_node(value, &format!("{at}[*]"), depth + 1)?,
             "enum" => {
-                if !value.as_array().is_some_and(|a| !a.is_empty()) {
+                if value.as_array().is_none_or(|a| a.is_empty()) {
                     return Err(format!("{at}: \"enum\" must be a non-empty list"));
                 }
             }

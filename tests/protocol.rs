@@ -44,7 +44,11 @@ async fn payloads_arrive_re_serialised_keys_reordered_and_numbers_normalised() {
         .args(["emit", "acme/web", "push", r#"{"price": 1.50}"#])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let got = consumer.wait_for(2, WAIT).await;
     assert_eq!(got[1].body["payload"]["price"].to_string(), "1.5");
     assert!(String::from_utf8_lossy(&got[1].raw).contains("1.5}"));
