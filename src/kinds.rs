@@ -21,7 +21,8 @@
 //! | depth | [`MAX_DEPTH`] (8 levels of `properties`/`items`) | the recursion of the check |
 //!
 //! Anything else (`$ref`, `anyOf`, `pattern`, `minimum`, …) is refused with
-//! a message naming it; `tests/kinds.rs` proves each bound.
+//! a message naming it; the unit tests below prove each bound, and
+//! `tests/kinds.rs` the refusals through the CLI and strict mode in emit().
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
