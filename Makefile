@@ -3,18 +3,18 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
 # The project-local PostgreSQL clusters (target/pg*). `make run`'s is on a
-# well-known port; the others' ports are derived from the checkout's path,
-# so that two checkouts can run `make test` at once. `make ports` prints
-# them; PG_TEST_PORT=... and the like override them.
-PORT_BASE := $(shell printf '%s' "$(CURDIR)" | cksum | awk '{print 55000 + ($$1 % 1000) * 4}')
+# well-known port; the others get a free port chosen once per checkout and
+# remembered in target/pg-*.port (scripts/dev-postgres.sh), so that two
+# checkouts can run `make test` at once. `make ports` prints them;
+# PG_TEST_PORT=... and the like override them.
 PG_RUN_PORT  ?= 54329
-PG_TEST_PORT ?= $(PORT_BASE)
-PG_BENCH_PORT ?= $(shell echo $$(($(PORT_BASE) + 1)))
-PG_CHAOS_PORT ?= $(shell echo $$(($(PORT_BASE) + 2)))
+PG_TEST_PORT ?= $(shell scripts/dev-postgres.sh port pg-test)
+PG_BENCH_PORT ?= $(shell scripts/dev-postgres.sh port pg-bench)
+PG_CHAOS_PORT ?= $(shell scripts/dev-postgres.sh port pg-chaos)
 CHANGES ?= 20000
 NEXTEST := $(shell cargo nextest --version >/dev/null 2>&1 && echo yes)
 
-.PHONY: help build run demo test chaos bench lint fmt ports pg-stop
+.PHONY: help build run examples demo test chaos bench lint fmt ports pg-stop
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -35,12 +35,20 @@ run: ## run the pump and API (starts a project-local PostgreSQL when DATABASE_UR
 	export WATCHPUMP_PRODUCER_TOKEN="$${WATCHPUMP_PRODUCER_TOKEN:-dev-producer-token}"; \
 	[ -s target/dev-secret-key ] || (mkdir -p target; umask 077; head -c 32 /dev/urandom | base64 > target/dev-secret-key); \
 	export WATCHPUMP_SECRET_KEY="$${WATCHPUMP_SECRET_KEY:-$$(cat target/dev-secret-key)}"; \
-	echo "building watchpump in release mode (the first build takes a few minutes)"; \
-	cargo build --release; \
+	[ -s target/dev-admin-token ] || (mkdir -p target; umask 077; od -An -N24 -tx1 /dev/urandom | tr -d ' \n' >target/dev-admin-token); \
+	export WATCHPUMP_ADMIN_TOKEN="$${WATCHPUMP_ADMIN_TOKEN:-$$(cat target/dev-admin-token)}"; \
+	echo "building watchpump in release mode (the first build takes 4-9 minutes on 2 cores)"; \
+	CARGO_TERM_PROGRESS_WHEN=always CARGO_TERM_PROGRESS_WIDTH=80 cargo build --release; \
 	target/release/watchpump migrate; \
+	target/release/watchpump kinds add --file kinds/git.json >/dev/null; \
+	echo "panel: http://$${WATCHPUMP_LISTEN:-127.0.0.1:8080}/panel, log in with the token in target/dev-admin-token"; \
 	exec target/release/watchpump serve
 
-demo: ## one minute of watchpump: a pump, a consumer and a producer in this terminal
+examples: ## build the ADR's three example consumers in release mode (run each with `make run` running)
+	cargo build --release --example deploy --example preview --example docs_draft
+	@echo "run them with: target/release/examples/deploy, target/release/examples/preview, target/release/examples/docs_draft"
+
+demo: ## a quarter-minute of watchpump: a pump, a consumer and a producer in this terminal
 	@scripts/demo.sh $(PG_RUN_PORT)
 
 test: ## start a throwaway PostgreSQL and run every test
@@ -76,8 +84,5 @@ fmt: ## format the code
 ports: ## print the project-local clusters' ports
 	@echo "run $(PG_RUN_PORT), test $(PG_TEST_PORT), bench $(PG_BENCH_PORT), chaos $(PG_CHAOS_PORT)"
 
-pg-stop: ## stop the project-local PostgreSQL clusters
-	scripts/dev-postgres.sh stop pg
-	scripts/dev-postgres.sh stop pg-test
-	scripts/dev-postgres.sh stop pg-bench
-	scripts/dev-postgres.sh stop pg-chaos
+pg-stop: ## stop the project-local PostgreSQL clusters (those running)
+	@for c in pg pg-test pg-bench pg-chaos; do scripts/dev-postgres.sh stop $$c; done

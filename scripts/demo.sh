@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make demo`: one minute of watchpump in this terminal. A consumer that
+# `make demo`: about 15 seconds of watchpump in this terminal. A consumer that
 # prints what it receives (and fails one delivery once, to show a retry), a
 # pump, and a producer emitting a few changes; then the consumer goes away,
 # the backlog waits in watchpump.backlog, and it is delivered when the

@@ -2,9 +2,17 @@
 # Start (or stop) a project-local PostgreSQL cluster for `make run`, `make test`
 # and `make bench`, and print its DATABASE_URL on the last line of stdout.
 #
-#   scripts/dev-postgres.sh start NAME PORT [fsync=on|off]
-#   scripts/dev-postgres.sh stop  NAME
+#   scripts/dev-postgres.sh start NAME PORT|auto [fsync=on|off]
+#   scripts/dev-postgres.sh stop  NAME     (quiet when it is not running)
 #   scripts/dev-postgres.sh restart NAME   (a fast restart, for the chaos suite)
+#   scripts/dev-postgres.sh port  NAME     (prints the port `auto` means)
+#
+# `auto` (what `make test`, `make bench` and the chaos suite use): a free
+# port chosen the first time, among 20000-32767 (below Linux's ephemeral
+# range, so outgoing connections do not take it), and remembered in
+# target/NAME.port, so that each checkout keeps its own. When the port is
+# taken anyway, the error names the setting that moves it (PG_TEST_PORT,
+# ...), and deleting target/NAME.port chooses another.
 #
 # The cluster lives in target/NAME. It uses the installed PostgreSQL binaries
 # (installing Debian's postgresql package when none are found), trusts local
@@ -12,12 +20,47 @@
 # as root, because PostgreSQL refuses to run as root.
 set -euo pipefail
 
-cmd=${1:?usage: dev-postgres.sh start|stop NAME [PORT] [fsync]}
+cmd=${1:?usage: dev-postgres.sh start|stop|restart|port NAME [PORT|auto] [fsync]}
 name=${2:?cluster name}
 port=${3:-54329}
 fsync=${4:-on}
 root=$(cd "$(dirname "$0")/.." && pwd)
 data="$root/target/$name"
+
+# The make variable that sets each cluster's port, for messages.
+setting() {
+  case "$name" in
+    pg) echo PG_RUN_PORT ;;
+    pg-test) echo PG_TEST_PORT ;;
+    pg-bench) echo PG_BENCH_PORT ;;
+    pg-chaos) echo "PG_CHAOS_PORT (WATCHPUMP_CHAOS_PG_PORT for cargo test)" ;;
+    *) echo "the PORT argument" ;;
+  esac
+}
+
+port_free() {
+  python3 -c 'import socket,sys; s=socket.socket(); s.bind(("127.0.0.1", int(sys.argv[1])))' "$1" 2>/dev/null
+}
+
+# The port remembered in target/NAME.port, chosen (free, at random) the
+# first time.
+remembered_port() {
+  local file="$root/target/$name.port" p
+  if [ -s "$file" ]; then cat "$file"; return 0; fi
+  mkdir -p "$root/target"
+  for _ in $(seq 100); do
+    p=$((20000 + RANDOM % 12768))
+    if port_free "$p"; then echo "$p" >"$file"; echo "$p"; return 0; fi
+  done
+  echo "dev-postgres: found no free port for $name; set $(setting)" >&2
+  return 1
+}
+
+if [ "$cmd" = port ]; then
+  remembered_port
+  exit 0
+fi
+[ "$port" = auto ] && port=$(remembered_port)
 
 find_bindir() {
   local d
@@ -52,6 +95,14 @@ case "$cmd" in
   start)
     mkdir -p "$root/target"
     [ -L "$data" ] && data=$(readlink "$data")
+    # Checked before anything is set up, so that the message names the
+    # setting instead of PostgreSQL's "could not bind" in a log.
+    running_here=$([ -f "$data/postmaster.pid" ] && sed -n 4p "$data/postmaster.pid" 2>/dev/null || true)
+    if [ "$running_here" != "$port" ] && ! port_free "$port"; then
+      echo "dev-postgres: cannot start $name on port $port: the port is in use (another program, or another checkout's cluster)." >&2
+      echo "dev-postgres: choose another with $(setting)=<port>, or delete target/$name.port to have a free one chosen." >&2
+      exit 1
+    fi
     if [ "$(id -u)" = 0 ]; then
       id postgres >/dev/null 2>&1 || useradd --system --home /var/lib/postgresql postgres
       mkdir -p "$data" && chown postgres "$data" && chmod 700 "$data"
@@ -89,7 +140,7 @@ CONF
     if ! as_owner "$bindir/pg_ctl" -D "$data" status >/dev/null 2>&1; then
       as_owner "$bindir/pg_ctl" -D "$data" -l "$data/server.log" -w -t 60 \
         -o "-p $port -c fsync=$fsync -c synchronous_commit=$fsync -c track_commit_timestamp=on -c shared_preload_libraries=pg_stat_statements" start >&2 \
-        || { tail -20 "$data/server.log" >&2; exit 1; }
+        || { tail -20 "$data/server.log" >&2; echo "dev-postgres: $name did not start on port $port; $(setting) moves it" >&2; exit 1; }
     fi
     echo "postgres://postgres@127.0.0.1:$port/postgres"
     ;;
@@ -99,12 +150,13 @@ CONF
     ;;
   stop)
     [ -L "$data" ] && data=$(readlink "$data")
-    if [ -f "$data/PG_VERSION" ]; then
+    # Quiet when it is not running (pg_ctl would say "PID file ... does not exist").
+    if [ -f "$data/PG_VERSION" ] && as_owner "$bindir/pg_ctl" -D "$data" status >/dev/null 2>&1; then
       as_owner "$bindir/pg_ctl" -D "$data" -m fast -w stop >&2 || true
     fi
     ;;
   *)
-    echo "usage: dev-postgres.sh start|stop|restart NAME [PORT] [fsync]" >&2
+    echo "usage: dev-postgres.sh start|stop|restart|port NAME [PORT|auto] [fsync]" >&2
     exit 2
     ;;
 esac

@@ -5,9 +5,9 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-use crate::config::{Cli, Command, SecretsCommand, ServicesCommand};
+use crate::config::{Cli, Command, KindsCommand, SecretsCommand, ServicesCommand};
 use crate::error::{Error, Result};
-use crate::{schema, server, services};
+use crate::{kinds, schema, server, services};
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -208,27 +208,173 @@ async fn run(cli: Cli) -> Result<()> {
         }
         Command::Services(command) => {
             let pool = server::connect(&url, 2).await?;
+            schema::require(&pool).await?;
             schema::migrate(&pool).await?;
             run_services(&pool, command).await?;
+        }
+        Command::Kinds(command) => {
+            let pool = server::connect(&url, 2).await?;
+            schema::require(&pool).await?;
+            schema::migrate(&pool).await?;
+            run_kinds(&pool, command).await?;
         }
         Command::Emit {
             object,
             kind,
             payload,
         } => {
+            crate::watches::check_object(&object)?;
             let payload = read_payload(&payload)?;
             let pool = server::connect(&url, 2).await?;
-            let mut tx = pool.begin().await?;
-            let change_id = crate::emit(&mut tx, &object, &kind, &payload).await?;
-            let deliveries: i64 = sqlx::query_scalar(
-                "select count(*) from watchpump.deliveries where change_id = $1",
-            )
-            .bind(change_id)
-            .fetch_one(&mut *tx)
-            .await?;
-            tx.commit().await?;
-            println!("change {change_id}: {deliveries} deliveries");
+            schema::require(&pool).await?;
+            let (change_id, deliveries) = emit_one(&pool, &object, &kind, &payload)
+                .await
+                .map_err(emit_error)?;
+            let plural = if deliveries == 1 {
+                "delivery"
+            } else {
+                "deliveries"
+            };
+            println!("change {change_id}: {deliveries} {plural}");
         }
     }
     Ok(())
+}
+
+/// `watchpump emit`: the change and how many deliveries it made.
+async fn emit_one(
+    pool: &sqlx::PgPool,
+    object: &str,
+    kind: &str,
+    payload: &serde_json::Value,
+) -> std::result::Result<(i64, i64), sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    let change_id: i64 = sqlx::query_scalar("select watchpump.emit($1, $2, $3)")
+        .bind(object)
+        .bind(kind)
+        .bind(sqlx::types::Json(payload))
+        .fetch_one(&mut *tx)
+        .await?;
+    let deliveries: i64 =
+        sqlx::query_scalar("select count(*) from watchpump.deliveries where change_id = $1")
+            .bind(change_id)
+            .fetch_one(&mut *tx)
+            .await?;
+    tx.commit().await?;
+    Ok((change_id, deliveries))
+}
+
+/// emit()'s refusals (bad input, strict mode's 22023 and 23514) as the
+/// message it raised; a schema older than this binary as what to run.
+fn emit_error(e: sqlx::Error) -> Error {
+    let code = match &e {
+        sqlx::Error::Database(d) => d.code().map(|c| c.to_string()),
+        _ => None,
+    };
+    match code.as_deref() {
+        // undefined_function, undefined_table, invalid_schema_name
+        Some("42883" | "42P01" | "3F000") => Error::NotFound(format!(
+            "{e}: the watchpump schema is missing or older than this binary; run `watchpump migrate`"
+        )),
+        Some("23514") => match e {
+            sqlx::Error::Database(d) => Error::Invalid(
+                d.message()
+                    .trim_start_matches("watchpump.emit: ")
+                    .to_string(),
+            ),
+            e => Error::Database(e),
+        },
+        _ => Error::raised(e),
+    }
+}
+
+/// `watchpump kinds ...`: each prints what it did.
+async fn run_kinds(pool: &sqlx::PgPool, command: KindsCommand) -> Result<()> {
+    match command {
+        KindsCommand::Add {
+            file: Some(file), ..
+        } => {
+            let text = read_text(&file, "the kinds file")?;
+            let declared = kinds::KindsFile::parse(&text)?;
+            let mut tx = pool.begin().await?;
+            let mut said = Vec::new();
+            for kind in &declared.kinds {
+                let created = kinds::add_in(&mut tx, kind).await?;
+                said.push(format!(
+                    "kind {} {}",
+                    kind.name,
+                    if created { "declared" } else { "updated" }
+                ));
+            }
+            tx.commit().await?;
+            for line in said {
+                println!("{line}");
+            }
+        }
+        KindsCommand::Add {
+            name: Some(name),
+            schema: Some(schema),
+            example: Some(example),
+            description,
+            ..
+        } => {
+            let schema = serde_json::from_str(&read_text(&schema, "the schema")?)
+                .map_err(|e| Error::Invalid(format!("the schema is not JSON: {e}")))?;
+            let example = serde_json::from_str(&example)
+                .map_err(|e| Error::Invalid(format!("the example is not JSON: {e}")))?;
+            let new = kinds::NewKind {
+                name,
+                description,
+                schema,
+                example,
+            };
+            let created = kinds::add(pool, &new).await?;
+            let what = if created { "declared" } else { "updated" };
+            println!("kind {} {what}", new.name);
+        }
+        KindsCommand::Add { .. } => {
+            return Err(Error::Invalid(
+                "kinds add needs NAME --schema FILE --example JSON, or --file FILE".into(),
+            ))
+        }
+        KindsCommand::List { json } => {
+            let mut after = String::new();
+            loop {
+                let page = kinds::list(pool, &after, 1000).await?;
+                for k in &page {
+                    if json {
+                        println!(
+                            "{}",
+                            serde_json::to_string(k).map_err(|e| Error::Invalid(e.to_string()))?
+                        );
+                    } else {
+                        println!("{}\t{}", k.name, k.description);
+                    }
+                }
+                match page.last() {
+                    Some(last) if page.len() == 1000 => after = last.name.clone(),
+                    _ => break,
+                }
+            }
+        }
+        KindsCommand::Remove { name } => {
+            kinds::remove(pool, &name).await?;
+            println!("kind {name} removed");
+        }
+    }
+    Ok(())
+}
+
+/// A file's text, or stdin's for `-`.
+fn read_text(arg: &str, what: &str) -> Result<String> {
+    use std::io::Read;
+    if arg == "-" {
+        let mut text = String::new();
+        std::io::stdin()
+            .read_to_string(&mut text)
+            .map_err(|e| Error::Invalid(format!("cannot read {what} from stdin: {e}")))?;
+        return Ok(text);
+    }
+    std::fs::read_to_string(arg)
+        .map_err(|e| Error::Invalid(format!("cannot read {what} from {arg:?}: {e}")))
 }

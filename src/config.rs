@@ -39,6 +39,11 @@ pub enum Command {
     /// Signing secrets at rest (encrypted with WATCHPUMP_SECRET_KEY).
     #[command(subcommand)]
     Secrets(SecretsCommand),
+    /// Declare, list and remove the kinds of change the producer emits
+    /// (each with a JSON Schema and an example payload), for consumers to
+    /// read at GET /api/v1/kinds and, in strict mode, for emit() to check.
+    #[command(subcommand)]
+    Kinds(KindsCommand),
     /// Record a change and fan it out to the matching watches (for trying
     /// things out; producers call watchpump.emit() in their own transaction).
     Emit {
@@ -113,6 +118,41 @@ pub enum ServicesCommand {
         #[arg(long)]
         yes: bool,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum KindsCommand {
+    /// Declare a kind (or replace its declaration): `kinds add NAME --schema
+    /// FILE --example JSON`, or every kind of a kinds file with `--file`.
+    Add {
+        /// The kind's name, as emit() is given it, e.g. push.
+        #[arg(required_unless_present = "file", conflicts_with = "file")]
+        name: Option<String>,
+        /// The payload's JSON Schema, from a file, or `-` for stdin; within
+        /// the subset strict mode checks (type, required, properties,
+        /// items, enum, additionalProperties: false).
+        #[arg(long, requires = "name", required_unless_present = "file")]
+        schema: Option<String>,
+        /// An example payload, a JSON object that fits the schema.
+        #[arg(long, requires = "name", required_unless_present = "file")]
+        example: Option<String>,
+        /// What a change of this kind means, for consumer teams.
+        #[arg(long, default_value = "", requires = "name")]
+        description: String,
+        /// A kinds file, `{"kinds": [{"name", "description", "schema",
+        /// "example"}, ...]}` (such as kinds/git.json): declares each, or
+        /// none if one is refused.
+        #[arg(long)]
+        file: Option<String>,
+    },
+    /// List the declared kinds: name and description (`--json`: everything).
+    List {
+        /// One JSON object per kind, with its schema and example.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove a kind's declaration (in strict mode emit() then refuses it).
+    Remove { name: String },
 }
 
 /// `watchpump serve`: the pump plus the HTTP listeners.

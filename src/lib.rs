@@ -23,6 +23,9 @@
 //!   every time ([`sql_files`], which the kit's inbox uses too); the durable
 //!   logic (emit, claim, complete, sweep) is SQL there.
 //! - [`emit()`](emit::emit): the producer's call, in the producer's transaction.
+//! - [`kinds`]: the catalogue of the kinds of change the producer emits,
+//!   each with a JSON Schema and an example, and strict mode, which makes
+//!   `emit()` refuse what the catalogue does not declare.
 //! - [`services`]: the registry of consumer services and their hashed tokens;
 //!   [`destinations`]: where their base URLs may point.
 //! - [`signing`]: Standard Webhooks signatures on every delivery, and their
@@ -88,6 +91,8 @@ pub mod emit;
 pub mod error;
 #[cfg(feature = "kit")]
 pub mod http;
+#[cfg(feature = "producer")]
+pub mod kinds;
 #[cfg(feature = "kit")]
 pub mod kit;
 #[cfg(feature = "producer")]

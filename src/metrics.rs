@@ -86,6 +86,7 @@ pub fn install_recorder() -> Result<PrometheusHandle, String> {
         .map_err(|e| e.to_string())?
         .install_recorder()
         .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
+    describe();
     metrics::gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
     for source in ["notify", "sweep", "reconnect"] {
         metrics::counter!(WAKEUPS, "source" => source).absolute(0);
@@ -97,6 +98,69 @@ pub fn install_recorder() -> Result<PrometheusHandle, String> {
     metrics::gauge!(IN_FLIGHT_BYTES).set(0.0);
     metrics::gauge!(BACKLOG_LEADER).increment(0.0);
     Ok(handle)
+}
+
+/// The `# HELP` line of every metric: one sentence each, the short form of
+/// its row in docs/metrics.md (`tests/metrics.rs` checks that every
+/// `watchpump_` family scraped has one).
+fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram};
+    describe_counter!(
+        DELIVERIES,
+        "What an attempt this pump reported did to its delivery, by consumer service and outcome (delivered, retry_scheduled, failed, dropped, superseded)."
+    );
+    describe_histogram!(
+        DELIVERY_LATENCY,
+        "From the change being recorded by emit() to the consumer's 2xx answer, retries included; once per delivered delivery."
+    );
+    describe_histogram!(
+        ATTEMPT_DURATION,
+        "Duration of one HTTP attempt, by consumer service and result (2xx, 410, 3xx, 4xx, 5xx, timeout, connect_error)."
+    );
+    describe_gauge!(
+        BACKLOG,
+        "Deliveries in the database per consumer service and state (pending, in_flight, due, failed in the last 24 h); read by one pump at a time."
+    );
+    describe_gauge!(
+        OLDEST_DUE_AGE,
+        "Seconds since the oldest due delivery of the service became due; 0 when nothing is due."
+    );
+    describe_gauge!(
+        BACKLOG_LEADER,
+        "1 on the pump that reads the backlog gauges from the database, 0 on the others."
+    );
+    describe_counter!(
+        WAKEUPS,
+        "Wake-up signals of the pump, by source: notify (a committed emit), sweep (the timer), reconnect (the LISTEN connection came back)."
+    );
+    describe_counter!(
+        LISTENER_RECONNECTS,
+        "Times the pump re-established its LISTEN connection; the sweep covers NOTIFYs lost meanwhile."
+    );
+    describe_histogram!(
+        CLAIMED_BATCH_SIZE,
+        "Deliveries per non-empty claim, all consumer services together."
+    );
+    describe_gauge!(
+        IN_FLIGHT,
+        "HTTP requests this pump has in flight now, per consumer service; sum across pumps."
+    );
+    describe_gauge!(
+        IN_FLIGHT_BYTES,
+        "Payload bytes this pump's deliveries in flight hold, each change's payload once; capped by WATCHPUMP_MAX_IN_FLIGHT_BYTES plus one payload."
+    );
+    describe_counter!(
+        CLAIMS_HELD,
+        "Claims this pump did not make because a global in-flight cap was reached, by cap (requests, bytes)."
+    );
+    describe_gauge!(
+        BUILD_INFO,
+        "Always 1, one series per running pump, labelled with its version."
+    );
+    describe_counter!(
+        NOTIFY_WARNINGS,
+        "Warnings about failed deliveries, by consumer service and outcome: sent to the notify service, folded into another warning, or logged."
+    );
 }
 
 /// `GET /metrics`: the scrape in Prometheus's text format.

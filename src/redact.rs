@@ -164,6 +164,18 @@ fn mask_prefixed(text: &str, prefix: &str, secret: impl Fn(&str) -> (usize, usiz
 /// `text` with the user information of every URL in it (`scheme://user:pw@`)
 /// masked: for messages about a URL that may carry credentials.
 pub fn mask_url_credentials(text: &str) -> String {
+    mask_userinfo(text, false)
+}
+
+/// [`mask_url_credentials`] for a database URL: a user name alone
+/// (`postgres://postgres@host`) is shown as it is, since masking it
+/// suggests a password where there is none and hides which role connects,
+/// unless it is long enough to be a token used as a user name.
+pub fn mask_database_url(url: &str) -> String {
+    mask_userinfo(url, true)
+}
+
+fn mask_userinfo(text: &str, keep_plain_user: bool) -> String {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(at) = rest.find("://") {
@@ -171,7 +183,9 @@ pub fn mask_url_credentials(text: &str) -> String {
         rest = &rest[at + 3..];
         let authority = run(rest, |c| is_token_char(c) && !matches!(c, '/' | '?' | '#'));
         if let Some(userinfo) = rest[..authority].rfind('@').filter(|&n| n > 0) {
-            if &rest[..userinfo] != MASK {
+            let user = &rest[..userinfo];
+            let plain_user = keep_plain_user && !user.contains(':') && user.len() <= PLAIN_USER_MAX;
+            if user != MASK && !plain_user {
                 out.push_str(MASK);
                 rest = &rest[userinfo..];
             }
@@ -180,6 +194,11 @@ pub fn mask_url_credentials(text: &str) -> String {
     out.push_str(rest);
     out
 }
+
+/// Longest user name shown unmasked in a URL without a password:
+/// PostgreSQL's default NAMEDATALEN allows 63, but user names are short,
+/// and tokens passed as user names (GitHub's are 40 characters) are not.
+const PLAIN_USER_MAX: usize = 32;
 
 #[cfg(test)]
 mod tests {
@@ -251,6 +270,21 @@ mod tests {
             format!("error sending request for url (http://{MASK}@host:9/x)")
         );
         assert_eq!(m("http://host:9/a@b"), "http://host:9/a@b");
+        // In a database URL, a user without a password is no secret; a
+        // password, or a token as user name, is.
+        assert_eq!(
+            mask_database_url("postgres://postgres@127.0.0.1:54329/watchpump"),
+            "postgres://postgres@127.0.0.1:54329/watchpump"
+        );
+        assert_eq!(
+            mask_database_url("postgres://app:pw@db/x"),
+            format!("postgres://{MASK}@db/x")
+        );
+        assert_eq!(
+            mask_database_url("postgres://ghp_16C7e42F292c6912E7710c838347Ae178B4a@db/x"),
+            format!("postgres://{MASK}@db/x")
+        );
+        assert_eq!(m("https://deploy@host/x"), format!("https://{MASK}@host/x"));
     }
 
     #[test]

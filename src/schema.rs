@@ -8,7 +8,7 @@
 
 use sqlx::PgPool;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::sql_files::{self, SqlFile};
 
 macro_rules! sql_file {
@@ -31,8 +31,10 @@ const FILES: &[SqlFile] = &[
     sql_file!("migrations", "0004_storage_v2", false),
     sql_file!("migrations", "0005_bounds", false),
     sql_file!("migrations", "0006_encrypted_secrets", false),
+    sql_file!("migrations", "0007_kinds", false),
     sql_file!("functions", "0050_registry", true),
     sql_file!("functions", "0100_emit", true),
+    sql_file!("functions", "0150_kinds", true),
     sql_file!("functions", "0200_pump", true),
     sql_file!("functions", "0300_operator", true),
     sql_file!("functions", "0400_metrics", true),
@@ -114,4 +116,23 @@ pub async fn missing_roles(pool: &PgPool) -> Result<Vec<String>> {
     .bind(ROLES)
     .fetch_all(pool)
     .await?)
+}
+
+/// Refuses a database without the `watchpump` schema, saying what to run:
+/// the CLI's commands other than `migrate` must not create it as a side
+/// effect in a database the user may have named by mistake.
+pub async fn require(pool: &PgPool) -> Result<()> {
+    let present: bool =
+        sqlx::query_scalar("select to_regclass('watchpump.schema_migrations') is not null")
+            .fetch_one(pool)
+            .await?;
+    if present {
+        Ok(())
+    } else {
+        Err(Error::NotFound(
+            "this database has no watchpump schema: run `watchpump migrate` first \
+             (`watchpump serve` and `make run` do it too)"
+                .into(),
+        ))
+    }
 }

@@ -24,7 +24,7 @@ use crate::{edge, metrics, operator, schema, services};
 /// is made first, so that a bad URL or a refused connection says why at
 /// once (a pool only reports that it timed out waiting, after 10 s).
 pub async fn connect(database_url: &str, size: u32) -> Result<PgPool> {
-    let shown = crate::redact::mask_url_credentials(database_url);
+    let shown = crate::redact::mask_database_url(database_url);
     let options: PgConnectOptions = database_url
         .strip_prefix("postgres://")
         .or_else(|| database_url.strip_prefix("postgresql://"))
@@ -140,6 +140,7 @@ pub async fn serve(
     };
     let listener = bind(cfg.listen, "the watches API", "--listen / WATCHPUMP_LISTEN").await?;
     tracing::info!(addr = %cfg.listen, "watches API listening");
+    log_panel(&cfg);
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = |mut rx: watch::Receiver<bool>| async move {
@@ -210,6 +211,17 @@ pub async fn serve(
     }
     pool.close().await;
     pump_result
+}
+
+/// Where the panel is, or why it is off: its page says so too, but nobody
+/// opens a page they do not know is there.
+fn log_panel(cfg: &ServeConfig) {
+    let url = cfg.operator.panel_url(cfg.listen);
+    if cfg.operator.admin_token.is_some() {
+        tracing::info!(%url, "panel and admin API on: log in with WATCHPUMP_ADMIN_TOKEN");
+    } else {
+        tracing::info!(%url, "panel and admin API off: set WATCHPUMP_ADMIN_TOKEN (16 characters or more) to turn them on");
+    }
 }
 
 /// The metrics listener's address, or None when it is off.

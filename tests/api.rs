@@ -231,7 +231,8 @@ async fn list_shows_only_the_callers_own_watches_paginated_and_removed_ones_on_r
     assert_eq!(ids(&second), live[3..]);
     assert_eq!(second["next_after"], Value::Null);
 
-    // Pages of 2 over 4 watches: the second page is full, the third empty.
+    // Pages of 2 over 4 watches: the second page is full and the last one,
+    // so it has no cursor (no empty third page to fetch).
     let mut seen = Vec::new();
     let mut after = 0;
     let mut pages = 0;
@@ -252,7 +253,15 @@ async fn list_shows_only_the_callers_own_watches_paginated_and_removed_ones_on_r
         assert!(pages < 10, "pagination ends");
     }
     assert_eq!(seen, live);
-    assert_eq!(pages, 3);
+    assert_eq!(pages, 2);
+    let last = api
+        .get_json(
+            &api.deploy_token,
+            &format!("/api/v1/watches?limit=1&after={}", live[2]),
+        )
+        .await;
+    assert_eq!(ids(&last), live[3..]);
+    assert_eq!(last["next_after"], Value::Null, "nothing follows the last");
 
     // include_removed shows the removed one too, marked as removed.
     let all = api

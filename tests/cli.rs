@@ -353,7 +353,7 @@ async fn emit_records_the_change_and_its_deliveries() {
     .unwrap();
     assert_eq!(
         stdout(&out).trim(),
-        format!("change {change_id}: 1 deliveries")
+        format!("change {change_id}: 1 delivery")
     );
     assert_eq!(payload, json!({}));
     assert_eq!(sequence, 2);
@@ -385,6 +385,48 @@ async fn emit_refuses_invalid_json_and_non_object_payloads_writing_nothing() {
             );
         }
     }
+}
+
+#[tokio::test]
+async fn emit_refuses_an_object_no_watch_could_name_and_counts_one_delivery_in_the_singular() {
+    let db = TestDb::new().await;
+    let (service, _) = db.add_service("deploy", "http://127.0.0.1:9").await;
+    db.add_watch(service.id, "app", "acme/", all()).await;
+    for object in ["/x", "acme//web", "two words"] {
+        let out = run(Some(&db.url), &["emit", object, "push"]);
+        assert_fails_saying(&out, "object must");
+        assert_eq!(count(&db, "changes").await, 0, "{object:?}");
+    }
+    let out = run(Some(&db.url), &["emit", "acme/web", "push"]);
+    assert_success(&out);
+    assert!(stdout(&out).ends_with(": 1 delivery\n"), "{}", stdout(&out));
+}
+
+#[tokio::test]
+async fn commands_on_an_unmigrated_database_say_to_run_migrate_and_create_nothing() {
+    let (url, pool) = blank_database().await;
+    for args in [
+        &["services", "list"][..],
+        &[
+            "services",
+            "add",
+            "deploy",
+            "--base-url",
+            "http://127.0.0.1:9",
+        ],
+        &["kinds", "list"],
+        &["emit", "acme/x", "push"],
+    ] {
+        let out = run(Some(&url), args);
+        assert_fails_saying(&out, "run `watchpump migrate`");
+        assert_eq!(stdout(&out), "", "{args:?}");
+    }
+    let schemas: i64 =
+        sqlx::query_scalar("select count(*) from pg_namespace where nspname = 'watchpump'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(schemas, 0, "no command but migrate creates the schema");
 }
 
 #[tokio::test]
@@ -529,6 +571,13 @@ async fn serve_answers_healthz_and_exits_0_on_sigterm() {
     assert!(
         http.get(&healthz).send().await.is_err(),
         "nothing listens after the exit"
+    );
+    // The log says where the panel is, and why it is off.
+    let logs = logs.lock().unwrap();
+    assert!(
+        logs.contains("panel and admin API off: set WATCHPUMP_ADMIN_TOKEN")
+            && logs.contains(&format!("http://127.0.0.1:{port}/panel")),
+        "{logs}"
     );
 }
 

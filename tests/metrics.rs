@@ -92,6 +92,7 @@ async fn metrics_match_the_database_and_the_dashboards_use_them() {
     let scrape = Scrape::fetch(exporter).await;
     assert_dashboards_use_scraped_metrics(&scrape);
     assert_docs_list_scraped_metrics(&scrape);
+    assert_every_metric_has_help(&scrape);
     assert_prometheus_evaluates_dashboards_and_alerts(&prometheus, &db.pool).await;
 
     let _ = stop_collector.send(());
@@ -638,6 +639,34 @@ fn assert_docs_list_scraped_metrics(scrape: &Scrape) {
         undocumented.is_empty(),
         "not in docs/metrics.md: {undocumented:?}"
     );
+}
+
+/// Every `watchpump_` family comes with a `# HELP` line that says something
+/// (Prometheus shows it next to the name in its UI and in autocompletion).
+fn assert_every_metric_has_help(scrape: &Scrape) {
+    let families: Vec<&String> = scrape
+        .families
+        .keys()
+        .filter(|f| f.starts_with("watchpump_"))
+        .collect();
+    assert_eq!(families.len(), watchpump_metric_count(), "{families:?}");
+    for family in families {
+        let help = scrape.helps.get(family).map(String::as_str).unwrap_or("");
+        assert!(
+            help.split_whitespace().count() >= 5,
+            "{family} has no # HELP text worth reading: {help:?}"
+        );
+    }
+}
+
+/// The metrics `src/metrics.rs` defines (each `pub const` name).
+fn watchpump_metric_count() -> usize {
+    let source =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/src/metrics.rs")).unwrap();
+    source
+        .lines()
+        .filter(|l| l.starts_with("pub const ") && l.contains("\"watchpump_"))
+        .count()
 }
 
 /// A real Prometheus has scraped the scenario: every panel query returns

@@ -908,3 +908,27 @@ async fn serve_wires_the_panel_the_admin_api_and_the_operator_task() {
     let (served, ()) = tokio::join!(served, checks);
     served.unwrap();
 }
+
+/// Identical failures in a row are one row of watchpump.attempts; the panel
+/// says which attempts and how many it stands for, not just the first.
+#[tokio::test]
+async fn the_panel_shows_folded_attempts_as_a_range_and_a_count() {
+    let db = TestDb::new().await;
+    let (service, _) = db.add_service("deploy", "http://127.0.0.1:9").await;
+    db.add_watch(service.id, "app", "acme/", all()).await;
+    let delivery = delivery_of(&db, db.emit("acme/web", "push", json!({})).await).await;
+    sqlx::query(
+        "insert into watchpump.attempt_log (delivery_id, attempt, started_at, duration_ms, status, pump, repeats)
+         values ($1, 1, now(), 1, 503, 'test', 1), ($1, 2, now(), 1, 500, 'test', 5)",
+    )
+    .bind(delivery)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let server = AppServer::start(&db.pool, &operator_config()).await;
+    let page = server
+        .panel_get(&format!("/panel/deliveries/{delivery}"))
+        .await;
+    assert!(page.contains("<td>#1</td>"), "{page}");
+    assert!(page.contains("<td>#2-6 (5×)</td>"), "{page}");
+}

@@ -138,6 +138,10 @@ begin
                   hint = 'send a reference to the data (a commit id, a URL) rather than the data itself';
     end if;
 
+    -- Strict mode (docs/operator.md, kinds): a declared kind, and a payload
+    -- its schema accepts; nothing is checked otherwise.
+    if current_setting('watchpump.strict_kinds', true) = 'on' then perform watchpump.check_kind(p_kind, p_payload); end if;
+
     -- The counter row stays locked until the caller commits: emitters to one
     -- object queue here and commit in sequence order.
     insert into watchpump.objects as o (object, last_sequence)

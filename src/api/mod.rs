@@ -1,10 +1,11 @@
 //! The HTTP API consumers call, on `WATCHPUMP_LISTEN`: their watches
-//! ([`watches`]), authenticated by their service token ([`auth`], with
+//! ([`watches`]) and the producer's kinds of change ([`kinds`]), authenticated by their service token ([`auth`], with
 //! failures throttled per client address), and never handed a path or
 //! query that is not text ([`crate::http::text`]). Errors are
 //! [`HttpError`]s, as JSON.
 
 pub mod auth;
+pub mod kinds;
 pub mod watches;
 
 use std::sync::Arc;
@@ -43,6 +44,7 @@ pub fn app_with(state: AppState, throttle: Arc<Throttle>) -> Router {
             "/api/v1/watches/{id}",
             get(watches::show).delete(watches::remove),
         )
+        .route("/api/v1/kinds", get(kinds::list))
         .route("/healthz", get(healthz))
         .fallback(|| async { HttpError::NotFound("no such endpoint".into()) })
         .method_not_allowed_fallback(|| async { HttpError::MethodNotAllowed })

@@ -54,10 +54,18 @@ pub async fn list(
             "limit must be 1 to {MAX_PAGE}"
         )));
     }
-    let page = watches::list(&state.pool, service.id, q.include_removed, q.after, limit).await?;
-    let next_after = (page.len() as i64 == limit)
-        .then(|| page.last().map(|w| w.id))
-        .flatten();
+    // One more than asked for: a cursor only when something follows.
+    let mut page = watches::list(
+        &state.pool,
+        service.id,
+        q.include_removed,
+        q.after,
+        limit + 1,
+    )
+    .await?;
+    let more = page.len() as i64 > limit;
+    page.truncate(limit as usize);
+    let next_after = more.then(|| page.last().map(|w| w.id)).flatten();
     Ok(Json(json!({ "watches": page, "next_after": next_after })))
 }
 

@@ -66,7 +66,11 @@ pub struct Sent {
 /// One attempt to send a delivery.
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]
 pub struct Attempt {
+    /// The first attempt this row stands for.
     pub attempt: i32,
+    /// How many identical failed attempts in a row the row stands for
+    /// (`attempt` to `attempt + repeats - 1`); 1 for most.
+    pub repeats: i32,
     pub started_at: DateTime<Utc>,
     pub duration_ms: f64,
     pub status: Option<i32>,
@@ -289,7 +293,7 @@ pub async fn sent(pool: &PgPool, id: i64) -> Result<Option<Sent>> {
 
 pub async fn attempts(pool: &PgPool, delivery_id: i64) -> Result<Vec<Attempt>> {
     Ok(sqlx::query_as(
-        "select attempt, started_at, duration_ms, status, error, response_head, pump
+        "select attempt, repeats, started_at, duration_ms, status, error, response_head, pump
          from watchpump.attempts where delivery_id = $1 order by attempt, id",
     )
     .bind(delivery_id)

@@ -65,12 +65,7 @@ impl NewWatch {
     /// `match` filter (None when there is none).
     pub fn validate(&self) -> Result<Option<MatchFilter>> {
         check_text("resource", &self.resource)?;
-        check_text("object", &self.object)?;
-        if self.object.starts_with('/') || self.object.contains("//") {
-            return Err(Error::Invalid(
-                "object must not start with '/' or contain '//'".into(),
-            ));
-        }
+        check_object(&self.object)?;
         if let Some(kinds) = &self.filters.kinds {
             if kinds.is_empty() || kinds.len() > MAX_KINDS {
                 return Err(Error::Invalid(format!(
@@ -88,6 +83,18 @@ impl NewWatch {
             .map(Some)
             .map_err(|e| Error::Invalid(e.message().to_string()))
     }
+}
+
+/// What an object name must be, for a watch and for `watchpump emit` alike
+/// (an object `/x` could never be watched).
+pub fn check_object(object: &str) -> Result<()> {
+    check_text("object", object)?;
+    if object.starts_with('/') || object.contains("//") {
+        return Err(Error::Invalid(
+            "object must not start with '/' or contain '//'".into(),
+        ));
+    }
+    Ok(())
 }
 
 fn check_text(field: &str, value: &str) -> Result<()> {

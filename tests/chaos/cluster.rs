@@ -21,7 +21,8 @@ fn script() -> Command {
 impl Cluster {
     /// Starts the cluster unless it runs already.
     pub fn start() -> Cluster {
-        let port = std::env::var("WATCHPUMP_CHAOS_PG_PORT").unwrap_or_else(|_| "54332".into());
+        // Unset (cargo test alone): the port remembered for this checkout.
+        let port = std::env::var("WATCHPUMP_CHAOS_PG_PORT").unwrap_or_else(|_| "auto".into());
         let out = script()
             .args(["start", NAME, &port, "on"])
             .output()

@@ -26,6 +26,8 @@ pub struct Scrape {
     pub samples: Vec<Sample>,
     /// Metric family name -> type, from `# TYPE` lines.
     pub families: BTreeMap<String, String>,
+    /// Metric family name -> help text, from `# HELP` lines.
+    pub helps: BTreeMap<String, String>,
 }
 
 #[derive(Debug)]
@@ -51,8 +53,12 @@ impl Scrape {
     pub fn parse(text: String) -> Scrape {
         let mut samples = Vec::new();
         let mut families = BTreeMap::new();
+        let mut helps = BTreeMap::new();
         for line in text.lines() {
-            if let Some(rest) = line.strip_prefix("# TYPE ") {
+            if let Some(rest) = line.strip_prefix("# HELP ") {
+                let (name, help) = rest.split_once(' ').unwrap_or((rest, ""));
+                helps.insert(name.to_string(), help.to_string());
+            } else if let Some(rest) = line.strip_prefix("# TYPE ") {
                 let (name, kind) = rest.split_once(' ').expect("# TYPE name kind");
                 families.insert(name.to_string(), kind.to_string());
             } else if !line.starts_with('#') && !line.trim().is_empty() {
@@ -63,6 +69,7 @@ impl Scrape {
             text,
             samples,
             families,
+            helps,
         }
     }
 

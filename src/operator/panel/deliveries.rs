@@ -201,7 +201,7 @@ pub async fn show(
         for a in &attempts {
             body.push_str(&format!(
                 "<tr><td>{}</td><td>{}</td><td class=\"n\">{:.1} ms</td><td>{}</td><td>{}</td><td><pre>{}</pre></td></tr>",
-                a.attempt,
+                attempt_numbers(a.attempt, a.repeats),
                 html::time(a.started_at),
                 a.duration_ms,
                 esc(&s.mask(&html::outcome(a.status, a.error.as_deref()))),
@@ -359,4 +359,23 @@ fn delivery_id(id: Result<Path<i64>, PathRejection>) -> Result<i64, HttpError> {
 
 fn no_such_delivery(id: i64) -> HttpError {
     HttpError::NotFound(format!("There is no delivery {id}."))
+}
+
+/// The attempts one row stands for: `#3`, or `#3-7 (5×)` for identical
+/// failures in a row folded into it (the started time is the first's).
+fn attempt_numbers(first: i32, repeats: i32) -> String {
+    if repeats > 1 {
+        format!("#{first}-{} ({repeats}×)", first + repeats - 1)
+    } else {
+        format!("#{first}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn folded_attempts_show_their_range_and_count() {
+        assert_eq!(super::attempt_numbers(1, 1), "#1");
+        assert_eq!(super::attempt_numbers(3, 5), "#3-7 (5×)");
+    }
 }

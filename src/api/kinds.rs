@@ -1,0 +1,58 @@
+//! `GET /api/v1/kinds`: the kinds of change this producer declares
+//! ([`crate::kinds`]), each with its payload's JSON Schema and an example,
+//! so that a consumer team reads every field without the producer's source.
+//! Any service's token may read them: they describe the producer, not a
+//! consumer.
+
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
+use axum::Json;
+use serde::{Deserialize, Serialize};
+
+use crate::api::{auth::Caller, AppState};
+use crate::http::HttpError;
+use crate::kinds::{self, Kind};
+
+const DEFAULT_PAGE: i64 = 100;
+const MAX_PAGE: i64 = 1000;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    #[serde(default)]
+    after: String,
+    limit: Option<i64>,
+}
+
+/// A page of kinds; a struct rather than a JSON map so that each kind reads
+/// name first, as declared.
+#[derive(Debug, Serialize)]
+pub struct Page {
+    kinds: Vec<Kind>,
+    next_after: Option<String>,
+}
+
+/// `{"kinds": [...], "next_after": <name or null>}`, by name; pass
+/// `next_after` as `after` for the next page.
+pub async fn list(
+    State(state): State<AppState>,
+    Caller(_): Caller,
+    query: Result<Query<ListQuery>, QueryRejection>,
+) -> Result<Json<Page>, HttpError> {
+    let Query(q) = query?;
+    let limit = q.limit.unwrap_or(DEFAULT_PAGE);
+    if !(1..=MAX_PAGE).contains(&limit) {
+        return Err(HttpError::BadRequest(format!(
+            "limit must be 1 to {MAX_PAGE}"
+        )));
+    }
+    // One more than asked for: a cursor only when something follows.
+    let mut page = kinds::list(&state.pool, &q.after, limit + 1).await?;
+    let more = page.len() as i64 > limit;
+    page.truncate(limit as usize);
+    let next_after = more.then(|| page.last().map(|k| k.name.clone())).flatten();
+    Ok(Json(Page {
+        kinds: page,
+        next_after,
+    }))
+}

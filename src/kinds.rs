@@ -1,0 +1,352 @@
+//! The kinds catalogue: each kind of change the producer emits, declared
+//! with a JSON Schema of its payload and an example payload, so that a
+//! consumer team can read every field without opening the producer's source
+//! (`GET /api/v1/kinds`, `watchpump kinds list`, docs/protocol.md).
+//!
+//! Declaring kinds changes nothing for `emit()` until the producer turns on
+//! strict mode (`alter database … set watchpump.strict_kinds = on`): then
+//! `watchpump.check_kind()` (`sql/functions/0150_kinds.sql`) refuses an
+//! undeclared kind or a payload that does not fit its schema. With it off,
+//! `emit()` reads one setting and nothing else.
+//!
+//! # The schema subset, and why
+//!
+//! Strict mode checks inside the producer's transaction, so what a schema
+//! may cost is bounded here, when it is added, never by running it:
+//!
+//! | bound | value | why |
+//! |---|---|---|
+//! | keywords | `type`, `required`, `properties`, `items` (one schema), `enum`, `additionalProperties: false`; annotations `title`, `description`, `$schema`, `$comment`, `examples` | each payload node is checked against at most one schema node, so a check is one pass over the payload |
+//! | size | [`MAX_SCHEMA_BYTES`] (16 KiB) | the cost of one node's check (its `enum`, `required`, `properties`) |
+//! | depth | [`MAX_DEPTH`] (8 levels of `properties`/`items`) | the recursion of the check |
+//!
+//! Anything else (`$ref`, `anyOf`, `pattern`, `minimum`, …) is refused with
+//! a message naming it; the unit tests below prove each bound, and
+//! `tests/kinds.rs` the refusals through the CLI and strict mode in emit().
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sqlx::{PgConnection, PgPool};
+
+use crate::error::{Error, Result};
+
+/// Largest schema accepted, as compact JSON text.
+pub const MAX_SCHEMA_BYTES: usize = 16 * 1024;
+/// Deepest nesting of `properties` and `items` accepted.
+pub const MAX_DEPTH: usize = 8;
+/// Longest kind name (as `watchpump.kinds` checks too).
+pub const MAX_NAME_LEN: usize = 100;
+/// Largest example payload accepted.
+pub const MAX_EXAMPLE_BYTES: usize = 16 * 1024;
+
+const TYPES: &[&str] = &[
+    "object", "array", "string", "number", "integer", "boolean", "null",
+];
+const ANNOTATIONS: &[&str] = &["title", "description", "$schema", "$comment", "examples"];
+
+/// A declared kind, as consumers read it.
+#[derive(Debug, Clone, Serialize, Deserialize, sqlx::FromRow)]
+pub struct Kind {
+    pub name: String,
+    pub description: String,
+    pub schema: Value,
+    pub example: Value,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// A kind to declare, as `watchpump kinds add` reads it (and as each entry
+/// of a kinds file such as `kinds/git.json` reads).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NewKind {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    pub schema: Value,
+    pub example: Value,
+}
+
+/// A kinds file: `{"kinds": [NewKind, ...]}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KindsFile {
+    pub kinds: Vec<NewKind>,
+}
+
+impl KindsFile {
+    pub fn parse(text: &str) -> Result<KindsFile> {
+        serde_json::from_str(text).map_err(|e| {
+            Error::Invalid(format!(
+                "not a kinds file ({{\"kinds\": [{{\"name\", \"description\", \"schema\", \"example\"}}, ...]}}): {e}"
+            ))
+        })
+    }
+}
+
+/// Declares `new`, or replaces the declaration of a kind of that name;
+/// returns whether it was new. Refuses (changing nothing) a bad name, a
+/// schema outside the subset, or an example that does not fit the schema.
+pub async fn add(pool: &PgPool, new: &NewKind) -> Result<bool> {
+    let mut tx = pool.begin().await?;
+    let created = add_in(&mut tx, new).await?;
+    tx.commit().await?;
+    Ok(created)
+}
+
+/// [`add`] in the caller's transaction: a kinds file is declared whole or
+/// not at all.
+pub async fn add_in(conn: &mut PgConnection, new: &NewKind) -> Result<bool> {
+    validate_name(&new.name)?;
+    check_schema(&new.schema)
+        .map_err(|why| Error::Invalid(format!("the schema of kind {:?}: {why}", new.name)))?;
+    if !new.example.is_object() {
+        return Err(Error::Invalid(format!(
+            "the example of kind {:?} must be a JSON object, as payloads are",
+            new.name
+        )));
+    }
+    if new.example.to_string().len() > MAX_EXAMPLE_BYTES {
+        return Err(Error::Invalid(format!(
+            "the example of kind {:?} is larger than {MAX_EXAMPLE_BYTES} bytes",
+            new.name
+        )));
+    }
+    let misfit: Option<String> = sqlx::query_scalar("select watchpump.kind_violation($1, $2, '$')")
+        .bind(&new.schema)
+        .bind(&new.example)
+        .fetch_one(&mut *conn)
+        .await?;
+    if let Some(why) = misfit {
+        return Err(Error::Invalid(format!(
+            "the example of kind {:?} does not fit its schema: {why}",
+            new.name
+        )));
+    }
+    let created: bool = sqlx::query_scalar(
+        "insert into watchpump.kinds as k (name, description, schema, example)
+         values ($1, $2, $3, $4)
+         on conflict (name) do update
+             set description = excluded.description, schema = excluded.schema,
+                 example = excluded.example, updated_at = now()
+         returning k.created_at = k.updated_at",
+    )
+    .bind(&new.name)
+    .bind(&new.description)
+    .bind(&new.schema)
+    .bind(&new.example)
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok(created)
+}
+
+/// Declared kinds by name, after `after` (keyset pages), `limit` at most.
+pub async fn list(pool: &PgPool, after: &str, limit: i64) -> Result<Vec<Kind>> {
+    Ok(sqlx::query_as(
+        "select name, description, schema, example, created_at, updated_at
+         from watchpump.kinds where name > $1 order by name limit $2",
+    )
+    .bind(after)
+    .bind(limit)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// Removes a declaration. In strict mode, emitting that kind is refused
+/// from then on.
+pub async fn remove(pool: &PgPool, name: &str) -> Result<()> {
+    let removed = sqlx::query("delete from watchpump.kinds where name = $1")
+        .bind(name)
+        .execute(pool)
+        .await?
+        .rows_affected();
+    if removed == 0 {
+        return Err(Error::NotFound(format!("no kind {name:?} is declared")));
+    }
+    Ok(())
+}
+
+fn validate_name(name: &str) -> Result<()> {
+    if name.is_empty()
+        || name.chars().count() > MAX_NAME_LEN
+        || name.chars().any(|c| c.is_control() || c.is_whitespace())
+    {
+        return Err(Error::Invalid(format!(
+            "kind name {name:?} must be 1-{MAX_NAME_LEN} characters without spaces or control characters"
+        )));
+    }
+    Ok(())
+}
+
+/// Whether `schema` is within the subset `watchpump.check_kind()` checks
+/// (see the module's documentation); the reason when it is not.
+pub fn check_schema(schema: &Value) -> std::result::Result<(), String> {
+    let size = schema.to_string().len();
+    if size > MAX_SCHEMA_BYTES {
+        return Err(format!(
+            "{size} bytes, more than the {MAX_SCHEMA_BYTES} a schema may have"
+        ));
+    }
+    if schema.get("type").and_then(Value::as_str) != Some("object") {
+        return Err(
+            "the top level must be {\"type\": \"object\", ...}: payloads are objects".into(),
+        );
+    }
+    check_node(schema, "$", 0)
+}
+
+fn check_node(node: &Value, at: &str, depth: usize) -> std::result::Result<(), String> {
+    if depth > MAX_DEPTH {
+        return Err(format!(
+            "{at}: nested deeper than {MAX_DEPTH} levels of properties and items"
+        ));
+    }
+    let Some(map) = node.as_object() else {
+        return Err(format!("{at}: a schema must be a JSON object"));
+    };
+    for (key, value) in map {
+        match key.as_str() {
+            "type" => check_type(value, at)?,
+            "required" => {
+                let names = value.as_array().filter(|a| a.iter().all(Value::is_string));
+                if names.is_none() {
+                    return Err(format!(
+                        "{at}: \"required\" must be a list of property names"
+                    ));
+                }
+            }
+            "properties" => {
+                let Some(properties) = value.as_object() else {
+                    return Err(format!("{at}: \"properties\" must be an object of schemas"));
+                };
+                for (name, sub) in properties {
+                    check_node(sub, &format!("{at}.{name}"), depth + 1)?;
+                }
+            }
+            "items" => check_node(value, &format!("{at}[*]"), depth + 1)?,
+            "enum" => {
+                if value.as_array().is_none_or(|a| a.is_empty()) {
+                    return Err(format!("{at}: \"enum\" must be a non-empty list"));
+                }
+            }
+            "additionalProperties" => {
+                if !value.is_boolean() {
+                    return Err(format!(
+                        "{at}: \"additionalProperties\" may only be true or false here, not a schema"
+                    ));
+                }
+            }
+            k if ANNOTATIONS.contains(&k) => {}
+            other => {
+                return Err(format!(
+                "{at}: {other:?} is not supported; a schema may use type, required, properties, \
+                     items, enum, additionalProperties (true or false) and the annotations {}",
+                ANNOTATIONS.join(", ")
+            ))
+            }
+        }
+    }
+    Ok(())
+}
+
+fn check_type(value: &Value, at: &str) -> std::result::Result<(), String> {
+    let known = |v: &Value| v.as_str().is_some_and(|t| TYPES.contains(&t));
+    let ok = match value {
+        Value::Array(types) => !types.is_empty() && types.iter().all(known),
+        v => known(v),
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{at}: \"type\" must be one of, or a list of, {}",
+            TYPES.join(", ")
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_subset_is_accepted() {
+        let git = json!({"type": "object", "required": ["after"],
+            "properties": {"after": {"type": "string", "description": "the new head"},
+                           "paths": {"type": "array", "items": {"type": "string"}},
+                           "state": {"enum": ["open", "merged"]},
+                           "n": {"type": ["integer", "null"]}},
+            "additionalProperties": false});
+        assert_eq!(check_schema(&git), Ok(()));
+    }
+
+    #[test]
+    fn anything_outside_the_subset_is_refused_by_name() {
+        for (schema, says) in [
+            (json!({"type": "array"}), "top level"),
+            (
+                json!({"type": "object", "anyOf": []}),
+                "\"anyOf\" is not supported",
+            ),
+            (
+                json!({"type": "object", "properties": {"a": {"$ref": "#"}}}),
+                "$.a: \"$ref\"",
+            ),
+            (
+                json!({"type": "object", "properties": {"a": {"pattern": "x*"}}}),
+                "\"pattern\"",
+            ),
+            (
+                json!({"type": "object", "additionalProperties": {"type": "string"}}),
+                "true or false",
+            ),
+            (
+                json!({"type": "object", "properties": {"a": {"type": "date"}}}),
+                "\"type\" must be",
+            ),
+            (
+                json!({"type": "object", "required": "a"}),
+                "list of property names",
+            ),
+            (
+                json!({"type": "object", "properties": {"a": {"enum": []}}}),
+                "non-empty",
+            ),
+        ] {
+            let why = check_schema(&schema).unwrap_err();
+            assert!(why.contains(says), "{schema}: {why}");
+        }
+    }
+
+    #[test]
+    fn depth_and_size_are_bounded() {
+        let mut deep = json!({"type": "string"});
+        for _ in 0..MAX_DEPTH {
+            deep = json!({"type": "array", "items": deep});
+        }
+        let too_deep = json!({"type": "object", "properties": {"a": deep.clone()}});
+        assert!(check_schema(&too_deep)
+            .unwrap_err()
+            .contains("deeper than 8"));
+        let deep_ok = deep["items"].clone();
+        let ok = json!({"type": "object", "properties": {"a": deep_ok}});
+        assert_eq!(check_schema(&ok), Ok(()));
+
+        let wide: serde_json::Map<String, Value> = (0..2000)
+            .map(|i| (format!("p{i}"), json!({"type": "string"})))
+            .collect();
+        let big = json!({"type": "object", "properties": wide});
+        assert!(check_schema(&big).unwrap_err().contains("16384"));
+    }
+
+    #[test]
+    fn names_are_bounded_and_printable() {
+        assert!(validate_name("push").is_ok());
+        assert!(validate_name("merge_request.opened").is_ok());
+        for bad in ["", "two words", "tab\t", &"k".repeat(101)] {
+            assert!(validate_name(bad).is_err(), "{bad:?}");
+        }
+    }
+}
