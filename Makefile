@@ -33,6 +33,7 @@ run: ## run the pump and API (starts a project-local PostgreSQL when DATABASE_UR
 	fi; \
 	export WATCHPUMP_PRODUCER="$${WATCHPUMP_PRODUCER:-git}"; \
 	export WATCHPUMP_PRODUCER_TOKEN="$${WATCHPUMP_PRODUCER_TOKEN:-dev-producer-token}"; \
+	export WATCHPUMP_ALLOWED_DESTINATIONS="$${WATCHPUMP_ALLOWED_DESTINATIONS-127.0.0.0/8,::1}"; \
 	echo "building watchpump in release mode (the first build takes a few minutes)"; \
 	cargo build --release; \
 	target/release/watchpump migrate; \

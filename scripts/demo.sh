@@ -21,6 +21,9 @@ bin=target/release/watchpump
 admin=$(scripts/dev-postgres.sh start pg "$port" on | tail -1)
 psql "$admin" -qc "drop database if exists watchpump_demo with (force)" -c "create database watchpump_demo"
 export DATABASE_URL="${admin%/postgres}/watchpump_demo"
+# The demo's consumer listens on this host: production refuses loopback
+# destinations unless they are listed.
+export WATCHPUMP_ALLOWED_DESTINATIONS="127.0.0.0/8,::1"
 "$bin" migrate >/dev/null
 
 consumer_port=$(free_port)

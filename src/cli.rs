@@ -192,7 +192,7 @@ async fn run(cli: Cli) -> Result<()> {
                 eprintln!("warning: {finding}");
             }
         }
-        Command::Serve(cfg) => server::serve(&url, cfg, server::shutdown_signal()).await?,
+        Command::Serve(cfg) => server::serve(&url, *cfg, server::shutdown_signal()).await?,
         Command::Services(command) => {
             let pool = server::connect(&url, 2).await?;
             schema::migrate(&pool).await?;

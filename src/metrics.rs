@@ -34,6 +34,9 @@ pub const WAKEUPS: &str = "watchpump_wakeups_total";
 pub const LISTENER_RECONNECTS: &str = "watchpump_listener_reconnects_total";
 pub const CLAIMED_BATCH_SIZE: &str = "watchpump_claimed_batch_size";
 pub const IN_FLIGHT: &str = "watchpump_in_flight";
+/// Host name lookups of consumers' base URLs, by `result`: ok, error,
+/// timeout, refused (too many pending, `destinations::MAX_PENDING_LOOKUPS`).
+pub const DNS_LOOKUPS: &str = "watchpump_dns_lookups_total";
 pub const BUILD_INFO: &str = "watchpump_build_info";
 /// Counted by the operator's warning worker (`operator::notify`).
 pub const NOTIFY_WARNINGS: &str = "watchpump_notify_warnings_total";

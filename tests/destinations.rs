@@ -175,3 +175,170 @@ async fn a_destination_outside_the_list_is_a_connect_error_at_send_time() {
     pump.stop().await.unwrap();
     assert_eq!(consumer.count(), 0, "a refused destination was sent to");
 }
+
+/// Issue 17: the production default refuses this host, private networks
+/// and the IPv6 forms that embed a metadata address, at registration,
+/// whatever the spelling; loopback is accepted only when listed.
+#[tokio::test]
+async fn internal_and_embedded_base_urls_are_refused_at_add_unless_listed() {
+    let db = TestDb::new().await;
+    for url in [
+        "http://127.0.0.1:9",
+        "http://127.1.2.3:9",
+        "http://localhost:9",
+        "http://LocalHost.:9",
+        "http://0.0.0.0:9",
+        "http://[::]:9",
+        "http://[::1]:9",
+        "http://[::ffff:127.0.0.1]:9",
+        "http://10.0.0.1",
+        "http://172.16.0.1",
+        "http://192.168.0.1",
+        "http://100.64.0.1",
+        "http://[fc00::1]",
+        "http://[fd00::1]",
+        "http://[64:ff9b::a9fe:a9fe]",
+        "http://[64:ff9b:1::a9fe:a9fe]",
+        "http://[2002:a9fe:a9fe::1]",
+        "http://[::a9fe:a9fe]",
+        "http://[::ffff:a9fe:a9fe]",
+    ] {
+        let err = watchpump::services::add(&db.pool, "internal", url)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("destination not allowed"), "{url}: {err}");
+    }
+    assert_eq!(service_count(&db).await, 0);
+
+    // The CLI without a list: exit 2, the reason, nothing written.
+    let out = watchpump_cli(Some(&db.url))
+        .env_remove("WATCHPUMP_ALLOWED_DESTINATIONS")
+        .args([
+            "services",
+            "add",
+            "local",
+            "--base-url",
+            "http://localhost:9",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("destination not allowed"), "{stderr}");
+    assert_eq!(service_count(&db).await, 0);
+
+    // Listed, loopback is accepted (and the metadata forms still are not).
+    let loopback = Destinations::loopback();
+    for (name, url) in [
+        ("v4", "http://127.0.0.1:9"),
+        ("v6", "http://[::1]:9"),
+        ("named", "http://localhost:9"),
+    ] {
+        watchpump::services::add_within(&db.pool, name, url, &loopback)
+            .await
+            .unwrap();
+    }
+    assert!(
+        watchpump::services::add_within(&db.pool, "meta", "http://[::a9fe:a9fe]", &loopback)
+            .await
+            .is_err()
+    );
+    assert_eq!(service_count(&db).await, 3);
+}
+
+/// At send time, on what a name resolves to now (a lookup injected so that
+/// names resolve to the refused forms without any of them being connected
+/// to) and on the address connected to: every refused form is a connect
+/// error on the attempt, and only the consumer on loopback, once loopback
+/// is listed, is sent anything.
+#[tokio::test]
+async fn every_refused_form_is_a_connect_error_at_send_time() {
+    use std::net::IpAddr;
+    let db = TestDb::new().await;
+    let consumer = Receiver::start().await;
+    let port = consumer.addr.port();
+    let resolved: Vec<(&str, &str)> = vec![
+        ("localhost", "127.0.0.1"),
+        ("nat64.test", "64:ff9b::a9fe:a9fe"),
+        ("nat64-local.test", "64:ff9b:1::a9fe:a9fe"),
+        ("sixtofour.test", "2002:a9fe:a9fe::1"),
+        ("compatible.test", "::a9fe:a9fe"),
+        ("mapped.test", "::ffff:169.254.169.254"),
+        ("metadata.test", "169.254.169.254"),
+        ("private.test", "10.0.0.1"),
+        ("private16.test", "192.168.1.1"),
+        ("cgnat.test", "100.64.0.1"),
+        ("ula.test", "fc00::1"),
+        ("unspecified.test", "0.0.0.0"),
+        ("unspecified6.test", "::"),
+        ("loopback6.test", "::1"),
+    ];
+    // Registered while a list allowed them; the pump then runs with the
+    // production default.
+    let names: Vec<&str> = resolved.iter().map(|(n, _)| *n).collect();
+    let permissive: Destinations = format!("127.0.0.0/8, 0.0.0.0, {}", names.join(", "))
+        .parse()
+        .unwrap();
+    let mut urls: Vec<String> = names.iter().map(|n| format!("http://{n}:{port}")).collect();
+    urls.push(consumer.base_url());
+    urls.push(format!("http://0.0.0.0:{port}"));
+    urls.push(format!("http://[::ffff:127.0.0.1]:{port}"));
+    let mut ids = Vec::new();
+    for (i, url) in urls.iter().enumerate() {
+        let s = watchpump::services::add_within(&db.pool, &format!("s{i}"), url, &permissive)
+            .await
+            .unwrap_or_else(|e| panic!("{url}: {e}"));
+        db.add_watch(s.service.id, "app", "acme/", all()).await;
+        ids.push(s.service.id);
+    }
+    db.emit("acme/web", "push", json!({})).await;
+    let table: std::collections::HashMap<String, IpAddr> = resolved
+        .iter()
+        .map(|(n, ip)| (n.to_string(), ip.parse().unwrap()))
+        .collect();
+    let lookup = watchpump::destinations::Lookup::new(move |name: String| {
+        let found = table.get(&name).copied();
+        async move {
+            found
+                .map(|ip| vec![ip])
+                .ok_or_else(|| std::io::Error::other(format!("no test address for {name}")))
+        }
+    });
+    let mut cfg = pump_config();
+    cfg.allowed_destinations = None;
+    cfg.lookup_with = Some(lookup.clone());
+    let pump = RunningPump::start(&db.pool, cfg);
+    let errors = |service: i64| {
+        let pool = db.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, Option<String>>(
+                "select a.error from watchpump.attempts a
+                 join watchpump.deliveries d on d.id = a.delivery_id
+                 join watchpump.watches w on w.id = d.watch_id
+                 where w.service_id = $1",
+            )
+            .bind(service)
+            .fetch_all(&pool)
+            .await
+            .unwrap()
+        }
+    };
+    for (id, url) in ids.iter().zip(&urls) {
+        eventually(WAIT, "an attempt is recorded", || async {
+            !errors(*id).await.is_empty()
+        })
+        .await;
+        let error = errors(*id).await.remove(0).unwrap_or_default();
+        assert!(error.contains("destination not allowed"), "{url}: {error}");
+    }
+    pump.stop().await.unwrap();
+    assert_eq!(consumer.count(), 0, "a refused destination was sent to");
+
+    // Loopback listed: the consumer on 127.0.0.1 gets its delivery.
+    let mut cfg = pump_config();
+    cfg.lookup_with = Some(lookup);
+    let pump = RunningPump::start(&db.pool, cfg);
+    consumer.wait_for(1, WAIT).await;
+    pump.stop().await.unwrap();
+}

@@ -902,7 +902,7 @@ async fn serve_wires_the_panel_the_admin_api_and_the_operator_task() {
         .await;
         stop.send(()).unwrap();
     };
-    let served = watchpump::server::serve(&db.url, cfg, async move {
+    let served = watchpump::server::serve(&db.url, *cfg, async move {
         let _ = stopped.await;
     });
     let (served, ()) = tokio::join!(served, checks);

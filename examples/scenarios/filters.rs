@@ -135,11 +135,16 @@ struct Measured {
 }
 
 async fn service(b: &Bench, name: &str) -> i64 {
-    watchpump::services::add(&b.pool, name, "http://127.0.0.1:9")
-        .await
-        .unwrap()
-        .service
-        .id
+    watchpump::services::add_within(
+        &b.pool,
+        name,
+        "http://127.0.0.1:9",
+        &watchpump::destinations::Destinations::loopback(),
+    )
+    .await
+    .unwrap()
+    .service
+    .id
 }
 
 /// Creates watches with `shape`'s filters on the emitted object and its

@@ -2,6 +2,10 @@
 
 use std::process::{Command, Stdio};
 
+/// The destinations the tests' pumps and CLI accept: loopback, where
+/// every test consumer listens.
+pub const LOOPBACK: &str = "127.0.0.0/8,::1";
+
 /// The binary cargo built for these tests.
 pub const BIN: &str = env!("CARGO_BIN_EXE_watchpump");
 
@@ -19,6 +23,9 @@ pub fn watchpump_cli(database_url: Option<&str>) -> Command {
     if let Some(url) = database_url {
         cmd.env("DATABASE_URL", url);
     }
+    // The tests' consumers listen on loopback, which production refuses by
+    // default (src/destinations.rs); a test may set another list.
+    cmd.env("WATCHPUMP_ALLOWED_DESTINATIONS", LOOPBACK);
     cmd.stdin(Stdio::null());
     cmd
 }
