@@ -442,6 +442,9 @@ impl Resolver {
     /// `timeout`: how long one delivery waits for a name (the pump passes
     /// its connect timeout).
     pub fn new(destinations: &Destinations, timeout: Duration, lookup: Lookup) -> Resolver {
+        for result in ["ok", "error", "timeout", "refused"] {
+            ::metrics::counter!(crate::metrics::DNS_LOOKUPS, "result" => result).increment(0);
+        }
         Resolver {
             destinations: Arc::new(destinations.clone()),
             lookup,
