@@ -26,6 +26,8 @@ const PRODUCER_TOKEN: &str = "bench-producer-token";
 
 #[path = "scenarios/filters.rs"]
 mod filters;
+#[path = "scenarios/budget.rs"]
+mod budget;
 
 #[tokio::main]
 async fn main() {
@@ -42,6 +44,7 @@ async fn main() {
         ("supersession", |b| Box::pin(supersession(b))),
         ("recovery", |b| Box::pin(recovery(b))),
         ("filters", |b| Box::pin(filters::filters(b))),
+        ("fanout-budget", |b| Box::pin(budget::budget(b))),
     ];
     println!(
         "watchpump bench — {} cores, {}",

@@ -23,7 +23,7 @@ const RESPONSE_HEAD_BYTES: usize = 512;
 /// pump keeps about max_in_flight + 8 x (hosts sent to in the last minute)
 /// sockets, not 64 per service (issue 17: 300 services held 19,226). A
 /// busy consumer opens more than 8 at a time and closes the rest when idle.
-const IDLE_PER_HOST: usize = 8;
+pub const IDLE_PER_HOST: usize = 8;
 
 /// Sends deliveries through one keep-alive connection pool. It uses no
 /// proxy, whatever `HTTP(S)_PROXY` says: a proxy would connect past the
