@@ -24,10 +24,10 @@ use sqlx::PgPool;
 
 const PRODUCER_TOKEN: &str = "bench-producer-token";
 
-#[path = "scenarios/filters.rs"]
-mod filters;
 #[path = "scenarios/budget.rs"]
 mod budget;
+#[path = "scenarios/filters.rs"]
+mod filters;
 
 #[tokio::main]
 async fn main() {

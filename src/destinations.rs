@@ -386,15 +386,17 @@ impl std::fmt::Debug for Lookup {
     }
 }
 
-/// Lookups running at once at most (each holds one of tokio's blocking
+/// Lookups running at once at most (each holds one of tokio's 512 blocking
 /// threads while getaddrinfo runs, and getaddrinfo cannot be cancelled: a
-/// lookup that times out keeps its thread until the system gives up). A
+/// lookup that times out keeps its thread until the system gives up, after
+/// resolv.conf's timeouts); half of them, so the rest of the process keeps
+/// the other half. A
 /// name whose lookup still runs starts no other, so this many dead names
 /// can hang at once; past it, a name with no answer yet fails at once
 /// ("too many host name lookups pending") and is retried like a connect
 /// error. Names already resolved keep their last answer meanwhile.
 /// Tested in `tests/dns.rs`.
-pub const MAX_PENDING_LOOKUPS: usize = 64;
+pub const MAX_PENDING_LOOKUPS: usize = 256;
 
 /// How long an answer is used before the name is looked up again. Past it
 /// the last good answer is still used while the new lookup runs (or hangs),

@@ -410,7 +410,8 @@ async fn many_services_leave_the_api_listener_its_connections() {
     let alone = child.budget();
     child.stop_and_check();
     for i in 0..400 {
-        db.add_service(&format!("svc{i}"), "http://127.0.0.1:9").await;
+        db.add_service(&format!("svc{i}"), "http://127.0.0.1:9")
+            .await;
     }
     let child = Child::start(&db, "128").await;
     let many = child.budget();

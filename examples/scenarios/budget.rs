@@ -39,7 +39,9 @@ pub async fn budget(b: Bench) -> Outcome {
     let placed = fill_unfiltered(&b, &services, 0).await;
     let rows = measure(&b, &payload).await;
     for (service, id) in placed {
-        watches::remove(&b.pool, service, id, "bench").await.unwrap();
+        watches::remove(&b.pool, service, id, "bench")
+            .await
+            .unwrap();
     }
 
     let dear = services_with(&b, "dear", 40).await;

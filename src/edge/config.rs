@@ -118,9 +118,9 @@ impl EdgeConfig {
                 .min(connection_budget(soft, reserve, 2))
         });
         let taken_by_metrics = metrics.map_or(0, |m| (m + 1 + REFUSAL_SLOTS) as u64);
-        let api = self.max_connections.min(
-            connection_budget(soft, reserve + taken_by_metrics, 1).max(API_FLOOR),
-        );
+        let api = self
+            .max_connections
+            .min(connection_budget(soft, reserve + taken_by_metrics, 1).max(API_FLOOR));
         Budget { api, metrics }
     }
 
