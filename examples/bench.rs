@@ -26,6 +26,8 @@ const PRODUCER_TOKEN: &str = "bench-producer-token";
 
 #[path = "scenarios/budget.rs"]
 mod budget;
+#[path = "scenarios/hanging.rs"]
+mod hanging;
 #[path = "scenarios/filters.rs"]
 mod filters;
 
@@ -45,6 +47,7 @@ async fn main() {
         ("recovery", |b| Box::pin(recovery(b))),
         ("filters", |b| Box::pin(filters::filters(b))),
         ("fanout-budget", |b| Box::pin(budget::budget(b))),
+        ("hanging", |b| Box::pin(hanging::hanging(b))),
     ];
     println!(
         "watchpump bench — {} cores, {}",

@@ -45,20 +45,25 @@ use crate::error::{Error, Result};
 /// What a watch's queue row costs in the budget.
 pub const ROW_UNITS: u64 = 1;
 
-/// What one unit of filter cost counts for, in rows: on the filters
-/// bench's 2,000-path payload one unit costs emit() 0.2-0.3 ms, and one
-/// queue row about 5 us (issue 17: 510,000 rows in 2.45 s).
-pub const FILTER_UNIT_WEIGHT: u64 = 50;
+/// What one unit of filter cost counts for, in rows. `make bench
+/// SCENARIOS=fanout-budget`, on the filters scenario's 2,000-path payload:
+/// 6,000 unfiltered watches made emit() take 107 ms at the median and 222
+/// ms at p99 (about 37 us a row at p99), and 117 distinct one-unit
+/// filters 56 and 98 ms (about 0.84 ms a filter at p99): a unit of filter
+/// is worth about 23 rows.
+pub const FILTER_UNIT_WEIGHT: u64 = 25;
 
 /// What the watches that can cover one object may cost together, across
-/// all services. At this budget the worst emit() writes at most this many
-/// rows, or evaluates about 117 single-unit filters; `make bench
-/// SCENARIOS=fanout` measured either at under 50 ms p99 (BENCHMARKS.md).
-pub const MAX_UNITS_PER_OBJECT: u64 = 6_000;
+/// all services: at most this many rows per emit(), or about 46 one-unit
+/// filters; sized from the figures above for emit() p99 under 50 ms, and
+/// measured at it (BENCHMARKS.md). A service at its own filter cap
+/// ([`super::cap`], 24 units) takes about half of it: the budget is first
+/// come, first served.
+pub const MAX_UNITS_PER_OBJECT: u64 = 1_200;
 
 /// Live watches one service may hold on one object or prefix (each for a
-/// resource of its own): a sixth of [`MAX_UNITS_PER_OBJECT`].
-pub const MAX_WATCHES_PER_OBJECT: i64 = 1_000;
+/// resource of its own): a quarter of [`MAX_UNITS_PER_OBJECT`].
+pub const MAX_WATCHES_PER_OBJECT: i64 = 300;
 
 /// What a watch costs in the budget, from its stored filter text (none:
 /// unfiltered). A filter outside the language costs the whole per-service
