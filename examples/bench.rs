@@ -26,10 +26,10 @@ const PRODUCER_TOKEN: &str = "bench-producer-token";
 
 #[path = "scenarios/budget.rs"]
 mod budget;
-#[path = "scenarios/hanging.rs"]
-mod hanging;
 #[path = "scenarios/filters.rs"]
 mod filters;
+#[path = "scenarios/hanging.rs"]
+mod hanging;
 
 #[tokio::main]
 async fn main() {

@@ -137,7 +137,10 @@ async fn phase(b: &Bench, healthy: &Consumer, already: usize) -> Phase {
         .iter()
         .filter_map(|(change, _, at)| {
             let c = committed.get(change)?;
-            Some(at.duration_since(*c).map_or(0.0, |d| d.as_secs_f64() * 1000.0))
+            Some(
+                at.duration_since(*c)
+                    .map_or(0.0, |d| d.as_secs_f64() * 1000.0),
+            )
         })
         .collect();
     ms.sort_by(f64::total_cmp);
