@@ -342,3 +342,51 @@ async fn every_refused_form_is_a_connect_error_at_send_time() {
     consumer.wait_for(1, WAIT).await;
     pump.stop().await.unwrap();
 }
+
+/// Issue 17 item 6: a proxy would resolve and connect past the destination
+/// checks, so the pump uses none, whatever its environment says. A `serve`
+/// child with every proxy variable pointing at a loopback listener
+/// delivers straight to the consumer; the "proxy" is never connected to.
+#[tokio::test]
+async fn the_pump_ignores_proxy_variables() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let db = TestDb::new().await;
+    let consumer = Receiver::start().await;
+    let (service, _) = db.add_service("deploy", &consumer.base_url()).await;
+    db.add_watch(service.id, "app", "acme/", all()).await;
+    let proxy = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let proxy_url = format!("http://{}", proxy.local_addr().unwrap());
+    let proxied = Arc::new(AtomicUsize::new(0));
+    let counted = proxied.clone();
+    tokio::spawn(async move {
+        while let Ok((socket, _)) = proxy.accept().await {
+            counted.fetch_add(1, Ordering::SeqCst);
+            drop(socket);
+        }
+    });
+    let mut cmd = watchpump_cli(Some(&db.url));
+    cmd.arg("serve")
+        .env("WATCHPUMP_LISTEN", "127.0.0.1:0")
+        .env("WATCHPUMP_METRICS_LISTEN", "off")
+        .env("WATCHPUMP_PRODUCER", PRODUCER)
+        .env("WATCHPUMP_PRODUCER_TOKEN", PRODUCER_TOKEN)
+        .env_remove("NO_PROXY")
+        .env_remove("no_proxy")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    for var in [
+        "HTTP_PROXY",
+        "http_proxy",
+        "HTTPS_PROXY",
+        "https_proxy",
+        "ALL_PROXY",
+        "all_proxy",
+    ] {
+        cmd.env(var, &proxy_url);
+    }
+    let _child = KillOnDrop(cmd.spawn().unwrap());
+    db.emit("acme/web", "push", json!({})).await;
+    consumer.wait_for(1, WAIT).await;
+    assert_eq!(proxied.load(Ordering::SeqCst), 0, "the proxy was used");
+}
