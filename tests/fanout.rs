@@ -15,6 +15,7 @@ use watchpump::watches::fanout::{
 };
 
 const OBJECT: &str = "acme/web/refs/heads/main";
+const WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 impl WatchesApi {
     async fn post(&self, token: &str, body: Value) -> (StatusCode, Value) {
@@ -188,6 +189,66 @@ async fn every_services_watches_covering_one_object_share_one_budget() {
         .await
         .unwrap();
     assert_eq!(rows, budget);
+}
+
+/// The race made deterministic: a create that reaches the check while
+/// another create on the same top segment holds the lock waits for it, and
+/// then sees the unit the other one took (without the lock it would not
+/// wait, and both would pass).
+#[tokio::test]
+async fn a_create_waits_for_a_concurrent_one_and_sees_the_unit_it_took() {
+    let api = WatchesApi::start().await;
+    fill(&api, OBJECT, MAX_UNITS_PER_OBJECT as i64 - 1).await;
+    // The other create, by hand: the lock of the top segment `acme/`, then
+    // the last unit, not yet committed.
+    let mut other = api.db.pool.begin().await.unwrap();
+    sqlx::query(
+        "select pg_advisory_xact_lock(hashtextextended('watchpump.fanout:' || 'acme/', 0))",
+    )
+    .execute(&mut *other)
+    .await
+    .unwrap();
+    sqlx::query(
+        "insert into watchpump.watches (service_id, resource, object) values ($1, 'other', $2)",
+    )
+    .bind(api.docs.id)
+    .bind(OBJECT)
+    .execute(&mut *other)
+    .await
+    .unwrap();
+    let (http, url, token) = (
+        api.http.clone(),
+        api.url("/api/v1/watches"),
+        api.deploy_token.clone(),
+    );
+    let create = tokio::spawn(async move {
+        let resp = http
+            .post(url)
+            .bearer_auth(token)
+            .json(&json!({"resource": "late", "object": "acme/web/"}))
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status();
+        (status, resp.json::<Value>().await.unwrap_or(Value::Null))
+    });
+    eventually(WAIT, "the create waits for the lock", || async {
+        let waiting: i64 = sqlx::query_scalar(
+            "select count(*) from pg_locks where locktype = 'advisory' and not granted",
+        )
+        .fetch_one(&api.db.pool)
+        .await
+        .unwrap();
+        waiting == 1
+    })
+    .await;
+    other.commit().await.unwrap();
+    let (status, body) = create.await.unwrap();
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert!(
+        message(&body).contains(&format!("already cost {MAX_UNITS_PER_OBJECT} units")),
+        "{body}"
+    );
 }
 
 #[tokio::test]
