@@ -310,7 +310,14 @@ impl Destinations {
         } else if self.refuses_name(host) {
             Some(format!("destination not allowed: {host} names this host (list it, or a loopback network, in WATCHPUMP_ALLOWED_DESTINATIONS to allow it)"))
         } else if self.allowed.is_some() && !self.lists_host(host) {
-            let addrs = tokio::net::lookup_host((host, 0)).await.map_err(|e| {
+            // A dead DNS must not hold `services add` or the admin API.
+            let lookup =
+                tokio::time::timeout(CHECK_LOOKUP_TIMEOUT, tokio::net::lookup_host((host, 0)));
+            let addrs = match lookup.await {
+                Ok(found) => found.map_err(|e| e.to_string()),
+                Err(_) => Err(format!("no answer in {} s", CHECK_LOOKUP_TIMEOUT.as_secs())),
+            }
+            .map_err(|e| {
                 format!("destination not allowed: {host} is not in WATCHPUMP_ALLOWED_DESTINATIONS and cannot be resolved to check its addresses: {e}")
             })?;
             addrs.map(|a| a.ip()).find_map(|ip| self.refusal(ip, false))
@@ -397,6 +404,9 @@ impl std::fmt::Debug for Lookup {
 /// error. Names already resolved keep their last answer meanwhile.
 /// Tested in `tests/dns.rs`.
 pub const MAX_PENDING_LOOKUPS: usize = 256;
+
+/// How long `services add` and `set-url` wait for a name's addresses.
+const CHECK_LOOKUP_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How long an answer is used before the name is looked up again. Past it
 /// the last good answer is still used while the new lookup runs (or hangs),
