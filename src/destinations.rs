@@ -349,6 +349,7 @@ impl Destinations {
         Guard {
             inner: (),
             destinations: Arc::new(self.clone()),
+            names: None,
         }
     }
 }
@@ -422,12 +423,13 @@ type Answer = Result<Arc<[IpAddr]>, String>;
 
 /// One lookup of one name, shared by every delivery that needs it while it
 /// runs (single flight).
+#[derive(Debug)]
 struct Flight {
     answer: Arc<tokio::sync::OnceCell<Answer>>,
     started: Instant,
 }
 
-#[derive(Default)]
+#[derive(Default, Debug)]
 struct Names {
     /// The current lookup of each name (running or answered).
     flights: HashMap<String, Flight>,
@@ -435,6 +437,10 @@ struct Names {
     good: HashMap<String, (Arc<[IpAddr]>, Instant)>,
     /// Names whose system lookup still runs (past its timeout, too).
     running: HashSet<String>,
+    /// Addresses that listed names resolved to (and that are allowed
+    /// through them): the connect guard, which sees only the address, lets
+    /// them through ([`Resolver::connect_guard`]).
+    via_listed_name: HashSet<IpAddr>,
 }
 
 /// See [`Destinations::resolver`]: asynchronous, cached, single-flight per
@@ -501,10 +507,28 @@ impl Resolver {
                 None => true,
             })
             .collect();
+        if listed {
+            let mut names = self.names.lock().unwrap();
+            if names.via_listed_name.len() > 4096 {
+                names.via_listed_name.clear();
+            }
+            names.via_listed_name.extend(addrs.iter().copied());
+        }
         match (addrs.is_empty(), refused) {
             (true, Some(why)) => Err(format!("{why} ({name})")),
             (true, None) => Err(format!("{name} has no address")),
             _ => Ok(addrs),
+        }
+    }
+
+    /// The connect guard that goes with this resolver: it also lets through
+    /// the addresses this resolver found for listed names (with a list of
+    /// names only, the guard alone would refuse every address).
+    pub fn connect_guard(&self) -> Guard<()> {
+        Guard {
+            inner: (),
+            destinations: self.destinations.clone(),
+            names: Some(self.names.clone()),
         }
     }
 
@@ -613,6 +637,7 @@ impl reqwest::dns::Resolve for Resolver {
 pub struct Guard<S> {
     inner: S,
     destinations: Arc<Destinations>,
+    names: Option<Arc<Mutex<Names>>>,
 }
 
 impl<S> tower::Layer<S> for Guard<()> {
@@ -622,6 +647,7 @@ impl<S> tower::Layer<S> for Guard<()> {
         Guard {
             inner,
             destinations: self.destinations.clone(),
+            names: self.names.clone(),
         }
     }
 }
@@ -644,12 +670,18 @@ where
     fn call(&mut self, request: R) -> Self::Future {
         let connecting = self.inner.call(request);
         let destinations = self.destinations.clone();
+        let names = self.names.clone();
         Box::pin(async move {
             let conn = connecting.await.map_err(Into::into)?;
             let mut extras = axum::http::Extensions::new();
             conn.connected().get_extras(&mut extras);
             let peer = extras.get::<HttpInfo>().map(|i| i.remote_addr().ip());
-            match peer.and_then(|ip| destinations.refusal(ip, false)) {
+            let via_listed_name = |ip: IpAddr| {
+                names
+                    .as_ref()
+                    .is_some_and(|n| n.lock().unwrap().via_listed_name.contains(&ip))
+            };
+            match peer.and_then(|ip| destinations.refusal(ip, via_listed_name(ip))) {
                 Some(why) => Err(why.into()),
                 None => Ok(conn),
             }

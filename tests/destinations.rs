@@ -390,3 +390,41 @@ async fn the_pump_ignores_proxy_variables() {
     consumer.wait_for(1, WAIT).await;
     assert_eq!(proxied.load(Ordering::SeqCst), 0, "the proxy was used");
 }
+
+/// A list of host names alone: the resolver accepts what a listed name
+/// resolves to (private or loopback included), and the check on the
+/// address connected to lets those addresses through too (before, it
+/// refused every address, since none was in a listed network). An address
+/// found for a listed name is then accepted as a literal too: the
+/// operator listed the host it belongs to.
+#[tokio::test]
+async fn a_listed_host_name_is_delivered_to_whatever_private_address_it_resolves_to() {
+    let db = TestDb::new().await;
+    let consumer = Receiver::start().await;
+    let port = consumer.addr.port();
+    let names: Destinations = "hooks.test".parse().unwrap();
+    let by_name = watchpump::services::add_within(
+        &db.pool,
+        "named",
+        &format!("http://hooks.test:{port}"),
+        &names,
+    )
+    .await
+    .unwrap();
+    db.add_watch(by_name.service.id, "app", "acme/", all())
+        .await;
+    db.emit("acme/web", "push", json!({})).await;
+    let lookup = watchpump::destinations::Lookup::new(|name: String| async move {
+        match name.as_str() {
+            "hooks.test" => Ok(vec!["127.0.0.1".parse().unwrap()]),
+            _ => Err(std::io::Error::other("unknown")),
+        }
+    });
+    let mut cfg = pump_config();
+    cfg.allowed_destinations = Some(names);
+    cfg.lookup_with = Some(lookup);
+    let pump = RunningPump::start(&db.pool, cfg);
+    consumer.wait_for(1, WAIT).await;
+    pump.stop().await.unwrap();
+    assert_eq!(consumer.count(), 1);
+}

@@ -46,11 +46,13 @@ struct Answer {
 
 impl Sender {
     pub fn new(cfg: &PumpConfig) -> Result<Self, reqwest::Error> {
-        let destinations = cfg.destinations();
+        let resolver = cfg
+            .destinations()
+            .resolver(cfg.connect_timeout(), cfg.lookup());
         let client = reqwest::Client::builder()
-            .dns_resolver(destinations.resolver(cfg.connect_timeout(), cfg.lookup()))
+            .dns_resolver(resolver.clone())
             .no_proxy()
-            .connector_layer(destinations.connect_guard())
+            .connector_layer(resolver.connect_guard())
             .connect_timeout(cfg.connect_timeout())
             .timeout(cfg.request_timeout())
             .redirect(reqwest::redirect::Policy::none())
