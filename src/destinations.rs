@@ -4,12 +4,12 @@
 //! the pump then sends the producer's token there. Two tiers of addresses
 //! are refused:
 //!
-//! - [`FORBIDDEN`]: link-local and cloud metadata addresses (169.254.0.0/16,
+//! - `FORBIDDEN`: link-local and cloud metadata addresses (169.254.0.0/16,
 //!   fe80::/10, 100.100.100.200, fd00:ec2::254) hand out the producer host's
 //!   own credentials, so they are refused unless an entry names them
 //!   explicitly: an address or a network inside one of those ranges
 //!   (`0.0.0.0/0` does not count).
-//! - [`INTERNAL`]: loopback, unspecified (`0.0.0.0` and `[::]` reach the
+//! - `INTERNAL`: loopback, unspecified (`0.0.0.0` and `[::]` reach the
 //!   pump's own host), private (10/8, 172.16/12, 192.168/16, fc00::/7) and
 //!   shared (100.64/10, CGNAT) addresses, and the name `localhost`: refused
 //!   by default, since a production pump's consumers are reached by public
