@@ -33,6 +33,7 @@ run: ## run the pump and API (starts a project-local PostgreSQL when DATABASE_UR
 	fi; \
 	export WATCHPUMP_PRODUCER="$${WATCHPUMP_PRODUCER:-git}"; \
 	export WATCHPUMP_PRODUCER_TOKEN="$${WATCHPUMP_PRODUCER_TOKEN:-dev-producer-token}"; \
+	export WATCHPUMP_ALLOWED_DESTINATIONS="$${WATCHPUMP_ALLOWED_DESTINATIONS-127.0.0.0/8,::1}"; \
 	[ -s target/dev-secret-key ] || (mkdir -p target; umask 077; head -c 32 /dev/urandom | base64 > target/dev-secret-key); \
 	export WATCHPUMP_SECRET_KEY="$${WATCHPUMP_SECRET_KEY:-$$(cat target/dev-secret-key)}"; \
 	[ -s target/dev-admin-token ] || (mkdir -p target; umask 077; od -An -N24 -tx1 /dev/urandom | tr -d ' \n' >target/dev-admin-token); \

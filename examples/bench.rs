@@ -26,8 +26,12 @@ const PRODUCER_TOKEN: &str = "bench-producer-token";
 
 #[path = "scenarios/bounds.rs"]
 mod bounds;
+#[path = "scenarios/budget.rs"]
+mod budget;
 #[path = "scenarios/filters.rs"]
 mod filters;
+#[path = "scenarios/hanging.rs"]
+mod hanging;
 
 #[tokio::main]
 async fn main() {
@@ -53,6 +57,8 @@ async fn main() {
         ("filters", |b| Box::pin(filters::filters(b))),
         ("payload-rss", |b| Box::pin(bounds::payload_rss(b))),
         ("answers", |b| Box::pin(bounds::answers(b))),
+        ("fanout-budget", |b| Box::pin(budget::budget(b))),
+        ("hanging", |b| Box::pin(hanging::hanging(b))),
     ];
     println!(
         "watchpump bench — {} cores, {}",
@@ -121,10 +127,14 @@ impl Bench {
     async fn services(&self, consumer: &Consumer) -> Vec<i64> {
         let mut ids = Vec::new();
         for (i, addr) in consumer.addrs.iter().enumerate() {
-            let s =
-                watchpump::services::add(&self.pool, &format!("svc{i}"), &format!("http://{addr}"))
-                    .await
-                    .unwrap();
+            let s = watchpump::services::add_within(
+                &self.pool,
+                &format!("svc{i}"),
+                &format!("http://{addr}"),
+                &watchpump::destinations::Destinations::loopback(),
+            )
+            .await
+            .unwrap();
             ids.push(s.service.id);
         }
         ids
@@ -170,6 +180,7 @@ impl Bench {
         ));
         cmd.arg("serve")
             .env("DATABASE_URL", &self.url)
+            .env("WATCHPUMP_ALLOWED_DESTINATIONS", "127.0.0.0/8,::1")
             .env("WATCHPUMP_LISTEN", "127.0.0.1:0")
             .env("WATCHPUMP_METRICS_LISTEN", "off")
             .env("WATCHPUMP_PRODUCER", "git")
@@ -656,10 +667,15 @@ async fn recovery(b: Bench) -> Outcome {
     let placeholder = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = placeholder.local_addr().unwrap();
     drop(placeholder); // refuse connections on addr
-    let service = watchpump::services::add(&b.pool, "deploy", &format!("http://{addr}"))
-        .await
-        .unwrap()
-        .service;
+    let service = watchpump::services::add_within(
+        &b.pool,
+        "deploy",
+        &format!("http://{addr}"),
+        &watchpump::destinations::Destinations::loopback(),
+    )
+    .await
+    .unwrap()
+    .service;
     b.watch(service.id, "acme/").await;
     let pump = b.pump(&[
         ("WATCHPUMP_RETRY_INITIAL_MS", "300000"),

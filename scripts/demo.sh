@@ -24,6 +24,9 @@ export DATABASE_URL="${admin%/postgres}/watchpump_demo"
 # The demo's database is its own: a key of its own seals its signing secrets.
 WATCHPUMP_SECRET_KEY=$(head -c 32 /dev/urandom | base64)
 export WATCHPUMP_SECRET_KEY
+# The demo's consumer listens on this host: production refuses loopback
+# destinations unless they are listed.
+export WATCHPUMP_ALLOWED_DESTINATIONS="127.0.0.0/8,::1"
 "$bin" migrate >/dev/null
 
 consumer_port=$(free_port)

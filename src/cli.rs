@@ -192,7 +192,7 @@ async fn run(cli: Cli) -> Result<()> {
                 eprintln!("warning: {finding}");
             }
         }
-        Command::Serve(cfg) => server::serve(&url, cfg, server::shutdown_signal()).await?,
+        Command::Serve(cfg) => server::serve(&url, *cfg, server::shutdown_signal()).await?,
         Command::Secrets(SecretsCommand::Rekey) => {
             // migrate seals what is not sealed with the current key; the
             // key is checked first, so that an unset key is refused even on

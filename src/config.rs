@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::destinations::Destinations;
+use crate::destinations::{Destinations, Lookup};
 use crate::retry::RetryPolicy;
 
 /// Deliver a producer's committed changes to the services that watch them.
@@ -32,7 +32,7 @@ pub enum Command {
     /// Create or update the `watchpump` schema (also done by `serve`).
     Migrate,
     /// Run the pump and the watches API until SIGTERM or Ctrl-C.
-    Serve(ServeConfig),
+    Serve(Box<ServeConfig>),
     /// Register and list consumer services.
     #[command(subcommand)]
     Services(ServicesCommand),
@@ -298,12 +298,21 @@ pub struct PumpConfig {
 
     /// Where deliveries may go: comma-separated host names, addresses and
     /// networks (10.0.0.0/8). When set, only these are accepted, at
-    /// `services add`/`set-url` and at send time. Set or not, link-local
-    /// and cloud metadata addresses (169.254.0.0/16, fe80::/10,
-    /// 100.100.100.200, fd00:ec2::254) are refused unless an entry names
-    /// them (an address or network inside them).
+    /// `services add`/`set-url` and at send time. Unset, loopback,
+    /// unspecified (0.0.0.0, ::), private (10/8, 172.16/12, 192.168/16,
+    /// fc00::/7, 100.64/10) addresses and `localhost` are refused; list
+    /// them to allow them (127.0.0.0/8,::1 for a consumer on this host).
+    /// Set or not, link-local and cloud metadata addresses (169.254.0.0/16,
+    /// fe80::/10, 100.100.100.200, fd00:ec2::254, and the IPv6 forms that
+    /// embed them) are refused unless an entry names them (an address or
+    /// network inside them). No proxy is used for deliveries.
     #[arg(long, env = "WATCHPUMP_ALLOWED_DESTINATIONS", value_parser = Destinations::parse)]
     pub allowed_destinations: Option<Destinations>,
+
+    /// How consumers' host names are looked up: the system's resolver
+    /// unless a test injects one (one that never answers).
+    #[arg(skip)]
+    pub lookup_with: Option<Lookup>,
 }
 
 impl PumpConfig {
@@ -362,6 +371,10 @@ impl PumpConfig {
     /// Where deliveries may go ([`crate::destinations`]).
     pub fn destinations(&self) -> Destinations {
         self.allowed_destinations.clone().unwrap_or_default()
+    }
+    /// How host names are looked up ([`crate::destinations::Resolver`]).
+    pub fn lookup(&self) -> Lookup {
+        self.lookup_with.clone().unwrap_or_else(Lookup::system)
     }
 
     /// A pump name unique enough for leases: host, process id, and a random tag.

@@ -27,7 +27,8 @@
 //!   each with a JSON Schema and an example, and strict mode, which makes
 //!   `emit()` refuse what the catalogue does not declare.
 //! - [`services`]: the registry of consumer services and their hashed tokens;
-//!   [`destinations`]: where their base URLs may point.
+//!   [`destinations`]: where their base URLs may point, and how their
+//!   host names are resolved.
 //! - [`signing`]: Standard Webhooks signatures on every delivery, and their
 //!   verification for consumers.
 //! - [`delivery`]: a delivery as its consumer receives it (message, body,
@@ -48,8 +49,9 @@
 //! - [`api`]: the watches API consumers call (axum).
 //! - [`watches`]: what a watch may be: names, the safe jsonpath subset its
 //!   filter must be in ([`watches::filter`]), what a service's filters on
-//!   one object may cost ([`watches::cap`]), and `migrate`'s report of older
-//!   filters ([`watches::audit`]).
+//!   one object may cost ([`watches::cap`]), what every service's watches
+//!   covering one object may cost `emit()` ([`watches::fanout`]), and
+//!   `migrate`'s report of older filters ([`watches::audit`]).
 //! - [`operator`]: the operator's side: the panel (`/panel`), the admin API
 //!   (`/api/v1/admin`), warnings to notify about failed deliveries, and
 //!   pruning; its SQL views and retry functions work from psql too.

@@ -39,6 +39,9 @@ pub const IN_FLIGHT_BYTES: &str = "watchpump_in_flight_bytes";
 /// Claims not made because a global in-flight cap was reached, by cap
 /// (`requests` or `bytes`).
 pub const CLAIMS_HELD: &str = "watchpump_claims_held_total";
+/// Host name lookups of consumers' base URLs, by `result`: ok, error,
+/// timeout, refused (too many pending, `destinations::MAX_PENDING_LOOKUPS`).
+pub const DNS_LOOKUPS: &str = "watchpump_dns_lookups_total";
 pub const BUILD_INFO: &str = "watchpump_build_info";
 /// Counted by the operator's warning worker (`operator::notify`).
 pub const NOTIFY_WARNINGS: &str = "watchpump_notify_warnings_total";
@@ -152,6 +155,10 @@ fn describe() {
     describe_counter!(
         CLAIMS_HELD,
         "Claims this pump did not make because a global in-flight cap was reached, by cap (requests, bytes)."
+    );
+    describe_counter!(
+        DNS_LOOKUPS,
+        "Host name lookups of consumers' base URLs, by result (ok, error, timeout, refused when too many are pending)."
     );
     describe_gauge!(
         BUILD_INFO,

@@ -127,7 +127,7 @@ pub async fn serve(
     // One connection more than asked for: the listener keeps one for itself.
     let pool = connect(database_url, cfg.db_pool.max(2) + 1).await?;
     let services = prepare_database(&pool).await?;
-    let budget = budget(&cfg, soft_limit, services.len(), metrics_addr.is_some());
+    let budget = budget(&cfg, soft_limit, metrics_addr.is_some());
     let metrics = match (metrics_addr, budget.metrics) {
         (Some(addr), Some(max)) => {
             let handle = metrics::install_recorder().map_err(Error::Config)?;
@@ -262,13 +262,8 @@ fn open_file_limit() -> u64 {
 }
 
 /// The listeners' caps within the open-file limit, logged.
-fn budget(
-    cfg: &ServeConfig,
-    soft_limit: u64,
-    services: usize,
-    metrics: bool,
-) -> edge::config::Budget {
-    let reserve = fd_reserve(cfg, services);
+fn budget(cfg: &ServeConfig, soft_limit: u64, metrics: bool) -> edge::config::Budget {
+    let reserve = fd_reserve(cfg);
     let budget = cfg.edge.budget(soft_limit, reserve, metrics);
     tracing::info!(soft_limit, reserve, api_connections = budget.api,
         metrics_connections = ?budget.metrics, "connection budget");
@@ -286,21 +281,22 @@ fn budget(
 /// completer, the listener, one spare).
 const PUMP_DB_CONNECTIONS: u64 = 4;
 
-/// Consumers reserved for at least, however few are registered at start:
-/// services added later must find descriptors too.
-const RESERVED_CONSUMERS: u64 = 16;
+/// Idle keep-alive connections to consumers reserved for: the pump keeps
+/// at most `IDLE_PER_HOST` per consumer host, for 60 s; this covers 16
+/// busy hosts at once. More idle ones than this (many busy hosts) come out
+/// of the API listener's share only while they exist, never below its
+/// floor (`edge::config::API_FLOOR`).
+const RESERVED_IDLE: u64 = 16 * crate::pump::send::IDLE_PER_HOST as u64;
 
 /// File descriptors the listeners must leave to everything else at peak:
 /// every database connection (the pool, the pump's own, the backlog
-/// collector's) and the pump's connections to consumers, at most
-/// `WATCHPUMP_SERVICE_CONCURRENCY` per consumer (in flight or kept alive:
-/// the pump's HTTP client keeps at most that many idle per consumer), for
-/// the registered consumers and no fewer than [`RESERVED_CONSUMERS`], plus
-/// one for notify.
-fn fd_reserve(cfg: &ServeConfig, services: usize) -> u64 {
+/// collector's), the pump's requests in flight across all consumers
+/// (`WATCHPUMP_MAX_IN_FLIGHT`, however many services there are: issue 17,
+/// 352 services at 64 each left the API 1 connection), its idle keep-alive
+/// connections ([`RESERVED_IDLE`]), and one for notify.
+fn fd_reserve(cfg: &ServeConfig) -> u64 {
     let database = u64::from(cfg.db_pool.max(2) + 1) + PUMP_DB_CONNECTIONS + 1;
-    let consumers = (services as u64).max(RESERVED_CONSUMERS);
-    database + consumers * u64::from(cfg.pump.service_concurrency) + 1
+    database + u64::from(cfg.pump.max_in_flight) + RESERVED_IDLE + 1
 }
 
 /// Resolves on SIGTERM or Ctrl-C (SIGINT). The handlers are installed when
@@ -350,5 +346,21 @@ mod tests {
         )));
         assert!(!is_gone(&sqlx::Error::RowNotFound));
         assert!(!is_gone(&sqlx::Error::Configuration("bad option".into())));
+    }
+
+    #[test]
+    fn the_outbound_reserve_is_the_in_flight_cap_and_an_idle_pool() {
+        use clap::Parser;
+        let cli = crate::config::Cli::parse_from(["watchpump", "serve"]);
+        let crate::config::Command::Serve(cfg) = cli.command else {
+            unreachable!()
+        };
+        // 8 + 1 pool, 4 pump, 1 backlog; 512 in flight; 128 idle; notify.
+        assert_eq!(fd_reserve(&cfg), 14 + 512 + 128 + 1);
+        // A container's usual limit (1,024) leaves the API 223; a limit
+        // below the reserve, its floor; a generous one, what is configured.
+        assert_eq!(budget(&cfg, 1_024, true).api, 223);
+        assert_eq!(budget(&cfg, 512, true).api, crate::edge::config::API_FLOOR);
+        assert_eq!(budget(&cfg, 65_536, true).api, cfg.edge.max_connections);
     }
 }

@@ -224,10 +224,16 @@ async fn services_list_shows_every_registered_service_by_name() {
         ("docs", "https://docs.internal/"),
         ("deploy", "http://127.0.0.1:1234"),
     ] {
-        assert_success(&run(
-            Some(&db.url),
-            &["services", "add", name, "--base-url", url],
-        ));
+        // docs.internal does not resolve here: listed, it is not looked up.
+        let out = watchpump_cli(Some(&db.url))
+            .env(
+                "WATCHPUMP_ALLOWED_DESTINATIONS",
+                "127.0.0.0/8, docs.internal",
+            )
+            .args(["services", "add", name, "--base-url", url])
+            .output()
+            .unwrap();
+        assert_success(&out);
     }
     let out = run(Some(&db.url), &["services", "list"]);
     assert_success(&out);

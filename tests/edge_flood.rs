@@ -395,3 +395,30 @@ async fn flood_once(addr: SocketAddr, c: &Counters, stop: &AtomicBool) {
         c.cut.fetch_add(1, Ordering::SeqCst);
     }
 }
+
+/// Issue 17: the outbound reserve does not grow with the number of
+/// services (352 services at 64 connections each left the API listener 1
+/// connection, and one idle client then got everyone else 503). With 400
+/// services the child's API keeps what it has with none, and another client
+/// is served while an idle, unauthenticated connection is held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_services_leave_the_api_listener_its_connections() {
+    watchpump::edge::raise_open_file_limit().unwrap();
+    let db = TestDb::new().await;
+    let (_, token) = db.add_service("deploy", "http://127.0.0.1:9").await;
+    let child = Child::start(&db, "128").await;
+    let alone = child.budget();
+    child.stop_and_check();
+    for i in 0..400 {
+        db.add_service(&format!("svc{i}"), "http://127.0.0.1:9")
+            .await;
+    }
+    let child = Child::start(&db, "128").await;
+    let many = child.budget();
+    println!("api_connections: {alone} with 1 service, {many} with 401");
+    assert_eq!(many, alone);
+    assert!(many >= watchpump::edge::config::API_FLOOR, "{many}");
+    let _idle = TcpStream::connect(child.addr).await.unwrap();
+    assert_eq!(get_watches(child.addr, &token).await, 200);
+    child.stop_and_check();
+}

@@ -76,12 +76,22 @@ except Exception as e:
 async fn every_delivery_is_signed_with_the_services_own_secret() {
     let db = TestDb::new().await;
     let consumer = Receiver::start().await;
-    let deploy = watchpump::services::add(&db.pool, "deploy", &consumer.base_url())
-        .await
-        .unwrap();
-    let other = watchpump::services::add(&db.pool, "other", "http://127.0.0.1:9")
-        .await
-        .unwrap();
+    let deploy = watchpump::services::add_within(
+        &db.pool,
+        "deploy",
+        &consumer.base_url(),
+        &watchpump::destinations::Destinations::loopback(),
+    )
+    .await
+    .unwrap();
+    let other = watchpump::services::add_within(
+        &db.pool,
+        "other",
+        "http://127.0.0.1:9",
+        &watchpump::destinations::Destinations::loopback(),
+    )
+    .await
+    .unwrap();
     db.add_watch(deploy.service.id, "app", OBJECT, all()).await;
     let pump = RunningPump::start(&db.pool, pump_config());
     db.emit(OBJECT, "push", json!({"paths": ["src/ä.rs"], "n": 1}))
@@ -111,9 +121,14 @@ async fn every_delivery_is_signed_with_the_services_own_secret() {
 async fn a_rotated_secret_signs_beside_the_old_one_until_the_overlap_ends() {
     let db = TestDb::new().await;
     let consumer = Receiver::start().await;
-    let deploy = watchpump::services::add(&db.pool, "deploy", &consumer.base_url())
-        .await
-        .unwrap();
+    let deploy = watchpump::services::add_within(
+        &db.pool,
+        "deploy",
+        &consumer.base_url(),
+        &watchpump::destinations::Destinations::loopback(),
+    )
+    .await
+    .unwrap();
     db.add_watch(deploy.service.id, "app", "acme/", all()).await;
     let pump = RunningPump::start(&db.pool, pump_config());
     let old = SigningSecret::parse(&deploy.signing_secret).unwrap();
@@ -144,9 +159,14 @@ async fn a_rotated_secret_signs_beside_the_old_one_until_the_overlap_ends() {
 #[tokio::test]
 async fn a_rotated_token_keeps_the_old_one_working_for_its_grace_only() {
     let db = TestDb::new().await;
-    let deploy = watchpump::services::add(&db.pool, "deploy", "http://127.0.0.1:9")
-        .await
-        .unwrap();
+    let deploy = watchpump::services::add_within(
+        &db.pool,
+        "deploy",
+        "http://127.0.0.1:9",
+        &watchpump::destinations::Destinations::loopback(),
+    )
+    .await
+    .unwrap();
     let (new, _) = watchpump::services::rotate_token(&db.pool, "deploy", Duration::from_secs(1))
         .await
         .unwrap();
@@ -178,9 +198,14 @@ async fn a_service_moved_to_a_new_url_gets_its_next_deliveries_there() {
     let pump = RunningPump::start(&db.pool, pump_config());
     db.emit("acme/a", "push", json!({})).await;
     before.wait_for(1, WAIT).await;
-    watchpump::services::set_url(&db.pool, "deploy", &after.base_url())
-        .await
-        .unwrap();
+    watchpump::services::set_url_within(
+        &db.pool,
+        "deploy",
+        &after.base_url(),
+        &watchpump::destinations::Destinations::loopback(),
+    )
+    .await
+    .unwrap();
     db.emit("acme/b", "push", json!({})).await;
     after.wait_for(1, WAIT).await;
     pump.stop().await.unwrap();
@@ -215,9 +240,14 @@ async fn a_removed_service_loses_its_token_its_watches_and_its_waiting_deliverie
     assert!(reason.contains("service deploy removed"), "{reason}");
     assert!(error.contains("service deploy removed"), "{error}");
     // The name is free again; the new service is another one.
-    let again = watchpump::services::add(&db.pool, "deploy", "http://127.0.0.1:9")
-        .await
-        .unwrap();
+    let again = watchpump::services::add_within(
+        &db.pool,
+        "deploy",
+        "http://127.0.0.1:9",
+        &watchpump::destinations::Destinations::loopback(),
+    )
+    .await
+    .unwrap();
     assert_ne!(again.service.id, deploy.id);
 }
 

@@ -719,6 +719,61 @@ async fn pruning_removes_watches_removed_long_ago_and_keeps_recent_and_live_ones
     );
 }
 
+/// Issue 17 (LOW, create/delete churn kept about 20M removed watch rows a
+/// day for 30 days): a removed watch on an exact object that had no change
+/// while the watch was live can have had no delivery, so it goes after the
+/// shorter retention; one whose object changed meanwhile, or a prefix
+/// watch, waits for both retentions as before.
+#[tokio::test]
+async fn removed_watches_that_never_had_a_delivery_go_after_the_shorter_retention() {
+    let db = TestDb::new().await;
+    let (svc, _) = db.add_service("deploy", "http://127.0.0.1:9").await;
+    let churned = db.add_watch(svc.id, "a", "acme/churned", all()).await.id;
+    let changed = db.add_watch(svc.id, "b", "acme/changed", all()).await.id;
+    let prefix = db.add_watch(svc.id, "c", "acme/prefix/", all()).await.id;
+    let recent = db.add_watch(svc.id, "d", "acme/recent", all()).await.id;
+    db.emit("acme/changed", "push", json!({})).await;
+    // The delivery is settled (and kept: it is younger than its retention).
+    let ids = ids_where(&db, "object = 'acme/changed'").await;
+    set_state(&db, &ids, "delivered", Some(1)).await;
+    for (id, days) in [(churned, 8), (changed, 8), (prefix, 8), (recent, 3)] {
+        sqlx::query(
+            "update watchpump.watches set removed_at = now() - make_interval(days => $2),
+                    created_at = now() - make_interval(days => $2 + 1),
+                    removed_reason = 'test' where id = $1",
+        )
+        .bind(id)
+        .bind(days)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    }
+    sqlx::query("update watchpump.changes set occurred_at = now() - interval '8 days 12 hours'")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let worker = Worker::new(
+        db.pool.clone(),
+        operator_config(),
+        &pump_config(),
+        "http://p/panel",
+    )
+    .unwrap();
+    worker.prune().await.unwrap();
+    let left: Vec<i64> = sqlx::query_scalar("select id from watchpump.watches order by id")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(left, vec![changed, prefix, recent]);
+    // The kept delivery still shows with its watch.
+    let shown: i64 = scalar(
+        &db,
+        "select count(*) from watchpump.deliveries where object = 'acme/changed'",
+    )
+    .await;
+    assert_eq!(shown, 1);
+}
+
 #[tokio::test]
 async fn pruning_removes_only_rows_past_retention_and_keeps_failed_ones() {
     let db = TestDb::new().await;
@@ -902,7 +957,7 @@ async fn serve_wires_the_panel_the_admin_api_and_the_operator_task() {
         .await;
         stop.send(()).unwrap();
     };
-    let served = watchpump::server::serve(&db.url, cfg, async move {
+    let served = watchpump::server::serve(&db.url, *cfg, async move {
         let _ = stopped.await;
     });
     let (served, ()) = tokio::join!(served, checks);

@@ -21,9 +21,14 @@ const WAIT: Duration = Duration::from_secs(20);
 async fn a_second_producer_embeds_the_api_the_panel_and_the_pump() {
     let db = TestDb::new().await;
     let consumer = Receiver::start().await;
-    let ops = watchpump::services::add(&db.pool, "ops", &consumer.base_url())
-        .await
-        .unwrap();
+    let ops = watchpump::services::add_within(
+        &db.pool,
+        "ops",
+        &consumer.base_url(),
+        &watchpump::destinations::Destinations::loopback(),
+    )
+    .await
+    .unwrap();
     let (bound_tx, bound_rx) = tokio::sync::oneshot::channel();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let cfg = tracker::Config {

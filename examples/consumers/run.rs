@@ -193,7 +193,13 @@ async fn credentials(
         Err(e) => return Err(e.into()),
     };
     let Some(service) = existing else {
-        let registered = services::add(producer_db, name, base_url).await?;
+        let registered = services::add_within(
+            producer_db,
+            name,
+            base_url,
+            &watchpump::destinations::Destinations::loopback(),
+        )
+        .await?;
         println!("{name}: registered service {name} at the producer, base URL {base_url}");
         let creds = Credentials {
             token: registered.token,
@@ -202,7 +208,13 @@ async fn credentials(
         return store(own, name, creds).await;
     };
     if service.base_url != base_url {
-        services::set_url(producer_db, name, base_url).await?;
+        services::set_url_within(
+            producer_db,
+            name,
+            base_url,
+            &watchpump::destinations::Destinations::loopback(),
+        )
+        .await?;
         println!(
             "{name}: pointed service {name} at {base_url} (was {})",
             service.base_url

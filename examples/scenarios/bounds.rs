@@ -61,10 +61,15 @@ async fn one_payload(b: &Bench, mib: usize) -> (f64, bool) {
         .layer(DefaultBodyLimit::disable())
         .with_state(arrived.clone());
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    let service = watchpump::services::add(&b.pool, "big", &format!("http://{addr}"))
-        .await
-        .unwrap()
-        .service;
+    let service = watchpump::services::add_within(
+        &b.pool,
+        "big",
+        &format!("http://{addr}"),
+        &watchpump::destinations::Destinations::loopback(),
+    )
+    .await
+    .unwrap()
+    .service;
     sqlx::query(
         "insert into watchpump.watches (service_id, resource, object)
          select $1, 'r' || i, 'big/' from generate_series(1, $2) i",
@@ -122,10 +127,15 @@ pub async fn answers(b: Bench) -> Outcome {
         .route("/{*path}", post(changing_4xx))
         .with_state(state.clone());
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    let service = watchpump::services::add(&b.pool, "refuser", &format!("http://{addr}"))
-        .await
-        .unwrap()
-        .service;
+    let service = watchpump::services::add_within(
+        &b.pool,
+        "refuser",
+        &format!("http://{addr}"),
+        &watchpump::destinations::Destinations::loopback(),
+    )
+    .await
+    .unwrap()
+    .service;
     let n = 10_000;
     sqlx::query(
         "insert into watchpump.watches (service_id, resource, object)

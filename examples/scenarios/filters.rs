@@ -34,16 +34,16 @@ const PATHS: usize = 2_000;
 /// A family of dear filters; `i` makes each one distinct, so that emit()
 /// can not evaluate two of them once. (Within the 256 characters a filter
 /// may have.)
-struct Shape {
-    name: &'static str,
-    filter: fn(usize) -> String,
+pub(super) struct Shape {
+    pub(super) name: &'static str,
+    pub(super) filter: fn(usize) -> String,
 }
 
 fn or_all(n: usize, each: impl Fn(usize) -> String) -> String {
     (0..n).map(each).collect::<Vec<_>>().join(" || ")
 }
 
-const SHAPES: &[Shape] = &[
+pub(super) const SHAPES: &[Shape] = &[
     Shape {
         name: "16 string < per filter",
         filter: |i| {
@@ -135,11 +135,16 @@ struct Measured {
 }
 
 async fn service(b: &Bench, name: &str) -> i64 {
-    watchpump::services::add(&b.pool, name, "http://127.0.0.1:9")
-        .await
-        .unwrap()
-        .service
-        .id
+    watchpump::services::add_within(
+        &b.pool,
+        name,
+        "http://127.0.0.1:9",
+        &watchpump::destinations::Destinations::loopback(),
+    )
+    .await
+    .unwrap()
+    .service
+    .id
 }
 
 /// Creates watches with `shape`'s filters on the emitted object and its
@@ -197,7 +202,7 @@ async fn create(b: &Bench, service_id: i64, object: &str, filter: &str) -> watch
 }
 
 /// 2,000 paths of about 40 characters that no filter above matches.
-fn payload() -> serde_json::Value {
+pub(super) fn payload() -> serde_json::Value {
     let paths: Vec<String> = (0..PATHS)
         .map(|i| format!("src/module_{i}/some/deeper/file_{i}.rs"))
         .collect();

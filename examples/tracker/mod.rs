@@ -66,7 +66,9 @@ pub async fn run(
     watchpump::schema::migrate(&pool).await?;
     sqlx::query(SCHEMA).execute(&pool).await?;
 
-    let pump_cfg = PumpConfig::new(PRODUCER, &cfg.producer_token);
+    let mut pump_cfg = PumpConfig::new(PRODUCER, &cfg.producer_token);
+    // Its consumers run on this host (loopback is refused by default).
+    pump_cfg.allowed_destinations = Some(watchpump::destinations::Destinations::loopback());
     let mut operator = OperatorConfig::new();
     operator.admin_token = cfg.admin_token.clone();
     let listener = tokio::net::TcpListener::bind(cfg.listen).await?;

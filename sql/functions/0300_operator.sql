@@ -522,6 +522,25 @@ begin
                 and not exists (select 1 from watchpump.queue q where q.watch_id = o.id)
               limit p_batch));
 
+    -- Removed watches that never had a delivery, after the shorter
+    -- retention (issue 17: create/delete churn kept about 20M removed rows a
+    -- day for 30 days). A watch on an exact object had one only if a change
+    -- of that object occurred while it was live, and a change outlives its
+    -- deliveries; the hour covers an emit() that saw the watch live just
+    -- before its removal. (The object's changes are an index lookup; prefix
+    -- watches wait for both retentions.)
+    delete from watchpump.watches w
+    where w.id = any (array(
+              select o.id from watchpump.watches o
+              where o.removed_at < now() - p_retention
+                and right(o.object, 1) <> '/'
+                and not exists (select 1 from watchpump.changes c
+                                where c.object = o.object
+                                  and c.occurred_at >= o.created_at
+                                  and c.occurred_at <= o.removed_at + interval '1 hour')
+                and not exists (select 1 from watchpump.queue q where q.watch_id = o.id)
+              limit p_batch));
+
     delete from watchpump.warnings w
     where w.id = any (array(
               select o.id from watchpump.warnings o

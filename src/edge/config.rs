@@ -8,6 +8,14 @@ use clap::Args;
 
 use super::{connection_budget, EdgeLimits, REFUSAL_SLOTS};
 
+/// Connections the API listener keeps whatever the open-file limit leaves
+/// once the reserve is taken (unless `WATCHPUMP_MAX_CONNECTIONS` is lower):
+/// the watches API, the admin API and the panel stay usable by several
+/// clients at once. Issue 17: with 352 services the reserve left it one
+/// connection, and one idle client then got everyone else 503. Tested in
+/// `a_tiny_limit_keeps_the_api_floor` and `tests/edge_flood.rs`.
+pub const API_FLOOR: usize = 64;
+
 /// Connections one address may hold on the metrics listener: enough for a
 /// Prometheus pair and a person with curl, while the per-address cap is on.
 const METRICS_PER_IP: usize = 4;
@@ -112,7 +120,7 @@ impl EdgeConfig {
         let taken_by_metrics = metrics.map_or(0, |m| (m + 1 + REFUSAL_SLOTS) as u64);
         let api = self
             .max_connections
-            .min(connection_budget(soft, reserve + taken_by_metrics, 1));
+            .min(connection_budget(soft, reserve + taken_by_metrics, 1).max(API_FLOOR));
         Budget { api, metrics }
     }
 
@@ -179,6 +187,16 @@ mod tests {
         let off = cfg.budget(2_048, 1_100, false);
         assert_eq!(off.metrics, None);
         assert!(off.api > b.api);
+    }
+
+    #[test]
+    fn a_tiny_limit_keeps_the_api_floor() {
+        let cfg = EdgeConfig::new();
+        let b = cfg.budget(1_024, 2_000, true);
+        assert_eq!(b.api, API_FLOOR);
+        let mut few = EdgeConfig::new();
+        few.max_connections = 10;
+        assert_eq!(few.budget(1_024, 2_000, true).api, 10);
     }
 
     #[test]

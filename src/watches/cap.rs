@@ -12,7 +12,8 @@
 //! watches on that object and on `acme/`, `acme/web/`, ...; a new prefix
 //! watch on `acme/web/` also counts every filtered watch under it, even
 //! though those may be on different objects. Watches without a filter cost
-//! nothing here: they are only an index lookup. A filter outside the
+//! nothing here; they count, with every service's, in the budget of
+//! [`super::fanout`] (a row each). A filter outside the
 //! language (a watch created before it existed, reported by `watchpump
 //! migrate`) counts as the whole cap, since its cost has no bound.
 

@@ -2,12 +2,15 @@
 //! them (ADR 0021); a service only ever sees its own.
 //!
 //! A watch's `match` filter runs inside the producer's transaction, so it
-//! must be in the language of [`filter`] (each filter's cost bounded), and
+//! must be in the language of [`filter`] (each filter's cost bounded),
 //! [`cap`] bounds what a service's filters covering one object cost
-//! together. [`audit`] finds stored filters from before either existed.
+//! together, and [`fanout`] what every service's watches covering one
+//! object cost `emit()` together. [`audit`] finds stored filters from
+//! before either existed.
 
 pub mod audit;
 pub mod cap;
+pub mod fanout;
 pub mod filter;
 
 use chrono::{DateTime, Utc};
@@ -191,6 +194,7 @@ pub async fn create(pool: &PgPool, service_id: i64, new: &NewWatch) -> Result<(W
     if let Some(m) = &parsed {
         cap::check(&mut tx, service_id, &new.object, m).await?;
     }
+    fanout::check(&mut tx, service_id, &new.object, parsed.as_ref()).await?;
     let watch = insert(&mut tx, service_id, new, parsed.as_ref(), &filters).await?;
     tx.commit().await?;
     Ok((watch, true))

@@ -306,10 +306,11 @@ async fn register(
 ) -> Vec<WatchDef> {
     let mut defs = Vec::new();
     for (i, consumer) in consumers.services.iter().enumerate() {
-        let service = watchpump::services::add(
+        let service = watchpump::services::add_within(
             pool,
             &format!("{}-{i}", consumer.behaviour.name()),
             &format!("http://{}", consumer.addr),
+            &watchpump::destinations::Destinations::loopback(),
         )
         .await
         .unwrap()

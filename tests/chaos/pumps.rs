@@ -9,6 +9,9 @@ use rand::Rng;
 
 use crate::Settings;
 
+/// The chaos consumers listen on loopback, which serve refuses by default.
+const LOOPBACK: &str = "127.0.0.0/8,::1";
+
 struct Running {
     name: String,
     child: Child,
@@ -61,6 +64,7 @@ impl Pumps {
         let child = Command::new(env!("CARGO_BIN_EXE_watchpump"))
             .arg("serve")
             .env("DATABASE_URL", &self.url)
+            .env("WATCHPUMP_ALLOWED_DESTINATIONS", LOOPBACK)
             .env("WATCHPUMP_LISTEN", "127.0.0.1:0")
             .env("WATCHPUMP_METRICS_LISTEN", "off")
             .env("WATCHPUMP_PRODUCER", "git")

@@ -57,9 +57,14 @@ impl TestDb {
     }
 
     pub async fn add_service(&self, name: &str, base_url: &str) -> (Service, String) {
-        let registered = watchpump::services::add(&self.pool, name, base_url)
-            .await
-            .unwrap();
+        let registered = watchpump::services::add_within(
+            &self.pool,
+            name,
+            base_url,
+            &watchpump::destinations::Destinations::loopback(),
+        )
+        .await
+        .unwrap();
         (registered.service, registered.token)
     }
 

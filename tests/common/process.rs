@@ -2,6 +2,10 @@
 
 use std::process::{Command, Stdio};
 
+/// The destinations the tests' pumps and CLI accept: loopback, where
+/// every test consumer listens.
+pub const LOOPBACK: &str = "127.0.0.0/8,::1";
+
 /// The binary cargo built for these tests.
 pub const BIN: &str = env!("CARGO_BIN_EXE_watchpump");
 
@@ -20,6 +24,9 @@ pub fn watchpump_cli(database_url: Option<&str>) -> Command {
         cmd.env("DATABASE_URL", url);
     }
     cmd.env("WATCHPUMP_SECRET_KEY", super::TEST_SECRET_KEY);
+    // The tests' consumers listen on loopback, which production refuses by
+    // default (src/destinations.rs); a test may set another list.
+    cmd.env("WATCHPUMP_ALLOWED_DESTINATIONS", LOOPBACK);
     cmd.stdin(Stdio::null());
     cmd
 }

@@ -23,6 +23,7 @@ pub fn pump_config() -> PumpConfig {
     cfg.request_timeout_ms = 2000;
     cfg.lease_ms = 5000;
     cfg.probe_interval_ms = 200;
+    cfg.allowed_destinations = Some(watchpump::destinations::Destinations::loopback());
     cfg
 }
 

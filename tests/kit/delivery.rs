@@ -90,9 +90,14 @@ async fn a_delivery_sent_again_after_a_lost_answer_runs_the_work_once() {
     // The pump talks to the consumer through a proxy that loses the first
     // answer: the work is done and committed, the pump sees a 502.
     let proxy = LossyProxy::start(c.server.base_url(), 1).await;
-    watchpump::services::set_url(&p.db.pool, "deploy", &proxy.server.base_url())
-        .await
-        .unwrap();
+    watchpump::services::set_url_within(
+        &p.db.pool,
+        "deploy",
+        &proxy.server.base_url(),
+        &watchpump::destinations::Destinations::loopback(),
+    )
+    .await
+    .unwrap();
 
     let id = p
         .emit_delivered(MAIN, serde_json::json!({"after": "1"}))
@@ -272,9 +277,14 @@ async fn a_rotated_secret_verifies_with_the_old_or_the_new_secret_during_the_ove
         work.clone(),
     ))
     .await;
-    watchpump::services::set_url(&p.db.pool, "deploy", &switched.base_url())
-        .await
-        .unwrap();
+    watchpump::services::set_url_within(
+        &p.db.pool,
+        "deploy",
+        &switched.base_url(),
+        &watchpump::destinations::Destinations::loopback(),
+    )
+    .await
+    .unwrap();
     let id = p
         .emit_delivered(MAIN, serde_json::json!({"after": "3"}))
         .await;

@@ -135,9 +135,14 @@ impl Consumer {
         let db = ConsumerDb::new(schema).await;
         let listener = loopback().await;
         let base_url = format!("http://{}", listener.local_addr().unwrap());
-        let registered = watchpump::services::add(&producer.pool, name, &base_url)
-            .await
-            .unwrap();
+        let registered = watchpump::services::add_within(
+            &producer.pool,
+            name,
+            &base_url,
+            &watchpump::destinations::Destinations::loopback(),
+        )
+        .await
+        .unwrap();
         let secret = SigningSecret::parse(&registered.signing_secret).unwrap();
         let app = endpoint(&db.pool, vec![secret.clone()], handler);
         let watches =
