@@ -113,16 +113,21 @@ async fn the_python_consumer_verifies_deduplicates_orders_and_answers_410() {
     let db = TestDb::new().await;
     // The port is only known once the consumer runs: register a
     // placeholder, then point the service at the consumer.
-    let registered = watchpump::services::add(&db.pool, "pyconsumer", "http://127.0.0.1:9")
-        .await
-        .unwrap();
+    let registered = watchpump::services::add_within(
+        &db.pool,
+        "pyconsumer",
+        "http://127.0.0.1:9",
+        &watchpump::destinations::Destinations::loopback(),
+    )
+    .await
+    .unwrap();
     let secret: SigningSecret = registered.signing_secret.parse().unwrap();
     let consumer = PythonConsumer::start(&registered.signing_secret, "web-old").await;
     watchpump::services::set_url_within(
         &db.pool,
         "pyconsumer",
         &consumer.base_url,
-        &Default::default(),
+        &watchpump::destinations::Destinations::loopback(),
     )
     .await
     .unwrap();

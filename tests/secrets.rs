@@ -54,9 +54,14 @@ async fn delivered_and_verified(db: &TestDb, consumer: &Receiver, object: &str, 
 async fn a_signing_secret_is_stored_encrypted_and_deliveries_are_signed_with_it() {
     let db = TestDb::new().await;
     let consumer = Receiver::start().await;
-    let added = watchpump::services::add(&db.pool, "deploy", &consumer.base_url())
-        .await
-        .unwrap();
+    let added = watchpump::services::add_within(
+        &db.pool,
+        "deploy",
+        &consumer.base_url(),
+        &watchpump::destinations::Destinations::loopback(),
+    )
+    .await
+    .unwrap();
     db.add_watch(added.service.id, "web", "acme/", all()).await;
 
     let (current, _) = stored(&db, "deploy").await;
@@ -157,12 +162,22 @@ fn assert_fails_saying(out: &Output, says: &[&str]) {
 async fn migrate_encrypts_the_secrets_of_a_database_from_before_in_place() {
     let db = TestDb::new().await;
     let consumer = Receiver::start().await;
-    let deploy = watchpump::services::add(&db.pool, "deploy", &consumer.base_url())
-        .await
-        .unwrap();
-    let docs = watchpump::services::add(&db.pool, "docs", "http://127.0.0.1:9")
-        .await
-        .unwrap();
+    let deploy = watchpump::services::add_within(
+        &db.pool,
+        "deploy",
+        &consumer.base_url(),
+        &watchpump::destinations::Destinations::loopback(),
+    )
+    .await
+    .unwrap();
+    let docs = watchpump::services::add_within(
+        &db.pool,
+        "docs",
+        "http://127.0.0.1:9",
+        &watchpump::destinations::Destinations::loopback(),
+    )
+    .await
+    .unwrap();
     db.add_watch(deploy.service.id, "web", "acme/", all()).await;
     let clear = [
         ("deploy", deploy.signing_secret.as_str()),
@@ -201,9 +216,14 @@ async fn migrate_encrypts_the_secrets_of_a_database_from_before_in_place() {
 #[tokio::test]
 async fn a_key_rotation_re_encrypts_with_the_new_key_and_a_wrong_key_is_a_clear_error() {
     let db = TestDb::new().await;
-    let added = watchpump::services::add(&db.pool, "deploy", "http://127.0.0.1:9")
-        .await
-        .unwrap();
+    let added = watchpump::services::add_within(
+        &db.pool,
+        "deploy",
+        "http://127.0.0.1:9",
+        &watchpump::destinations::Destinations::loopback(),
+    )
+    .await
+    .unwrap();
     let old_key_id = SecretKeys::from_env().unwrap().current_id().to_string();
 
     // The wrong key: every command that opens or re-encrypts the secret
