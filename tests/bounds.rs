@@ -295,7 +295,9 @@ async fn failures_fold_into_one_row_whatever_their_status() {
         make_due(&db).await;
         assert_eq!(pump.step().await.unwrap().sent, 1);
     }
-    let rows: Vec<(i32, i32, Option<i32>, Option<i32>, serde_json::Value)> = sqlx::query_as(
+    /// attempt, repeats, first_status, status, statuses
+    type Run = (i32, i32, Option<i32>, Option<i32>, serde_json::Value);
+    let rows: Vec<Run> = sqlx::query_as(
         "select attempt, repeats, first_status, status, statuses from watchpump.attempt_log
          where delivery_id = $1",
     )
