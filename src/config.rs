@@ -243,6 +243,14 @@ pub struct PumpConfig {
     #[arg(long, env = "WATCHPUMP_SERVICE_CONCURRENCY", default_value_t = 64)]
     pub service_concurrency: u32,
 
+    /// Deliveries in flight to a consumer service that has not answered
+    /// yet. Each answer lets one more go (up to
+    /// WATCHPUMP_SERVICE_CONCURRENCY) and each failure halves it, so that
+    /// consumers that hang hold this many of WATCHPUMP_MAX_IN_FLIGHT each,
+    /// not the whole budget.
+    #[arg(long, env = "WATCHPUMP_INITIAL_CONCURRENCY", default_value_t = 1)]
+    pub initial_concurrency: u32,
+
     /// Deliveries in flight across all consumer services at most: the
     /// pump's outbound requests (and so its sockets) whatever the number of
     /// services. Claims take no more than the free part of it.
@@ -418,6 +426,9 @@ impl PumpConfig {
         }
         if self.service_concurrency == 0 || self.sweep_interval_ms == 0 {
             return Err("service concurrency and sweep interval must be above zero".into());
+        }
+        if self.initial_concurrency == 0 {
+            return Err("WATCHPUMP_INITIAL_CONCURRENCY must be above zero".into());
         }
         if self.max_in_flight == 0 || self.max_in_flight_bytes == 0 {
             return Err(

@@ -217,17 +217,25 @@ pub(super) async fn with_destinations(
         stale.dedup();
         stale
     };
-    for id in stale {
-        let target = services::destination(&shared.pool, id)
-            .await
-            .map_err(|e| e.to_string())
-            .and_then(|d| Target::new(d, &shared.cfg.producer));
-        match target {
-            Ok(t) => {
-                shared.destinations.lock().unwrap().insert(id, Arc::new(t));
+    if !stale.is_empty() {
+        match services::destinations(&shared.pool, &stale).await {
+            Ok(found) => {
+                for (id, destination) in found {
+                    let target = destination
+                        .map_err(|e| e.to_string())
+                        .and_then(|d| Target::new(d, &shared.cfg.producer));
+                    match target {
+                        Ok(t) => {
+                            shared.destinations.lock().unwrap().insert(id, Arc::new(t));
+                        }
+                        Err(e) => {
+                            tracing::error!(error = %e, service_id = id, "cannot read the service; its deliveries wait for their lease")
+                        }
+                    }
+                }
             }
             Err(e) => {
-                tracing::error!(error = %e, service_id = id, "cannot read the service; its deliveries wait for their lease")
+                tracing::error!(error = %e, "cannot read the services; their deliveries wait for their lease")
             }
         }
     }

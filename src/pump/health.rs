@@ -69,52 +69,55 @@ struct Service {
     in_flight: u32,
     consecutive_failures: u32,
     down: Option<Down>,
+    /// Requests this service has earned in flight (see [`Health::slots`]).
+    window: u32,
 }
 
 #[derive(Debug)]
 pub struct Health {
     cap: u32,
-    /// The pump's requests in flight across all services
-    /// (`WATCHPUMP_MAX_IN_FLIGHT`), shared fairly: see [`Health::slots`].
-    max_in_flight: u32,
+    /// The window of a service that has not answered yet
+    /// (`WATCHPUMP_INITIAL_CONCURRENCY`).
+    initial: u32,
     down_after: u32,
     policy: RetryPolicy,
     services: HashMap<i64, Service>,
 }
 
 impl Health {
-    pub fn new(cap: u32, max_in_flight: u32, down_after: u32, policy: RetryPolicy) -> Self {
+    pub fn new(cap: u32, initial: u32, down_after: u32, policy: RetryPolicy) -> Self {
         Health {
             cap,
-            max_in_flight: max_in_flight.max(1),
+            initial: initial.clamp(1, cap.max(1)),
             down_after: down_after.max(1),
             policy,
             services: HashMap::new(),
         }
     }
 
-    /// How many deliveries of each service the next claim may take: its
-    /// free slots under the per-service cap and under its fair share of the
-    /// global one. The share is the global cap divided among the services
-    /// with requests in flight (64 each up to 8 of them at the defaults; 1
-    /// each for 512 or more), so that consumers that hang cannot hold the
-    /// whole global budget until their requests time out: a healthy
-    /// consumer's requests finish, and its freed slots are ones the hanging
-    /// services, at their share, cannot take.
+    /// How many deliveries of each service the next claim may take: what
+    /// its window leaves free. A service earns its concurrency by answering
+    /// (slow start, as TCP and adaptive load balancers do): it starts at
+    /// `initial` requests in flight, each answer widens its window by one
+    /// up to the per-service cap, and each failure halves it. A consumer
+    /// that hangs therefore holds `initial` of the global budget
+    /// (`WATCHPUMP_MAX_IN_FLIGHT`) until its requests time out, not the
+    /// per-service cap: 300 services that never answer hold 300 requests,
+    /// and a healthy consumer keeps the rest. (Services unknown to this
+    /// pump get `initial` too: `default_free`.)
     pub fn slots(&self, now: Instant) -> Slots {
-        let busy = self.services.values().filter(|s| s.in_flight > 0).count();
-        let share = (self.max_in_flight / busy.max(1) as u32)
-            .max(1)
-            .min(self.cap);
         let mut slots = Slots {
-            default_free: share as i32,
+            default_free: self.initial as i32,
             ..Slots::default()
         };
         for (id, s) in &self.services {
             let (free, probe) = match &s.down {
                 Some(d) if s.in_flight == 0 && now >= d.next_probe_at => (1, true),
                 Some(_) => (0, false),
-                None => (share.saturating_sub(s.in_flight) as i32, false),
+                None => (
+                    s.window.min(self.cap).saturating_sub(s.in_flight) as i32,
+                    false,
+                ),
             };
             slots.service_ids.push(*id);
             slots.free.push(free);
@@ -125,7 +128,11 @@ impl Health {
 
     /// A delivery to `service_id` was claimed and is about to be sent.
     pub fn claimed(&mut self, service_id: i64, name: &str, now: Instant) -> u32 {
-        let s = self.services.entry(service_id).or_default();
+        let initial = self.initial;
+        let s = self.services.entry(service_id).or_insert_with(|| Service {
+            window: initial,
+            ..Service::default()
+        });
         if s.name != name {
             s.name = name.to_string();
         }
@@ -147,6 +154,7 @@ impl Health {
         match answer {
             Answer::Answered => {
                 s.consecutive_failures = 0;
+                s.window = (s.window + 1).min(self.cap);
                 if s.down.take().is_some() {
                     Transition::CameBack
                 } else {
@@ -155,6 +163,7 @@ impl Health {
             }
             Answer::Failed => {
                 s.consecutive_failures += 1;
+                s.window = (s.window / 2).max(1);
                 if s.down.is_none() && s.consecutive_failures >= self.down_after {
                     let first_pause = self.policy.first_probe_pause();
                     s.down = Some(Down {
@@ -245,42 +254,41 @@ mod tests {
     }
 
     #[test]
-    fn services_with_requests_in_flight_share_the_global_cap() {
+    fn a_service_earns_its_concurrency_by_answering() {
         let now = Instant::now();
-        let mut h = Health::new(64, 512, 3, policy());
-        for _ in 0..64 {
+        let mut h = Health::new(64, 1, 3, policy());
+        assert_eq!(
+            h.slots(now).default_free,
+            1,
+            "an unknown service: one at a time"
+        );
+        h.claimed(1, "a", now);
+        assert_eq!(slot_of(&h.slots(now), 1), (0, false));
+        for _ in 0..10 {
+            h.finished(1, Answer::Answered, now);
             h.claimed(1, "a", now);
         }
+        h.finished(1, Answer::Answered, now);
         assert_eq!(
             slot_of(&h.slots(now), 1),
-            (0, false),
-            "64: the per-service cap"
+            (12, false),
+            "each answer widens it by one"
         );
-        // 300 services that hang, two requests each, and one that answers.
+        h.claimed(1, "a", now);
+        h.finished(1, Answer::Failed, now);
+        assert_eq!(slot_of(&h.slots(now), 1), (6, false), "a failure halves it");
+        // 300 services that never answer hold one request each.
         for id in 100..400 {
             h.claimed(id, "hanging", now);
-            h.claimed(id, "hanging", now);
         }
-        h.claimed(7, "healthy", now);
-        h.finished(7, Answer::Answered, now);
-        let slots = h.slots(now);
-        assert_eq!(
-            slot_of(&slots, 150),
-            (0, false),
-            "a hanging service is past its share"
-        );
-        assert_eq!(
-            slot_of(&slots, 7),
-            (1, false),
-            "the healthy one keeps its share"
-        );
-        assert_eq!(slots.default_free, 1);
+        assert_eq!(slot_of(&h.slots(now), 150), (0, false));
+        assert_eq!(h.total_in_flight(), 300);
     }
 
     #[test]
     fn in_flight_is_capped_per_service() {
         let now = Instant::now();
-        let mut h = Health::new(2, 512, 3, policy());
+        let mut h = Health::new(2, 2, 3, policy());
         h.claimed(1, "a", now);
         assert_eq!(slot_of(&h.slots(now), 1), (1, false));
         h.claimed(1, "a", now);
@@ -293,7 +301,7 @@ mod tests {
     #[test]
     fn a_failing_service_is_probed_one_at_a_time_and_comes_back() {
         let now = Instant::now();
-        let mut h = Health::new(8, 512, 2, policy());
+        let mut h = Health::new(8, 8, 2, policy());
         h.claimed(1, "a", now);
         h.claimed(1, "a", now);
         assert_eq!(h.finished(1, Answer::Failed, now), Transition::None);
@@ -316,6 +324,8 @@ mod tests {
         let again = h.next_probe_at().unwrap();
         h.claimed(1, "a", again);
         assert_eq!(h.finished(1, Answer::Answered, again), Transition::CameBack);
-        assert_eq!(slot_of(&h.slots(again), 1), (8, false));
+        // Its window, halved by each failure to 1, widens again answer by
+        // answer: 2 now.
+        assert_eq!(slot_of(&h.slots(again), 1), (2, false));
     }
 }

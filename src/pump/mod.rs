@@ -70,7 +70,7 @@ impl Pump {
         let sender = Sender::new(&cfg).map_err(|e| Error::Config(format!("HTTP client: {e}")))?;
         let health = Health::new(
             cfg.service_concurrency,
-            cfg.max_in_flight,
+            cfg.initial_concurrency,
             cfg.down_after_failures,
             cfg.retry_policy(),
         );

@@ -27,6 +27,10 @@ pub fn watchpump_cli(database_url: Option<&str>) -> Command {
     // The tests' consumers listen on loopback, which production refuses by
     // default (src/destinations.rs); a test may set another list.
     cmd.env("WATCHPUMP_ALLOWED_DESTINATIONS", LOOPBACK);
+    // A consumer's whole concurrency from the first request (production
+    // starts at one and widens it answer by answer): tests that hold a
+    // consumer count what is in flight.
+    cmd.env("WATCHPUMP_INITIAL_CONCURRENCY", "64");
     cmd.stdin(Stdio::null());
     cmd
 }

@@ -23,6 +23,8 @@ pub fn pump_config() -> PumpConfig {
     cfg.request_timeout_ms = 2000;
     cfg.lease_ms = 5000;
     cfg.probe_interval_ms = 200;
+    // The whole concurrency at once, as `watchpump_cli` gives a pump process.
+    cfg.initial_concurrency = cfg.service_concurrency;
     cfg.allowed_destinations = Some(watchpump::destinations::Destinations::loopback());
     cfg
 }
