@@ -230,6 +230,12 @@ impl Child {
 
     /// `api_connections` from the "connection budget" log line.
     fn budget(&self) -> usize {
+        // The line is written before the API listens, but the thread that
+        // reads stderr may not have read it yet when /healthz answers.
+        let started = std::time::Instant::now();
+        while !self.log().contains("connection budget") && started.elapsed() < WAIT {
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let log = self.log();
         let line = log
             .lines()
