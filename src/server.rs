@@ -281,12 +281,13 @@ fn budget(cfg: &ServeConfig, soft_limit: u64, metrics: bool) -> edge::config::Bu
 /// completer, the listener, one spare).
 const PUMP_DB_CONNECTIONS: u64 = 4;
 
-/// Idle keep-alive connections to consumers reserved for: the pump keeps
-/// at most `IDLE_PER_HOST` per consumer host, for 60 s; this covers 16
-/// busy hosts at once. More idle ones than this (many busy hosts) come out
-/// of the API listener's share only while they exist, never below its
-/// floor (`edge::config::API_FLOOR`).
-const RESERVED_IDLE: u64 = 16 * crate::pump::send::IDLE_PER_HOST as u64;
+/// Idle keep-alive connections to consumers reserved for: a host keeps at
+/// most its concurrency idle, for `pump::send::IDLE_TIMEOUT`; this covers
+/// two busy hosts at the default concurrency. More idle ones than this
+/// (many hosts busy in the last seconds) come out of the API listener's
+/// share only while they exist, never below its floor
+/// (`edge::config::API_FLOOR`).
+const RESERVED_IDLE: u64 = 128;
 
 /// File descriptors the listeners must leave to everything else at peak:
 /// every database connection (the pool, the pump's own, the backlog
