@@ -419,6 +419,39 @@ async fn the_pump_keeps_its_global_in_flight_cap_across_services() {
 }
 
 #[tokio::test]
+async fn a_consumer_earns_its_concurrency_by_answering() {
+    let db = TestDb::new().await;
+    let consumer = Receiver::start().await;
+    let (service, _) = db.add_service("deploy", &consumer.base_url()).await;
+    for w in 0..8 {
+        db.add_watch(service.id, &format!("app-{w}"), "acme/", all())
+            .await;
+    }
+    consumer.hold();
+    db.emit("acme/web", "push", json!({})).await;
+    let mut cfg = pump_config();
+    cfg.initial_concurrency = 1;
+    let pump = RunningPump::start(&db.pool, cfg);
+    consumer.wait_for_arrivals(1, WAIT).await;
+    // Several sweeps and claims later: a consumer that has not answered
+    // yet has one request on the wire, not its 64.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let in_flight: i64 =
+        sqlx::query_scalar("select count(*) from watchpump.queue where lease_until > now()")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(in_flight, 1);
+    consumer.release();
+    until(WAIT, "all 8 delivered", || async {
+        let n = db.count_state("delivered").await;
+        check(n == 8, format!("{n} delivered"))
+    })
+    .await;
+    pump.stop().await.unwrap();
+}
+
+#[tokio::test]
 async fn a_pump_killed_on_a_backlog_of_large_payloads_is_followed_by_one_that_makes_progress() {
     let db = TestDb::new().await;
     let consumer = Receiver::start().await;

@@ -92,14 +92,6 @@ impl BodyParts {
         [&self.head, self.payload.as_bytes(), Self::TAIL]
     }
 
-    pub fn len(&self) -> usize {
-        self.head.len() + self.payload.len() + Self::TAIL.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        false
-    }
-
     /// The whole body in one buffer (for the panel and tests; the pump
     /// sends the parts).
     pub fn concat(&self) -> Vec<u8> {
