@@ -15,11 +15,13 @@
 //!   capped by the same maximum ([`RetryPolicy::delay`]). Warnings back off the same way, without
 //!   jitter ([`RetryPolicy::backoff`]).
 //! - **Until when**: every delivery has a deadline, set when it is emitted
-//!   to `now() + watchpump.delivery_window()` (24 hours unless the database
-//!   says otherwise; `sql/functions/0100_emit.sql`) and renewed when an
-//!   operator retries it. `watchpump.complete()` (`0200_pump.sql`) fails a
-//!   retry whose next attempt would fall after it, and `watchpump.sweep()`
-//!   fails the ones a down consumer never got to; a warning's deadline is
+//!   to `now() + watchpump.delivery_window()` (24 hours unless
+//!   `watchpump.settings` says otherwise, read at every emit;
+//!   `sql/functions/0100_emit.sql`) and renewed when an operator retries it. `watchpump.complete()`
+//!   (`0200_pump.sql`) schedules a retry whose back-off would pass the
+//!   deadline *at* the deadline, and fails a delivery only once an attempt
+//!   at or after its deadline failed; `watchpump.sweep()` fails the ones a
+//!   down consumer never got to; a warning's deadline is
 //!   the same window, checked by `watchpump.warning_attempted()`
 //!   (`0300_operator.sql`).
 //! - **Newer news first**: a retry is superseded, not sent, when newer news

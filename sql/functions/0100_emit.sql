@@ -17,12 +17,28 @@
 -- (tests/bounds.rs checks it on a queue analyzed empty). This note is not
 -- repeated at each of them.
 
--- How long deliveries are retried. Override per database with
---   alter database mydb set watchpump.delivery_window = '6 hours';
+-- How long deliveries are retried: a delivery's deadline is now() plus
+-- this, set where the delivery is created (emit(), or an operator's retry).
+-- Set it for every connection at once, read at every call (no reload, no
+-- restart):
+--   update watchpump.settings set delivery_window = '6 hours';
+-- A connection's own `watchpump.delivery_window` setting, when it has one,
+-- comes first: `set local watchpump.delivery_window = '1 minute'` in a
+-- producer's transaction, or `alter database mydb set ...`, which a
+-- connection reads only when it starts (reconnect to reload it; prefer the
+-- table). 24 hours when neither says.
 create or replace function watchpump.delivery_window() returns interval
-language sql stable as $$
-    select coalesce(nullif(current_setting('watchpump.delivery_window', true), '')::interval,
-                    interval '24 hours')
+language plpgsql stable as $$
+declare
+    v_text   text := nullif(current_setting('watchpump.delivery_window', true), '');
+    v_window interval;
+begin
+    if v_text is not null then
+        return v_text::interval;
+    end if;
+    select s.delivery_window into v_window from watchpump.settings s;
+    return coalesce(v_window, interval '24 hours');
+end
 $$;
 
 -- The object itself and each of its prefixes that ends in '/':

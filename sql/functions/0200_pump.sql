@@ -75,7 +75,11 @@ begin
                                        last_duration_ms, last_response_head, last_pump)
         select m.id, m.change_id, m.watch_id, m.service_id, m.object, m.state, m.attempts,
                m.next_attempt_at, m.deadline, m.by, coalesce(m.status, m.last_status),
-               case when m.state = 'superseded' then m.last_error else coalesce(m.error, m.last_error) end,
+               -- A delivered row shows its delivering answer, not an error
+               -- an earlier attempt left (those stay in attempt_log).
+               case m.state when 'superseded' then m.last_error
+                            when 'delivered' then m.error
+                            else coalesce(m.error, m.last_error) end,
                m.created_at, clock_timestamp(), m.started, m.duration, m.head,
                case when m.started is not null then p_pump end
         from moved m
@@ -411,8 +415,10 @@ $$;
 -- (anything else; p_next is when, computed by the pump's back-off).
 -- A retry becomes 'dropped' when the watch was removed, 'superseded' when
 -- newer news of its (watch, object) waits (supersede_older()), 'failed' when
--- the next attempt would fall after the deadline, and stays queued
--- ('pending') otherwise. Only rows this pump still holds (same lease holder
+-- its deadline has passed, and stays queued ('pending') otherwise, due at
+-- p_next or at its deadline if that comes first: the last retry is made at
+-- the deadline, and "failed" means the deadline passed. Each returned row
+-- says where a delivery now stands; a pending one says when it is due. Only rows this pump still holds (same lease holder
 -- and attempt) change: a pump whose lease ran out and was taken over
 -- records its attempt but decides nothing. Consecutive identical failures
 -- of a delivery fold into one attempt row (repeats, last_started_at).
@@ -427,7 +433,7 @@ create or replace function watchpump.complete(
     p_durations  double precision[],
     p_heads      text[],
     p_next       timestamptz[]
-) returns table (delivery_id bigint, service_id bigint, state text)
+) returns table (delivery_id bigint, service_id bigint, state text, next_attempt_at timestamptz)
 language plpgsql
 set jit = off
 set plan_cache_mode = force_generic_plan
@@ -476,7 +482,7 @@ begin
     ),
     retried as (
         update watchpump.queue q
-        set next_attempt_at = p_next[x.i], lease_until = null, leased_by = null,
+        set next_attempt_at = least(p_next[x.i], q.deadline), lease_until = null, leased_by = null,
             last_status = p_statuses[x.i], last_error = p_errors[x.i]
         from decided x
         where q.id = x.id and x.state = 'retry'
@@ -504,26 +510,29 @@ begin
     from decided x;
 
     return query
-    select * from watchpump.settle(v_settle, v_states,
-                                   array_fill(null::bigint, array[cardinality(v_settle)]),
-                                   v_statuses, v_errors, p_pump, v_started, v_durations, v_heads);
+    select s.delivery_id, s.service_id, s.state, null::timestamptz
+    from watchpump.settle(v_settle, v_states,
+                          array_fill(null::bigint, array[cardinality(v_settle)]),
+                          v_statuses, v_errors, p_pump, v_started, v_durations, v_heads) s;
 
     if cardinality(v_retried) > 0 then
-        -- Newer news waiting supersedes a retry; past the deadline it fails.
+        -- Newer news waiting supersedes a retry; once its deadline has
+        -- passed (this attempt was the one made at it, or later) it fails.
         return query
-        select s.delivery_id, s.service_id, 'superseded'::text
+        select s.delivery_id, s.service_id, 'superseded'::text, null::timestamptz
         from watchpump.supersede_older(v_watch_ids, v_objects, 1000) s;
         select coalesce(array_agg(q.id), '{}'),
                coalesce(array_agg('deadline passed; last error: ' || coalesce(q.last_error, 'none')), '{}')
         into v_failed, v_errors_f
         from watchpump.queue q
-        where q.id = any (v_retried) and q.next_attempt_at > q.deadline;
+        where q.id = any (v_retried) and q.deadline <= now();
         return query
-        select * from watchpump.settle(v_failed, array_fill('failed'::text, array[cardinality(v_failed)]),
-                                       array_fill(null::bigint, array[cardinality(v_failed)]),
-                                       array_fill(null::integer, array[cardinality(v_failed)]), v_errors_f);
+        select s.delivery_id, s.service_id, s.state, null::timestamptz
+        from watchpump.settle(v_failed, array_fill('failed'::text, array[cardinality(v_failed)]),
+                              array_fill(null::bigint, array[cardinality(v_failed)]),
+                              array_fill(null::integer, array[cardinality(v_failed)]), v_errors_f) s;
         return query
-        select q.id, q.service_id, 'pending'::text
+        select q.id, q.service_id, 'pending'::text, q.next_attempt_at
         from watchpump.queue q where q.id = any (v_retried);
     end if;
 
@@ -531,7 +540,7 @@ begin
     -- had waiting.
     if cardinality(v_gone) > 0 then
         return query
-        select r.delivery_id, r.service_id, 'dropped'::text
+        select r.delivery_id, r.service_id, 'dropped'::text, null::timestamptz
         from unnest(v_gone) as g (watch_id)
         cross join lateral watchpump.remove_watch(g.watch_id, 'gone: the consumer answered 410') r;
     end if;
@@ -636,11 +645,14 @@ $$;
 -- sleepers of pumps that stopped sweeping (killed without a chance to say
 -- so); once every p_deadlines_every at most, and one pump at a time, fails
 -- the queued deliveries whose deadline passed (complete() fails the ones
--- whose next attempt would fall after it; this catches those a down
--- consumer never got to: a scan of the queue, hence not every sweep).
--- Leases that ran out need nothing: claim() takes them again.
+-- whose attempt at or after the deadline failed; this catches those a down
+-- consumer never got to: a scan of the queue, hence not every sweep). A
+-- delivery whose last retry is due at its deadline (complete()) gets
+-- LAST_RETRY_GRACE = 1 minute past it for a pump to make that attempt.
+-- Leases that ran out need nothing: claim() takes them again (so nothing
+-- here counts them). Returns how many failed, per service.
 create or replace function watchpump.sweep(p_pump text, p_deadlines_every interval default interval '10 seconds')
-returns table (service_id bigint, service text, expired_leases integer, failed integer)
+returns table (service_id bigint, service text, failed integer)
 language plpgsql
 set jit = off
 set plan_cache_mode = force_generic_plan
@@ -666,10 +678,11 @@ begin
     into v_ids, v_errors
     from (select q.id, q.last_error from watchpump.queue q
           where q.deadline < now() and not coalesce(q.lease_until > now(), false)
+            and (q.next_attempt_at <> q.deadline or q.deadline < now() - interval '1 minute')
           limit 10000
           for update skip locked) q;
     return query
-    select s.service_id, v.name, 0, count(*)::integer
+    select s.service_id, v.name, count(*)::integer
     from watchpump.settle(v_ids, array_fill('failed'::text, array[cardinality(v_ids)]),
                           array_fill(null::bigint, array[cardinality(v_ids)]),
                           array_fill(null::integer, array[cardinality(v_ids)]), v_errors) s

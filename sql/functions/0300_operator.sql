@@ -156,7 +156,8 @@ join watchpump.services s on s.id = w.service_id;
 -- failures in a row as one event, "attempt 3-9"), each action (retry), and
 -- how it ended. Read it with
 --   select * from watchpump.delivery_history where delivery_id = 42 order by at, seq;
--- An ending a retry undid is kept in the retry's detail.
+-- An ending that a retry undid keeps its event (kept on the retry's action:
+-- ended_at, ended_detail), before the retry's own.
 create or replace view watchpump.delivery_history as
 select d.id as delivery_id, d.created_at as at, 0 as seq, 'created' as event,
        format('change %s (%s of %s, sequence %s) for watch %s', d.change_id, c.kind, c.object,
@@ -183,6 +184,10 @@ union all
 select x.delivery_id, x.at, 2, x.action,
        format('by %s; it was %s', x.actor, x.from_state) || coalesce(' (' || x.note || ')', '')
 from watchpump.actions x
+union all
+select x.delivery_id, x.ended_at, 3, x.from_state, x.ended_detail
+from watchpump.actions x
+where x.ended_at is not null
 union all
 select d.id, d.finished_at, 3, d.state,
        case d.state
@@ -263,9 +268,10 @@ declare
     v_error         text;
     v_superseded_by bigint;
     v_newer_state   text;
+    v_ended_at      timestamptz;
 begin
-    select d.state, d.last_error, d.superseded_by
-    into v_state, v_error, v_superseded_by
+    select d.state, d.last_error, d.superseded_by, d.finished_at
+    into v_state, v_error, v_superseded_by, v_ended_at
     from watchpump.settled d
     where d.id = p_delivery_id
     for update;
@@ -300,8 +306,8 @@ begin
     end if;
 
     perform watchpump.requeue(array[p_delivery_id]);
-    insert into watchpump.actions (delivery_id, action, actor, from_state, note)
-    values (p_delivery_id, 'retry', watchpump.actor(p_actor), v_state, v_error);
+    insert into watchpump.actions (delivery_id, action, actor, from_state, note, ended_at, ended_detail)
+    values (p_delivery_id, 'retry', watchpump.actor(p_actor), v_state, v_error, v_ended_at, v_error);
     return v_state;
 end
 $$;
@@ -340,9 +346,10 @@ begin
     where c.newest_first = 1
       and not exists (select 1 from watchpump.newer_news(c.id));
 
-    insert into watchpump.actions (delivery_id, action, actor, from_state, note)
+    insert into watchpump.actions (delivery_id, action, actor, from_state, note, ended_at, ended_detail)
     select d.id, 'retry', watchpump.actor(p_actor),
-           'failed', 'all failed since ' || p_since::text || coalesce('; ' || d.last_error, '')
+           'failed', 'all failed since ' || p_since::text || coalesce('; ' || d.last_error, ''),
+           d.finished_at, d.last_error
     from watchpump.settled d where d.id = any (v_ids);
     return watchpump.requeue(v_ids);
 end

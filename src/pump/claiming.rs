@@ -285,14 +285,12 @@ pub(super) fn dispatch(
     }
 }
 
-/// The backstop: expired leases, passed deadlines, missed notifications.
+/// The backstop: passed deadlines, missed notifications (expired leases
+/// need nothing: a claim takes them again).
 pub(super) async fn sweep(shared: &Shared, deadlines_every: Duration) {
     match store::sweep(&shared.pool, &shared.name, deadlines_every).await {
         Ok(swept) => {
             for s in swept {
-                if s.expired_leases > 0 {
-                    tracing::warn!(service = %s.service, n = s.expired_leases, "leases expired; deliveries are due again");
-                }
                 if s.failed > 0 {
                     tracing::warn!(service = %s.service, n = s.failed, "deliveries failed: deadline passed");
                     metrics::counter!(m::DELIVERIES, "service" => s.service, "outcome" => "failed")

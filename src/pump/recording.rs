@@ -85,8 +85,9 @@ pub(super) async fn complete_batch(shared: &Shared, batch: &[Answered]) -> Vec<s
         for s in &settled {
             let finished = by_id.get(&s.delivery_id).copied();
             record_settled(&health, s, finished);
+            // complete() may have moved the retry earlier, to the deadline.
             let retry_at = match (finished.and_then(|f| f.result.retry_at()), s.state) {
-                (Some(at), State::Pending) => Some(at),
+                (Some(at), State::Pending) => Some(s.next_attempt_at.map_or(at, |due| due.min(at))),
                 _ => None,
             };
             if let Some(at) = retry_at {

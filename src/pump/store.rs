@@ -19,6 +19,9 @@ pub struct Settled {
     pub service_id: i64,
     #[sqlx(try_from = "String")]
     pub state: State,
+    /// When a delivery that stays pending is due again: the back-off's
+    /// time, or its deadline if that comes first (its last retry).
+    pub next_attempt_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 /// Per-service overdue counts from a sweep.
@@ -26,7 +29,6 @@ pub struct Settled {
 pub struct Swept {
     pub service_id: i64,
     pub service: String,
-    pub expired_leases: i32,
     pub failed: i32,
 }
 
