@@ -17,7 +17,8 @@
 -- roles that are missing are reported (a WARNING here; `migrate` says which
 -- and goes on) and the grants wait for a run that has them.
 --
--- emit(), retry() and retry_failed() write tables their callers have no
+-- emit(), retry(), retry_failed() and prune() write tables (prune() makes
+-- and drops partitions) their callers have no
 -- grant on: they run as their owner (SECURITY DEFINER), with a fixed
 -- search_path so that a caller's schemas cannot stand in for watchpump's
 -- or pg_catalog's objects. This is set here, after the functions'
@@ -57,7 +58,8 @@ begin
     for v_function in
         select p.oid::regprocedure from pg_proc p
         where p.pronamespace = 'watchpump'::regnamespace
-          and p.proname in ('emit', 'retry', 'retry_failed')
+          -- prune() creates and drops partitions, which needs the owner.
+          and p.proname in ('emit', 'retry', 'retry_failed', 'prune')
     loop
         execute format('alter function %s security definer set search_path = pg_catalog, watchpump, pg_temp',
                        v_function);

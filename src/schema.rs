@@ -45,6 +45,7 @@ const FILES: &[SqlFile] = &[
 /// processes at once: they take turns on an advisory lock.
 pub async fn migrate(pool: &PgPool) -> Result<Vec<String>> {
     let applied = sql_files::apply(pool, "watchpump", FILES).await?;
+    add_partitions_ahead(pool).await?;
     // Data that needs Rust: signing secrets for services registered before
     // signing existed (0003_service_lifecycle.sql), sealed with the key
     // (0006_encrypted_secrets.sql).
@@ -60,6 +61,29 @@ pub async fn migrate(pool: &PgPool) -> Result<Vec<String>> {
         );
     }
     Ok(applied)
+}
+
+/// Today's partitions of the history and the next days'
+/// (`watchpump.add_partitions_ahead()`), so that a new database starts
+/// with them rather than in the DEFAULT partitions until the first prune.
+/// Only the schema's owner may create them; a pump's `prune()` does later.
+async fn add_partitions_ahead(pool: &PgPool) -> Result<()> {
+    let mut tx = pool.begin().await?;
+    let owner: bool = sqlx::query_scalar(
+        "select pg_has_role(nspowner, 'USAGE') from pg_namespace where nspname = 'watchpump'",
+    )
+    .fetch_one(&mut *tx)
+    .await?;
+    if owner {
+        sqlx::query("select pg_advisory_xact_lock(hashtext('watchpump.migrate'))")
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("select watchpump.add_partitions_ahead()")
+            .execute(&mut *tx)
+            .await?;
+    }
+    tx.commit().await?;
+    Ok(())
 }
 
 /// The group roles of `sql/roles.sql`.

@@ -32,8 +32,8 @@ async fn failed_then_delivered(db: &TestDb) -> i64 {
 }
 
 #[tokio::test]
-async fn a_delivered_delivery_shows_its_delivering_answer_and_keeps_earlier_errors_in_its_attempts(
-) {
+async fn a_delivered_delivery_shows_its_delivering_answer_and_keeps_earlier_errors_in_its_attempts()
+{
     let db = TestDb::new().await;
     let id = failed_then_delivered(&db).await;
 
@@ -132,11 +132,13 @@ async fn the_last_retry_is_made_at_the_deadline_and_failed_means_the_deadline_pa
     // The back-off says in an hour; the deadline is in ten minutes: the
     // delivery stays pending, due at its deadline (before, it failed here).
     let (id, attempt) = claimed(&db, "acme/web/a").await;
-    sqlx::query("update watchpump.queue set deadline = now() + interval '10 minutes' where id = $1")
-        .bind(id)
-        .execute(&db.pool)
-        .await
-        .unwrap();
+    sqlx::query(
+        "update watchpump.queue set deadline = now() + interval '10 minutes' where id = $1",
+    )
+    .bind(id)
+    .execute(&db.pool)
+    .await
+    .unwrap();
     let outcome = report_500(&db, id, attempt, "now() + interval '1 hour'").await;
     assert_eq!(outcome, vec![("pending".to_string(), Some(true))]);
     assert_eq!(db.delivery_state(id).await, "pending");
@@ -151,19 +153,21 @@ async fn the_last_retry_is_made_at_the_deadline_and_failed_means_the_deadline_pa
     .await
     .unwrap();
     let (again, attempt) = claimed(&db, "acme/web/b").await;
-    let attempt_of_first: i32 = sqlx::query_scalar("select attempts from watchpump.queue where id = $1")
-        .bind(id)
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
+    let attempt_of_first: i32 =
+        sqlx::query_scalar("select attempts from watchpump.queue where id = $1")
+            .bind(id)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
     assert_eq!(attempt_of_first, 2, "claimed again at its deadline");
     let outcome = report_500(&db, id, attempt_of_first, "now() + interval '1 hour'").await;
     assert_eq!(outcome, vec![("failed".to_string(), None)]);
-    let error: String = sqlx::query_scalar("select last_error from watchpump.settled where id = $1")
-        .bind(id)
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
+    let error: String =
+        sqlx::query_scalar("select last_error from watchpump.settled where id = $1")
+            .bind(id)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
     assert!(error.starts_with("deadline passed"), "{error}");
     // The other one, well before its deadline, just waits for its retry.
     let outcome = report_500(&db, again, attempt, "now() + interval '1 second'").await;
@@ -270,4 +274,322 @@ async fn the_delivery_window_is_read_where_each_delivery_is_created() {
         .execute(&db.pool)
         .await;
     assert!(refused.is_err());
+}
+
+/// The schema as v2 left it: migrations 0001..0007 and the functions of
+/// that release (tests/fixtures/storage_v2, as they were at 505c60a).
+fn v2_files() -> Vec<watchpump::sql_files::SqlFile> {
+    use watchpump::sql_files::SqlFile;
+    macro_rules! file {
+        ($path:literal, $name:literal, $reapply:literal) => {
+            SqlFile {
+                name: $name,
+                sql: include_str!(concat!("../", $path, "/", $name, ".sql")),
+                reapply_on_change: $reapply,
+            }
+        };
+    }
+    vec![
+        file!("sql/migrations", "0001_core", false),
+        file!("sql/migrations", "0002_operator", false),
+        file!("sql/migrations", "0003_service_lifecycle", false),
+        file!("sql/migrations", "0004_storage_v2", false),
+        file!("sql/migrations", "0005_bounds", false),
+        file!("sql/migrations", "0006_encrypted_secrets", false),
+        file!("sql/migrations", "0007_kinds", false),
+        file!("tests/fixtures/storage_v2", "0050_registry", true),
+        file!("tests/fixtures/storage_v2", "0100_emit", true),
+        file!("tests/fixtures/storage_v2", "0150_kinds", true),
+        file!("tests/fixtures/storage_v2", "0200_pump", true),
+        file!("tests/fixtures/storage_v2", "0300_operator", true),
+        file!("tests/fixtures/storage_v2", "0400_metrics", true),
+    ]
+}
+
+/// A digest of every row of a table, in id order (of the columns v2 had:
+/// actions gained two).
+async fn digest(pool: &sqlx::PgPool, table: &str) -> (i64, String) {
+    let row = match table {
+        "actions" => "(t.id, t.delivery_id, t.at, t.action, t.actor, t.from_state, t.note)",
+        _ => "t",
+    };
+    sqlx::query_as(&format!(
+        "select count(*), coalesce(md5(string_agg({row}::text, '|' order by t.id)), '')
+         from watchpump.{table} t"
+    ))
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_populated_v2_database_migrates_in_place_without_losing_a_row() {
+    let (_url, pool) = blank_database().await;
+    watchpump::sql_files::apply(&pool, "watchpump", &v2_files())
+        .await
+        .unwrap();
+    // Eight days of history shaped like the pump's: 2,000 changes, most
+    // delivered, one in twenty failed (with its attempts), one in ten
+    // still queued, an operator's retry.
+    sqlx::raw_sql(
+        "insert into watchpump.services (name, base_url, token_hash)
+         values ('deploy', 'http://127.0.0.1:9', sha256('t'));
+         insert into watchpump.watches (service_id, resource, object)
+         select id, 'app', 'acme/' from watchpump.services;
+         insert into watchpump.changes (object, kind, sequence, payload, occurred_at, payload_bytes)
+         select 'acme/o' || (n % 100), 'push', n, jsonb_build_object('n', n),
+                now() - n * interval '6 minutes', 8
+         from generate_series(1, 2000) n;
+         insert into watchpump.settled (id, change_id, watch_id, service_id, object, state, attempts,
+                                        next_attempt_at, deadline, last_status, last_error, created_at,
+                                        finished_at, last_started_at, last_duration_ms, last_pump)
+         select nextval('watchpump.delivery_ids'), c.id, w.id, w.service_id, c.object,
+                case when c.id % 20 = 0 then 'failed' else 'delivered' end, 1, c.occurred_at,
+                c.occurred_at + interval '1 day',
+                case when c.id % 20 = 0 then 500 else 200 end,
+                case when c.id % 20 = 0 then 'deadline passed' end,
+                c.occurred_at, c.occurred_at + interval '1 second', c.occurred_at, 1.5, 'p'
+         from watchpump.changes c, watchpump.watches w
+         where c.id % 10 <> 5;
+         insert into watchpump.attempt_log (delivery_id, attempt, started_at, duration_ms, status, error,
+                                            pump, first_status, first_error, statuses)
+         select s.id, 1, s.created_at, 1, 500, 'HTTP 500', 'p', 500, 'HTTP 500', '{\"500\": 1}'
+         from watchpump.settled s where s.state = 'failed';
+         insert into watchpump.queue (change_id, watch_id, service_id, object, deadline)
+         select c.id, w.id, w.service_id, c.object, now() + interval '1 day'
+         from watchpump.changes c, watchpump.watches w
+         where c.id % 10 = 5;",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let failed: i64 =
+        sqlx::query_scalar("select id from watchpump.settled where state = 'failed' limit 1")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    sqlx::query("select watchpump.retry($1, 'ada')")
+        .bind(failed)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let mut before = Vec::new();
+    for table in ["changes", "settled", "attempt_log", "actions"] {
+        before.push(digest(&pool, table).await);
+    }
+    let queued: Vec<i64> = sqlx::query_scalar("select id from watchpump.queue order by id")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    let last_change: i64 = sqlx::query_scalar("select max(id) from watchpump.changes")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+
+    watchpump::schema::migrate(&pool).await.unwrap();
+
+    // Every row is where it was, in place: the v2 tables are partitions.
+    let mut after = Vec::new();
+    for table in ["changes", "settled", "attempt_log", "actions"] {
+        after.push(digest(&pool, table).await);
+    }
+    assert_eq!(before, after);
+    assert!(before[1].0 > 1700 && before[0].0 == 2000);
+    let v2: Vec<(String, String)> = sqlx::query_as(
+        "select c.relname::text, p.relname::text from pg_inherits i
+         join pg_class c on c.oid = i.inhrelid join pg_class p on p.oid = i.inhparent
+         where c.relname like '%\\_v2' order by 1",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        v2,
+        vec![
+            ("attempt_log_v2".into(), "attempt_log".into()),
+            ("changes_v2".into(), "changes".into()),
+            ("settled_v2".into(), "settled".into())
+        ]
+    );
+    let still_queued: Vec<i64> = sqlx::query_scalar("select id from watchpump.queue order by id")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(queued, still_queued);
+
+    // Reads and writes work on the old rows and the new.
+    let (state, error): (String, Option<String>) = sqlx::query_as(
+        "select state, last_error from watchpump.delivery_log
+         where state = 'failed' order by delivery_id desc limit 1",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        (state.as_str(), error.as_deref()),
+        ("failed", Some("deadline passed"))
+    );
+    let history: i64 = sqlx::query_scalar(
+        "select count(*) from watchpump.delivery_history where delivery_id = $1",
+    )
+    .bind(failed)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(history >= 3, "created, the attempt, the retry: {history}");
+    let payload: String = sqlx::query_scalar("select payload from watchpump.message($1)")
+        .bind(queued[0])
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert!(payload.contains("\"n\""), "{payload}");
+    let change: i64 = sqlx::query_scalar("select watchpump.emit('acme/new', 'push', '{}')")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert!(
+        change > last_change,
+        "ids go on: {change} after {last_change}"
+    );
+    // The newest of each of the 10 queued objects and of the retried one,
+    // and the new one.
+    let (old, new): (i64, i64) = sqlx::query_as(
+        "select count(*) filter (where change_id <= $1), count(*) filter (where change_id > $1)
+         from watchpump.claim('p', '{}', '{}', '{}', 10000, '1 minute', 10000)",
+    )
+    .bind(last_change)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!((old, new), (11, 1), "old and new deliveries are claimed");
+    let pruned: (i32, bool) =
+        sqlx::query_as("select deliveries, more from watchpump.prune('7 days', '30 days', 500)")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        pruned,
+        (0, false),
+        "the v2 days are kept until they are all past retention"
+    );
+}
+
+#[tokio::test]
+async fn retention_drops_whole_days_and_keeps_failed_deliveries_with_what_they_need() {
+    let db = TestDb::new().await;
+    let (svc, _) = db.add_service("deploy", "http://127.0.0.1:9").await;
+    db.add_watch(svc.id, "app", "acme/", all()).await;
+    // A day ten days ago, with its partitions.
+    sqlx::query(
+        "select watchpump.add_partition(t, d, d + interval '1 day')
+         from unnest(array['changes', 'settled', 'attempt_log']) t,
+              (select date_trunc('day', now() at time zone 'UTC') at time zone 'UTC'
+                      - interval '10 days' as d) day",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    for n in 0..10 {
+        db.emit(&format!("acme/o{n}"), "push", json!({"n": n}))
+            .await;
+    }
+    db.emit("elsewhere/unwatched", "push", json!({})).await;
+    sqlx::raw_sql(
+        "update watchpump.changes set occurred_at = occurred_at - interval '10 days';
+         update watchpump.queue set created_at = created_at - interval '10 days';",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let delivered = ids_where(
+        &db,
+        "object in ('acme/o0', 'acme/o1', 'acme/o2', 'acme/o3')",
+    )
+    .await;
+    let failed = ids_where(&db, "object in ('acme/o4', 'acme/o5')").await;
+    let failed_long_ago = ids_where(&db, "object = 'acme/o6'").await;
+    let retried = ids_where(&db, "object = 'acme/o7'").await;
+    set_state(&db, &delivered, "delivered", Some(9)).await;
+    set_state(&db, &failed, "failed", Some(9)).await;
+    set_state(&db, &failed_long_ago, "failed", Some(9)).await;
+    set_state(&db, &retried, "delivered", Some(1)).await;
+    sqlx::raw_sql(
+        "update watchpump.settled set finished_at = now() - interval '31 days'
+         where object = 'acme/o6';
+         insert into watchpump.attempt_log (delivery_id, attempt, started_at, duration_ms, status, pump)
+         select id, 1, created_at, 1, 500, 'p' from watchpump.deliveries;",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let day: String = scalar_text(
+        &db,
+        "select name from watchpump.partitions where parent = 'settled' order by from_at limit 1",
+    )
+    .await;
+    assert!(day.starts_with("settled_"), "{day}");
+    // The counts of a retired day are the statistics' (exact when small).
+    sqlx::query("analyze watchpump.settled, watchpump.changes")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+
+    let (deliveries, failed_gone, changes, more): (i32, i32, i32, bool) =
+        sqlx::query_as("select * from watchpump.prune('7 days', '30 days', 500)")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!((deliveries, failed_gone, more), (4, 1, false));
+    assert!(changes >= 8, "{changes}");
+
+    // The day's partitions are gone; what retention keeps is kept.
+    let gone: bool = sqlx::query_scalar("select to_regclass('watchpump.' || $1) is null")
+        .bind(&day)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert!(gone, "{day} dropped");
+    let kept: Vec<String> = sqlx::query_scalar(
+        "select d.object || ':' || d.state from watchpump.deliveries d order by d.object",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        kept,
+        vec![
+            "acme/o4:failed",
+            "acme/o5:failed",
+            "acme/o7:delivered",
+            "acme/o8:pending",
+            "acme/o9:pending"
+        ]
+    );
+    // Each keeps its change and its attempt; nothing else is left.
+    let complete: i64 = scalar(
+        &db,
+        "select count(*) from watchpump.deliveries d
+         where exists (select 1 from watchpump.changes c where c.id = d.change_id)
+           and exists (select 1 from watchpump.attempt_log a where a.delivery_id = d.id)",
+    )
+    .await;
+    assert_eq!(complete, 5);
+    assert_eq!(
+        scalar(&db, "select count(*) from watchpump.changes").await,
+        5
+    );
+    assert_eq!(
+        scalar(&db, "select count(*) from watchpump.attempt_log").await,
+        5
+    );
+    // Emitting and settling still work.
+    db.emit("acme/new", "push", json!({})).await;
+}
+
+async fn scalar(db: &TestDb, sql: &str) -> i64 {
+    sqlx::query_scalar(sql).fetch_one(&db.pool).await.unwrap()
+}
+
+async fn scalar_text(db: &TestDb, sql: &str) -> String {
+    sqlx::query_scalar(sql).fetch_one(&db.pool).await.unwrap()
 }

@@ -120,6 +120,7 @@ as $$
 declare
     v_sequence bigint;
     v_change   bigint;
+    v_occurred timestamptz;
     v_deadline timestamptz := now() + watchpump.delivery_window();
     v_bytes    integer;
 begin
@@ -167,7 +168,7 @@ begin
 
     insert into watchpump.changes (object, kind, sequence, payload, payload_bytes)
     values (p_object, p_kind, v_sequence, p_payload, v_bytes)
-    returning id into v_change;
+    returning id, occurred_at into v_change, v_occurred;
 
     -- One delivery per matching watch, into the queue. Older news of the
     -- same (watch, object) is superseded by the pump, never here (the order
@@ -183,9 +184,13 @@ begin
     -- bookkeeping (two materialised CTEs, a sort and a hash join: 10-25 us)
     -- costs more than evaluating the few filters again, so the plain
     -- statement runs.
+    --
+    -- A delivery is created at its change's time: the history is
+    -- partitioned by day on both (0008_storage_v3.sql), and a delivery and
+    -- its change then share a day, which retention drops together.
     if pg_column_size(p_payload) < 8192 then
-        insert into watchpump.queue (change_id, watch_id, service_id, object, deadline)
-        select v_change, w.id, w.service_id, p_object, v_deadline
+        insert into watchpump.queue (change_id, watch_id, service_id, object, deadline, created_at)
+        select v_change, w.id, w.service_id, p_object, v_deadline, v_occurred
         from watchpump.watches w
         where w.removed_at is null
           and w.object = any (watchpump.object_prefixes(p_object))
@@ -209,8 +214,8 @@ begin
                   from candidates c where c.match_text is not null
                   order by c.match_text, c.match_is_predicate) f
         )
-        insert into watchpump.queue (change_id, watch_id, service_id, object, deadline)
-        select v_change, c.id, c.service_id, p_object, v_deadline
+        insert into watchpump.queue (change_id, watch_id, service_id, object, deadline, created_at)
+        select v_change, c.id, c.service_id, p_object, v_deadline, v_occurred
         from candidates c
         left join verdicts v using (match_text, match_is_predicate)
         where c.match_text is null or v.matched

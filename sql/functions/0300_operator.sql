@@ -440,15 +440,161 @@ begin
 end
 $$;
 
--- One batch of pruning: delivered, superseded and dropped deliveries that
--- finished more than `p_retention` ago, failed ones older than
--- `p_failed_retention` (their attempts and actions go with them), the
--- changes those deliveries were the last to refer to, changes past
--- retention that matched no watch, watches removed longer ago than both
--- retentions (their deliveries settled when they were removed), finished
--- warnings past the failed retention, and expired panel sessions. Call it
--- again while it returns `more`: small batches keep locks short and let
--- autovacuum keep up.
+-- Partitions (0008_storage_v3.sql): settled, attempt_log and changes are
+-- partitioned by UTC day; retention drops whole days. These run inside
+-- prune(), in one pump at a time.
+
+-- Adds the partition of `p_parent` for [p_from, p_to): a table made like
+-- the parent with the indexes of its template, filled with the rows of the
+-- range that went to the DEFAULT partition meanwhile (none, unless
+-- maintenance fell behind), then attached. ATTACH locks the parent only
+-- against DDL (SHARE UPDATE EXCLUSIVE), and the CHECK constraint spares it
+-- a scan of the new table; it scans the DEFAULT partition, which is small.
+create or replace function watchpump.add_partition(p_parent text, p_from timestamptz, p_to timestamptz)
+returns text
+language plpgsql as $$
+declare
+    t       watchpump.partition_templates;
+    v_name  text := p_parent || '_' || to_char(p_from at time zone 'UTC', 'YYYYMMDD');
+    v_index text;
+begin
+    select * into strict t from watchpump.partition_templates where parent = p_parent;
+    execute format('create table watchpump.%I (like watchpump.%I including defaults including constraints) with (%s)',
+                   v_name, p_parent, t.storage);
+    execute format('with moved as (delete from watchpump.%I where %I >= %L and %I < %L returning *)
+                    insert into watchpump.%I select * from moved',
+                   p_parent || '_kept', t.key, p_from, t.key, p_to, v_name);
+    foreach v_index in array t.indexes loop
+        execute format(v_index, v_name);
+    end loop;
+    execute format('alter table watchpump.%I add constraint %I check (%I is not null and %I >= %L and %I < %L)',
+                   v_name, v_name || '_range', t.key, t.key, p_from, t.key, p_to);
+    execute format('alter table watchpump.%I attach partition watchpump.%I for values from (%L) to (%L)',
+                   p_parent, v_name, p_from, p_to);
+    execute format('alter table watchpump.%I drop constraint %I', v_name, v_name || '_range');
+    insert into watchpump.partitions (name, parent, from_at, to_at) values (v_name, p_parent, p_from, p_to);
+    return v_name;
+end
+$$;
+
+-- The partitions of today and the next PARTITIONS_AHEAD = 2 days (UTC) of
+-- the three tables, where missing; `watchpump migrate` and prune() call
+-- it. Returns the partitions it added.
+create or replace function watchpump.add_partitions_ahead() returns setof text
+language plpgsql as $$
+declare
+    v_today  timestamptz := date_trunc('day', now() at time zone 'UTC') at time zone 'UTC';
+    v_day    timestamptz;
+    v_parent text;
+begin
+    -- prune()'s lock: one maker of partitions at a time.
+    perform pg_advisory_xact_lock(2003856752, hashtext('watchpump.prune'));
+    for v_day in select generate_series(v_today, v_today + interval '2 days', interval '1 day') loop
+        foreach v_parent in array array['changes', 'settled', 'attempt_log'] loop
+            if not exists (select from watchpump.partitions p
+                           where p.parent = v_parent and p.from_at <= v_day and p.to_at > v_day) then
+                return next watchpump.add_partition(v_parent, v_day, v_day + interval '1 day');
+            end if;
+        end loop;
+    end loop;
+end
+$$;
+
+-- Retires the partitions of all three tables that end at `p_to` (one day,
+-- or the v2 tables): what retention still keeps is copied to the DEFAULT
+-- partitions (`*_kept`) first: failed deliveries within the failed
+-- retention, deliveries that finished within the retention (retried late),
+-- and the changes and attempts those, and the queue, still refer to. Then
+-- the partitions are detached and dropped whole: the cost does not grow
+-- with the rows removed. Detaching locks each parent for a moment (ACCESS
+-- EXCLUSIVE); the caller's lock_timeout bounds the wait. Returns what went
+-- (deliveries and changes estimated from the statistics), what stayed.
+create or replace function watchpump.retire_partitions(
+    p_to timestamptz, p_retention interval, p_failed_retention interval,
+    out deliveries bigint, out failed bigint, out changes bigint, out kept bigint
+)
+language plpgsql as $$
+declare
+    v_settled  text;
+    v_changes  text;
+    v_attempts text;
+    v_kept     bigint[];
+    v_refs     bigint[];
+begin
+    select min(p.name) filter (where p.parent = 'settled'),
+           min(p.name) filter (where p.parent = 'changes'),
+           min(p.name) filter (where p.parent = 'attempt_log')
+    into v_settled, v_changes, v_attempts
+    from watchpump.partitions p where p.to_at = p_to;
+
+    deliveries := 0; failed := 0; changes := 0; kept := 0;
+    if v_settled is not null then
+        -- Kept, through the partial failed index and the BRIN on finished_at.
+        execute format('select array(select id from watchpump.%1$I where state = ''failed'' and finished_at >= $1
+                                     union all
+                                     select id from watchpump.%1$I where finished_at >= $2 and state <> ''failed'')',
+                       v_settled)
+            into v_kept using now() - p_failed_retention, now() - p_retention;
+        execute format('select count(*) from watchpump.%I where state = ''failed'' and finished_at < $1', v_settled)
+            into failed using now() - p_failed_retention;
+        select c.reltuples::bigint into deliveries from pg_class c
+        where c.oid = ('watchpump.' || quote_ident(v_settled))::regclass;
+        if deliveries < 0 then  -- never analyzed
+            execute format('select count(*) from watchpump.%I', v_settled) into deliveries;
+        end if;
+        kept := cardinality(v_kept);
+        deliveries := greatest(deliveries - failed - kept, 0);
+        execute format('alter table watchpump.settled detach partition watchpump.%I', v_settled);
+        execute format('insert into watchpump.settled select * from watchpump.%I where id = any ($1)', v_settled)
+            using v_kept;
+        execute format('drop table watchpump.%I', v_settled);
+    end if;
+    if v_changes is not null then
+        v_refs := array(select k.change_id from watchpump.settled_kept k where k.created_at < p_to
+                        union
+                        select q.change_id from watchpump.queue q where q.created_at < p_to);
+        select c.reltuples::bigint into changes from pg_class c
+        where c.oid = ('watchpump.' || quote_ident(v_changes))::regclass;
+        if changes < 0 then
+            execute format('select count(*) from watchpump.%I', v_changes) into changes;
+        end if;
+        execute format('alter table watchpump.changes detach partition watchpump.%I', v_changes);
+        execute format('insert into watchpump.changes select * from watchpump.%I where id = any ($1)', v_changes)
+            using v_refs;
+        execute format('drop table watchpump.%I', v_changes);
+    end if;
+    if v_attempts is not null then
+        v_refs := array(select k.id from watchpump.settled_kept k where k.created_at < p_to
+                        union
+                        select q.id from watchpump.queue q where q.created_at < p_to);
+        execute format('alter table watchpump.attempt_log detach partition watchpump.%I', v_attempts);
+        execute format('insert into watchpump.attempt_log select * from watchpump.%I where delivery_id = any ($1)',
+                       v_attempts)
+            using v_refs;
+        execute format('drop table watchpump.%I', v_attempts);
+    end if;
+    delete from watchpump.partitions p where p.to_at = p_to;
+end
+$$;
+
+-- Applies retention, one step per call; call it again while it returns
+-- `more` (the pump's operator task does, once a minute, in one pump at a
+-- time; it is safe by hand too: a second caller meanwhile does nothing).
+--   1. Creates the partitions of today and the next PARTITIONS_AHEAD = 2
+--      days, so that rows always have a day to go to.
+--   2. Retires the oldest day whose every delivery is past retention: it
+--      ended more than p_retention plus the delivery window ago
+--      (retire_partitions(): whole partitions dropped; failed deliveries
+--      and their needs kept in the DEFAULT partitions).
+--   3. Deletes, p_batch rows at a time, from the DEFAULT partitions (the
+--      kept rows, few): delivered, superseded and dropped deliveries
+--      finished more than p_retention ago, failed ones more than
+--      p_failed_retention ago, their attempts and actions, and changes
+--      past retention that nothing refers to any more.
+--   4. Watches removed long ago, finished warnings past the failed
+--      retention, and expired panel sessions.
+-- Counts of a retired day are the planner's estimates (pg_class.reltuples):
+-- counting them exactly would cost what dropping them saves.
 create or replace function watchpump.prune(
     p_retention interval default interval '7 days',
     p_failed_retention interval default interval '30 days',
@@ -456,72 +602,85 @@ create or replace function watchpump.prune(
 ) returns table (deliveries integer, failed integer, changes integer, more boolean)
 language plpgsql as $$
 declare
-    v_more_to_do boolean;
-    v_done     integer;
-    v_failed   integer;
-    v_changes  integer;
-    v_orphans  integer;
+    v_oldest   timestamptz;
+    v_retired  record;
+    v_more_to_do boolean := false;
+    v_done     bigint := 0;
+    v_failed   bigint := 0;
+    v_changes  bigint := 0;
+    v_count    integer;
     v_gone     bigint[];
     v_touched  bigint[];
-    v_after    bigint;
-    v_scanned  bigint[];
 begin
     if p_batch is null or p_batch < 1 or p_retention is null or p_failed_retention is null then
         raise exception 'watchpump.prune: retention periods and a batch size above zero are required'
             using errcode = '22023';
     end if;
+    -- One caller at a time (the operator task already runs in one pump).
+    if not pg_try_advisory_xact_lock(2003856752, hashtext('watchpump.prune')) then
+        return query select 0, 0, 0, false;
+        return;
+    end if;
+    -- Waiting for the tables' locks behind a long transaction would make
+    -- every emit() wait behind us: give up and try at the next round.
+    set local lock_timeout = '2s';
 
-    -- The oldest finished rows (settled is written in the order rows
-    -- finish: the BRIN index on finished_at finds them).
+    -- 1. Days ahead.
+    perform watchpump.add_partitions_ahead();
+
+    -- 2. The oldest day past retention, whole.
+    select min(p.to_at) into v_oldest from watchpump.partitions p
+    where p.to_at < now() - p_retention - watchpump.delivery_window();
+    if v_oldest is not null then
+        select * into v_retired from watchpump.retire_partitions(v_oldest, p_retention, p_failed_retention);
+        v_done := v_retired.deliveries;
+        v_failed := v_retired.failed;
+        v_changes := v_retired.changes;
+        v_more_to_do := exists (select from watchpump.partitions p
+                                where p.to_at < now() - p_retention - watchpump.delivery_window());
+    end if;
+
+    -- 3. The kept rows, in batches.
     with gone as (
-        delete from watchpump.settled d
+        delete from watchpump.settled_kept d
         where d.id = any (array(
-                  select f.id from watchpump.settled f
+                  select f.id from watchpump.settled_kept f
                   where f.finished_at < now() - p_retention
                     and (f.state <> 'failed' or f.finished_at < now() - p_failed_retention)
                   limit p_batch))
         returning d.id, d.change_id, d.state
     )
     select array_agg(g.id), array_agg(distinct g.change_id),
-           count(*) filter (where g.state <> 'failed'), count(*) filter (where g.state = 'failed')
+           coalesce(v_done, 0) + count(*) filter (where g.state <> 'failed'),
+           coalesce(v_failed, 0) + count(*) filter (where g.state = 'failed')
     into v_gone, v_touched, v_done, v_failed
     from gone g;
+    v_more_to_do := v_more_to_do or coalesce(cardinality(v_gone), 0) = p_batch;
     delete from watchpump.attempt_log a where a.delivery_id = any (coalesce(v_gone, '{}'));
     delete from watchpump.actions x where x.delivery_id = any (coalesce(v_gone, '{}'));
+    -- Actions of deliveries that went with a retired day.
+    delete from watchpump.actions x
+    where x.id = any (array(
+              select o.id from watchpump.actions o
+              where o.at < now() - p_retention
+                and not exists (select 1 from watchpump.settled d where d.id = o.delivery_id)
+                and not exists (select 1 from watchpump.queue q where q.id = o.delivery_id)
+              limit p_batch));
+    -- Kept changes nothing refers to any more (a change past retention
+    -- that matched no watch went with its day; these are the ones kept
+    -- for a kept delivery, or emitted while no partition covered them).
+    delete from watchpump.changes_kept c
+    where c.id = any (array(
+              select o.id from watchpump.changes_kept o
+              where o.occurred_at < now() - p_retention
+                and not exists (select 1 from watchpump.settled d where d.change_id = o.id)
+                and not exists (select 1 from watchpump.queue q where q.change_id = o.id)
+              limit p_batch));
+    get diagnostics v_count = row_count;
+    v_changes := v_changes + v_count;
+    v_more_to_do := v_more_to_do or v_count = p_batch;
 
-    -- The changes whose last deliveries just went.
-    -- (The queue has no index on change_id: one scan of it per batch.)
-    delete from watchpump.changes c
-    where c.id = any (coalesce(v_touched, '{}'))
-      and not exists (select 1 from watchpump.settled d where d.change_id = c.id)
-      and c.id <> all (array(select q.change_id from watchpump.queue q
-                             where q.change_id = any (coalesce(v_touched, '{}'))));
-    get diagnostics v_changes = row_count;
-
-    -- Changes past retention that matched no watch, in id order from where
-    -- the last batch stopped. A change passed over because deliveries still
-    -- refer to it goes with the last of them, above.
-    select p.changes_after into v_after from watchpump.prune_position p for update;
-    v_scanned := array(
-        select o.id from watchpump.changes o
-        where o.id > v_after and o.occurred_at < now() - p_retention
-        order by o.id
-        limit p_batch);
-    if cardinality(v_scanned) > 0 then
-        delete from watchpump.changes c
-        where c.id = any (v_scanned)
-          and not exists (select 1 from watchpump.settled d where d.change_id = c.id)
-          and c.id <> all (array(select q.change_id from watchpump.queue q
-                                 where q.change_id = any (v_scanned)));
-        get diagnostics v_orphans = row_count;
-        v_changes := v_changes + v_orphans;
-        update watchpump.prune_position
-        set changes_after = (select max(x) from unnest(v_scanned) x);
-    end if;
-    v_more_to_do := coalesce(v_done, 0) + coalesce(v_failed, 0) = p_batch
-                    or coalesce(cardinality(v_scanned), 0) = p_batch;
-
-    -- Removed watches, once their deliveries are past both retentions.
+    -- 4. Removed watches, once their deliveries are past both retentions.
     delete from watchpump.watches w
     where w.id = any (array(
               select o.id from watchpump.watches o
@@ -534,8 +693,7 @@ begin
     -- day for 30 days). A watch on an exact object had one only if a change
     -- of that object occurred while it was live, and a change outlives its
     -- deliveries; the hour covers an emit() that saw the watch live just
-    -- before its removal. (The object's changes are an index lookup; prefix
-    -- watches wait for both retentions.)
+    -- before its removal. (Prefix watches wait for both retentions.)
     delete from watchpump.watches w
     where w.id = any (array(
               select o.id from watchpump.watches o
@@ -555,6 +713,7 @@ begin
               limit p_batch));
     delete from watchpump.panel_sessions p where p.expires_at < now();
 
-    return query select coalesce(v_done, 0), coalesce(v_failed, 0), v_changes, v_more_to_do;
+    return query select least(v_done, 2147483647)::integer, least(v_failed, 2147483647)::integer,
+                        least(v_changes, 2147483647)::integer, v_more_to_do;
 end
 $$;

@@ -213,8 +213,8 @@ pub async fn ids_where(db: &TestDb, condition: &str) -> Vec<i64> {
 /// Puts deliveries where a pump would have left them in `state`, for a test
 /// that stages a situation: 'pending', or 'in_flight' (leased by pump "p"
 /// for an hour), in the queue; 'delivered', 'superseded', 'dropped' or
-/// 'failed' in the history, finished `finished_days_ago` days ago (default
-/// now) with at least one attempt.
+/// 'failed' in the history, finished (and created, if later)
+/// `finished_days_ago` days ago (default now) with at least one attempt.
 pub async fn set_state(db: &TestDb, ids: &[i64], state: &str, finished_days_ago: Option<i32>) {
     let ids = ids.to_vec();
     if state == "pending" || state == "in_flight" {
@@ -255,7 +255,10 @@ pub async fn set_state(db: &TestDb, ids: &[i64], state: &str, finished_days_ago:
     sqlx::query(
         "update watchpump.settled
          set state = $2, attempts = greatest(attempts, 1),
-             finished_at = now() - make_interval(days => coalesce($3, 0))
+             finished_at = now() - make_interval(days => coalesce($3, 0)),
+             -- Created no later than it finished: the history is
+             -- partitioned by creation day (0008_storage_v3.sql).
+             created_at = least(created_at, now() - make_interval(days => coalesce($3, 0)))
          where id = any($1)",
     )
     .bind(&ids)
