@@ -111,9 +111,8 @@ async fn claimed(db: &TestDb, object: &str) -> (i64, i32) {
 async fn report_500(db: &TestDb, id: i64, attempt: i32, next: &str) -> Vec<(String, Option<bool>)> {
     sqlx::query_as(&format!(
         "select c.state, c.next_attempt_at = q.deadline
-         from watchpump.complete('p', array[$1::bigint], array[$2::int], '{{retry}}', '{{500}}',
-                                 '{{\"HTTP 500\"}}', array[now()], '{{1.0}}', '{{\"\"}}',
-                                 array[{next}]) c
+         from watchpump.complete('p', array[row($1, $2, 'retry', 500, 'HTTP 500', now(), 1.0, '',
+                                                {next})::watchpump.attempt_report]) c
          left join watchpump.queue q on q.id = c.delivery_id"
     ))
     .bind(id)
@@ -592,4 +591,147 @@ async fn scalar(db: &TestDb, sql: &str) -> i64 {
 
 async fn scalar_text(db: &TestDb, sql: &str) -> String {
     sqlx::query_scalar(sql).fetch_one(&db.pool).await.unwrap()
+}
+
+/// The plan of `sql`, as text.
+async fn plan(db: &TestDb, sql: &str) -> String {
+    let lines: Vec<String> = sqlx::query_scalar(&format!("explain (costs off) {sql}"))
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    lines.join("\n")
+}
+
+/// No day of the history that holds rows is read whole (`days`: their
+/// names; an empty day ahead may be, at no cost).
+fn assert_bounded(what: &str, plan: &str, days: &[String]) {
+    for day in days {
+        assert!(
+            !plan.contains(&format!("Seq Scan on {day} ")),
+            "{what}: a day of the history read whole:\n{plan}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn every_page_is_a_bounded_index_scan_at_300_000_deliveries() {
+    use watchpump::operator::store::{page_query, DeliveryFilter};
+    let db = TestDb::new().await;
+    let (deploy, _) = db.add_service("deploy", "http://127.0.0.1:9").await;
+    let (docs, _) = db.add_service("docs", "http://127.0.0.1:9").await;
+    db.add_watch(deploy.id, "app", "acme/", all()).await;
+    db.add_watch(docs.id, "app", "acme/", all()).await;
+    // Three days of history by SQL: 300,000 deliveries, one in 50 failed.
+    sqlx::raw_sql(
+        "select watchpump.add_partition(t, d, d + interval '1 day')
+         from unnest(array['changes', 'settled', 'attempt_log']) t,
+              generate_series(1, 3) n,
+              lateral (select date_trunc('day', now() at time zone 'UTC') at time zone 'UTC'
+                              - n * interval '1 day' as d) day;
+         insert into watchpump.changes (object, kind, sequence, payload, occurred_at, payload_bytes)
+         select 'acme/o' || (n % 1000), 'push', n, '{}', now() - (300000 - n) * interval '800 ms', 2
+         from generate_series(1, 300000) n;
+         insert into watchpump.settled (id, change_id, watch_id, service_id, object, state, attempts,
+                                        next_attempt_at, deadline, last_status, created_at,
+                                        finished_at)
+         select nextval('watchpump.delivery_ids'), c.id, w.id, w.service_id, c.object,
+                case when c.id % 50 = 0 then 'failed' else 'delivered' end, 1, c.occurred_at,
+                c.occurred_at + interval '1 day', 200, c.occurred_at,
+                c.occurred_at + interval '1 second'
+         from watchpump.changes c
+         join watchpump.watches w on w.id = 1 + c.id % 2;
+         insert into watchpump.attempt_log (delivery_id, attempt, started_at, duration_ms, status, pump)
+         select id, 1, created_at, 1, 500, 'p' from watchpump.settled where state = 'failed';
+         analyze watchpump.changes, watchpump.settled, watchpump.attempt_log;",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let one = scalar(&db, "select max(id) - 1000 from watchpump.settled").await;
+    let days: Vec<String> = sqlx::query_scalar(
+        "select relname::text from pg_class
+         where relnamespace = 'watchpump'::regnamespace and relkind = 'r' and reltuples > 10000",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert!(days.len() >= 6, "{days:?}");
+
+    // The admin API's and the panel's pages: newest, a service's, an
+    // object's, the failed (all, and a service's), a time window, and the
+    // next page of each.
+    let hour_ago = chrono::Utc::now() - chrono::Duration::hours(1);
+    let pages = [
+        ("newest", DeliveryFilter::default(), None),
+        ("a service's", DeliveryFilter::default(), Some(docs.id)),
+        (
+            "an object's",
+            DeliveryFilter {
+                object: Some("acme/o7".into()),
+                ..Default::default()
+            },
+            None,
+        ),
+        (
+            "the failed",
+            DeliveryFilter {
+                state: Some("failed".into()),
+                ..Default::default()
+            },
+            None,
+        ),
+        (
+            "a service's failed",
+            DeliveryFilter {
+                state: Some("failed".into()),
+                ..Default::default()
+            },
+            Some(deploy.id),
+        ),
+        (
+            "a time window",
+            DeliveryFilter {
+                since: Some(hour_ago - chrono::Duration::hours(1)),
+                until: Some(hour_ago),
+                ..Default::default()
+            },
+            None,
+        ),
+        (
+            "a next page",
+            DeliveryFilter {
+                before: Some(one),
+                limit: Some(100),
+                ..Default::default()
+            },
+            Some(deploy.id),
+        ),
+    ];
+    for (what, filter, service) in &pages {
+        let mut q = page_query("explain (costs off) ", filter, *service);
+        let lines: Vec<String> = q.build_query_scalar().fetch_all(&db.pool).await.unwrap();
+        let plan = lines.join("\n");
+        assert_bounded(what, &plan, &days);
+        assert!(plan.contains("Limit"), "{what}: no limit pushed:\n{plan}");
+        // And it answers.
+        let mut q = page_query("", filter, *service);
+        let rows: Vec<sqlx::postgres::PgRow> = q.build().fetch_all(&db.pool).await.unwrap();
+        assert!(!rows.is_empty(), "{what}: empty");
+    }
+
+    // The views and functions behind the panel, the admin API and metrics.
+    let id = scalar(
+        &db,
+        "select max(id) from watchpump.settled where state = 'failed'",
+    )
+    .await;
+    for (what, sql) in [
+        ("newest failures", "with page as (select d.id from watchpump.settled d where d.state = 'failed' order by d.finished_at desc limit 50) select * from watchpump.delivery_log where delivery_id = any (array(select p.id from page p))".to_string()),
+        ("one delivery", format!("select * from watchpump.delivery_log where delivery_id = {id}")),
+        ("its attempts", format!("select * from watchpump.attempts where delivery_id = {id}")),
+        ("its history", format!("select * from watchpump.delivery_history where delivery_id = {id}")),
+        ("backlog", "select * from watchpump.backlog".to_string()),
+    ] {
+        assert_bounded(what, &plan(&db, &sql).await, &days);
+    }
 }

@@ -859,7 +859,9 @@ async fn pruning_removes_only_rows_past_retention_and_keeps_failed_ones() {
 
 async fn lock_holder(db: &TestDb) -> Option<i32> {
     sqlx::query_scalar(
-        "select pid from pg_locks where locktype = 'advisory' and granted
+        // The operator task's lock (one bigint key: objsubid 1), not the
+        // two-key ones prune() and claims take for a transaction.
+        "select pid from pg_locks where locktype = 'advisory' and granted and objsubid = 1
          and database = (select oid from pg_database where datname = current_database())",
     )
     .fetch_optional(&db.pool)

@@ -161,10 +161,11 @@ $$;
 -- The lease fences a pump that died mid-send; a delivery whose lease ran
 -- out is claimed again like any pending one (expired_lease_of names the
 -- pump that lost it). The order rule (top of this file) is decided here.
--- The returned columns but service_id, service_version and
--- expired_lease_of are the message a consumer receives
--- (src/delivery/mod.rs); message() below lists them for the panel: a field
--- of the body is added to both.
+-- Each row is a watchpump.claimed_message (0008_storage_v3.sql): its
+-- attributes but service_id, service_version and expired_lease_of are the
+-- message a consumer receives (src/delivery/mod.rs); message() below lists
+-- them for the panel: a field of the body is added to the type, here, and
+-- there.
 create or replace function watchpump.claim(
     p_pump         text,
     p_service_ids  bigint[],
@@ -174,23 +175,7 @@ create or replace function watchpump.claim(
     p_lease        interval,
     p_max_rows     integer default 1000,
     p_max_bytes    bigint default 67108864
-) returns table (
-    delivery_id      bigint,
-    change_id        bigint,
-    watch_id         bigint,
-    service_id       bigint,
-    -- services.version: pumps cache each service's URL and keys by it.
-    service_version  integer,
-    attempt          integer,
-    resource         text,
-    object           text,
-    kind             text,
-    sequence         bigint,
-    occurred_at      timestamptz,
-    -- On the first row of each change only (see above).
-    payload          text,
-    expired_lease_of text
-)
+) returns setof watchpump.claimed_message
 language plpgsql
 set jit = off
 set plan_cache_mode = force_generic_plan
@@ -410,30 +395,39 @@ language sql as $$
     on conflict (pump) do update set since = now()
 $$;
 
--- Record a batch of attempts and what became of each delivery.
--- p_outcomes: 'delivered' (2xx), 'gone' (410: drop the watch), or 'retry'
--- (anything else; p_next is when, computed by the pump's back-off).
+-- Record a batch of attempts (each a watchpump.attempt_report) and what
+-- became of each delivery. Outcomes: 'delivered' (2xx), 'gone' (410: drop
+-- the watch), or 'retry' (anything else; next_attempt_at is when, computed
+-- by the pump's back-off).
 -- A retry becomes 'dropped' when the watch was removed, 'superseded' when
 -- newer news of its (watch, object) waits (supersede_older()), 'failed' when
 -- its deadline has passed, and stays queued ('pending') otherwise, due at
--- p_next or at its deadline if that comes first: the last retry is made at
--- the deadline, and "failed" means the deadline passed. Each returned row
--- says where a delivery now stands; a pending one says when it is due. Only rows this pump still holds (same lease holder
--- and attempt) change: a pump whose lease ran out and was taken over
--- records its attempt but decides nothing. Consecutive identical failures
--- of a delivery fold into one attempt row (repeats, last_started_at).
-create or replace function watchpump.complete(
-    p_pump       text,
-    p_ids        bigint[],
-    p_attempts   integer[],
-    p_outcomes   text[],
-    p_statuses   integer[],
-    p_errors     text[],
-    p_started    timestamptz[],
-    p_durations  double precision[],
-    p_heads      text[],
-    p_next       timestamptz[]
-) returns table (delivery_id bigint, service_id bigint, state text, next_attempt_at timestamptz)
+-- its next_attempt_at or at its deadline if that comes first: the last
+-- retry is made at the deadline, and "failed" means the deadline passed.
+-- Each returned row says where a delivery now stands; a pending one says
+-- when it is due.
+--
+-- Only rows this pump still holds (same lease holder and attempt) change:
+-- a pump whose lease ran out and was taken over records its attempt but
+-- decides nothing. The reports are unnested once (with their order) and
+-- the rows held are locked once, in one statement that records the
+-- attempts and schedules the retries from that one held set; settling
+-- follows from it.
+--
+-- The attempt log: the attempt that delivered is kept on the settled row
+-- (settle()); every other attempt is appended to attempt_log, one row per
+-- run of failed attempts of a delivery. A failed attempt that follows the
+-- delivery's previous one (attempt numbers in a row) folds into that run's
+-- row whatever it answered: repeats + 1, the newest answer (status, error,
+-- head, duration, last_started_at, pump), and its count in statuses;
+-- first_status and first_error keep how the run began. A consumer that is
+-- down for a day, or answers a different 4xx each time, costs a delivery
+-- one row, not one per attempt. A run breaks only when attempts went
+-- unrecorded (a pump died mid-send), and a delivery keeps at most
+-- MAX_ATTEMPT_ROWS = 20 rows: past that, every failure folds into its
+-- newest row.
+create or replace function watchpump.complete(p_pump text, p_reports watchpump.attempt_report[])
+returns table (delivery_id bigint, service_id bigint, state text, next_attempt_at timestamptz)
 language plpgsql
 set jit = off
 set plan_cache_mode = force_generic_plan
@@ -455,53 +449,93 @@ declare
     v_durations  double precision[];
     v_heads      text[];
 begin
-    perform watchpump.record_attempts(p_pump, p_ids, p_attempts, p_outcomes, p_statuses, p_errors,
-                                      p_started, p_durations, p_heads);
-
-    -- The rows this pump still holds, with what each outcome means for
-    -- them. Rows are matched to their outcome by position: joining to
-    -- unnest() of the arrays made the planner loop over the arrays once per
-    -- row (quadratic in the batch size).
-    with held as materialized (
-        select q.id, q.watch_id, q.object, q.deadline, i
-        from watchpump.queue q
-        cross join lateral array_position(p_ids, q.id) as i
-        where q.id = any (p_ids) and q.leased_by = p_pump and q.attempts = p_attempts[i]
+    with reported as materialized (
+        select r.delivery_id as id, r.attempt, r.outcome, r.status, r.error, r.started_at as started,
+               r.duration_ms as duration, r.response_head as head, r.next_attempt_at as next, r.n,
+               coalesce(r.status::text, 'no answer') as answer
+        from unnest(p_reports) with ordinality
+             as r (delivery_id, attempt, outcome, status, error, started_at, duration_ms, response_head,
+                   next_attempt_at, n)
+    ),
+    -- The held set: the reported rows this pump still holds, locked.
+    held as materialized (
+        select r.*, q.watch_id, q.object
+        from reported r
+        join watchpump.queue q on q.id = r.id
+        where q.leased_by = p_pump and q.attempts = r.attempt
         for update of q
     ),
+    -- Every attempt but the one that delivered a held delivery.
+    logged as materialized (
+        select r.* from reported r
+        where r.outcome <> 'delivered' or r.id not in (select h.id from held h)
+    ),
+    previous as (
+        select l.id as delivery_id, l.status, l.error, l.started, l.duration, l.head, l.answer, a.id
+        from logged l
+        cross join lateral (
+            select a.id, a.attempt, a.repeats
+            from watchpump.attempt_log a
+            where a.delivery_id = l.id
+            order by a.attempt desc, a.id desc
+            limit 1
+        ) a
+        where l.outcome = 'retry'
+          and (a.attempt + a.repeats = l.attempt
+               or (select count(*) from watchpump.attempt_log c where c.delivery_id = l.id) >= 20)
+    ),
+    folded as (
+        update watchpump.attempt_log a
+        set repeats = a.repeats + 1, last_started_at = p.started, duration_ms = p.duration,
+            status = p.status, error = p.error, response_head = p.head, pump = p_pump,
+            statuses = coalesce(a.statuses, '{}')
+                       || jsonb_build_object(p.answer, coalesce((a.statuses ->> p.answer)::integer, 0) + 1)
+        from previous p
+        where a.id = p.id
+        returning a.delivery_id
+    ),
+    appended as (
+        insert into watchpump.attempt_log (delivery_id, attempt, started_at, duration_ms, status, error,
+                                           response_head, pump, first_status, first_error, statuses)
+        select l.id, l.attempt, l.started, l.duration, l.status, l.error, l.head, p_pump, l.status, l.error,
+               jsonb_build_object(l.answer, 1)
+        from logged l
+        where l.id not in (select f.delivery_id from folded f)
+        order by l.n
+    ),
     decided as materialized (
-        select h.id, h.watch_id, h.object, h.i,
+        select h.*,
                case
-                   when p_outcomes[h.i] = 'delivered' then 'delivered'
-                   when p_outcomes[h.i] = 'gone' then 'dropped'
+                   when h.outcome = 'delivered' then 'delivered'
+                   when h.outcome = 'gone' then 'dropped'
                    when w.removed_at is not null then 'dropped'
                    else 'retry'
-               end as state
+               end as decision
         from held h
         join watchpump.watches w on w.id = h.watch_id
     ),
     retried as (
         update watchpump.queue q
-        set next_attempt_at = least(p_next[x.i], q.deadline), lease_until = null, leased_by = null,
-            last_status = p_statuses[x.i], last_error = p_errors[x.i]
+        set next_attempt_at = least(x.next, q.deadline), lease_until = null, leased_by = null,
+            last_status = x.status, last_error = x.error
         from decided x
-        where q.id = x.id and x.state = 'retry'
+        where q.id = x.id and x.decision = 'retry'
         returning q.id, q.watch_id, q.object
     )
-    select coalesce(array_agg(x.id) filter (where x.state <> 'retry'), '{}'),
-           coalesce(array_agg(x.state) filter (where x.state <> 'retry'), '{}'),
-           coalesce(array_agg(p_statuses[x.i]) filter (where x.state <> 'retry'), '{}'),
-           coalesce(array_agg(case when x.state = 'dropped' and p_outcomes[x.i] = 'retry'
-                                   then 'watch removed' else p_errors[x.i] end)
-                    filter (where x.state <> 'retry'), '{}'),
+    select coalesce(array_agg(x.id order by x.n) filter (where x.decision <> 'retry'), '{}'),
+           coalesce(array_agg(x.decision order by x.n) filter (where x.decision <> 'retry'), '{}'),
+           coalesce(array_agg(x.status order by x.n) filter (where x.decision <> 'retry'), '{}'),
+           coalesce(array_agg(case when x.decision = 'dropped' and x.outcome = 'retry'
+                                   then 'watch removed' else x.error end order by x.n)
+                    filter (where x.decision <> 'retry'), '{}'),
            -- The attempt that delivered goes on the settled row.
-           coalesce(array_agg(case when x.state = 'delivered' then p_started[x.i] end)
-                    filter (where x.state <> 'retry'), '{}'),
-           coalesce(array_agg(case when x.state = 'delivered' then p_durations[x.i] end)
-                    filter (where x.state <> 'retry'), '{}'),
-           coalesce(array_agg(case when x.state = 'delivered' then p_heads[x.i] end)
-                    filter (where x.state <> 'retry'), '{}'),
-           coalesce(array_agg(distinct x.watch_id) filter (where p_outcomes[x.i] = 'gone'), '{}'),
+           coalesce(array_agg(case when x.decision = 'delivered' then x.started end order by x.n)
+                    filter (where x.decision <> 'retry'), '{}'),
+           coalesce(array_agg(case when x.decision = 'delivered' then x.duration end order by x.n)
+                    filter (where x.decision <> 'retry'), '{}'),
+           coalesce(array_agg(case when x.decision = 'delivered' then x.head end order by x.n)
+                    filter (where x.decision <> 'retry'), '{}'),
+           coalesce(array_agg(distinct x.watch_id) filter (where x.outcome = 'gone'), '{}'),
            (select coalesce(array_agg(r.id order by r.id), '{}') from retried r),
            (select coalesce(array_agg(r.watch_id order by r.id), '{}') from retried r),
            (select coalesce(array_agg(r.object order by r.id), '{}') from retried r)
@@ -544,79 +578,6 @@ begin
         from unnest(v_gone) as g (watch_id)
         cross join lateral watchpump.remove_watch(g.watch_id, 'gone: the consumer answered 410') r;
     end if;
-end
-$$;
-
--- Appends one row per run of failed attempts of a delivery (the delivering
--- attempt is kept on the settled row, settle()). A failed attempt that
--- follows the delivery's previous one (attempt numbers in a row) folds into
--- that run's row whatever it answered: repeats + 1, the newest answer
--- (status, error, head, duration, last_started_at, pump), and its count in
--- statuses; first_status and first_error keep how the run began. A consumer
--- that is down for a day, or answers a different 4xx each time, costs a
--- delivery one row, not one per attempt. A run breaks only when attempts
--- went unrecorded (a pump died mid-send), and a delivery keeps at most
--- MAX_ATTEMPT_ROWS = 20 rows: past that, every failure folds into its
--- newest row.
-create or replace function watchpump.record_attempts(
-    p_pump       text,
-    p_ids        bigint[],
-    p_attempts   integer[],
-    p_outcomes   text[],
-    p_statuses   integer[],
-    p_errors     text[],
-    p_started    timestamptz[],
-    p_durations  double precision[],
-    p_heads      text[]
-) returns void
-language plpgsql
-set jit = off
-set plan_cache_mode = force_generic_plan
-set enable_seqscan = off
-set enable_mergejoin = off
-as $$
-begin
-    with reported as materialized (
-        select o.id, o.attempt, o.outcome, o.status, o.error, o.started, o.duration, o.head,
-               coalesce(o.status::text, 'no answer') as answer
-        from unnest(p_ids, p_attempts, p_outcomes, p_statuses, p_errors, p_started, p_durations, p_heads)
-             as o (id, attempt, outcome, status, error, started, duration, head)
-        -- The delivering attempt goes on the settled row, unless this pump
-        -- no longer holds the delivery (its lease ran out and another took it).
-        where o.outcome <> 'delivered'
-           or not exists (select 1 from watchpump.queue q
-                          where q.id = o.id and q.leased_by = p_pump and q.attempts = o.attempt)
-    ),
-    previous as (
-        select r.id as delivery_id, r.status, r.error, r.started, r.duration, r.head, r.answer, a.id
-        from reported r
-        cross join lateral (
-            select a.id, a.attempt, a.repeats
-            from watchpump.attempt_log a
-            where a.delivery_id = r.id
-            order by a.attempt desc, a.id desc
-            limit 1
-        ) a
-        where r.outcome = 'retry'
-          and (a.attempt + a.repeats = r.attempt
-               or (select count(*) from watchpump.attempt_log c where c.delivery_id = r.id) >= 20)
-    ),
-    folded as (
-        update watchpump.attempt_log a
-        set repeats = a.repeats + 1, last_started_at = p.started, duration_ms = p.duration,
-            status = p.status, error = p.error, response_head = p.head, pump = p_pump,
-            statuses = coalesce(a.statuses, '{}')
-                       || jsonb_build_object(p.answer, coalesce((a.statuses ->> p.answer)::integer, 0) + 1)
-        from previous p
-        where a.id = p.id
-        returning a.delivery_id
-    )
-    insert into watchpump.attempt_log (delivery_id, attempt, started_at, duration_ms, status, error,
-                                       response_head, pump, first_status, first_error, statuses)
-    select r.id, r.attempt, r.started, r.duration, r.status, r.error, r.head, p_pump, r.status, r.error,
-           jsonb_build_object(r.answer, 1)
-    from reported r
-    where r.id not in (select f.delivery_id from folded f);
 end
 $$;
 

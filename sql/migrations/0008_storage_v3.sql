@@ -159,12 +159,20 @@ create table watchpump.partition_templates (
 insert into watchpump.partition_templates values
 ('changes', 'occurred_at', 'fillfactor = 100, autovacuum_vacuum_insert_scale_factor = 0.05',
  array['create unique index on watchpump.%I (id)']),
+-- settled: by id (lookups, the newest page), by change (pruning kept
+-- changes, newer_news()), a service's and an object's pages newest first,
+-- the failed: a service's (its failed page, retry_failed(), backlog), all
+-- services' newest first and by when they failed (the panel, metrics),
+-- and when rows finished (what retention keeps of a day). The partial
+-- indexes hold failures only: small.
 ('settled', 'created_at', 'fillfactor = 100, autovacuum_vacuum_insert_scale_factor = 0.05',
  array['create unique index on watchpump.%I (id)',
        'create index on watchpump.%I (change_id)',
-       'create index on watchpump.%I (service_id, finished_at) where state = ''failed''',
        'create index on watchpump.%I (service_id, id)',
        'create index on watchpump.%I (object, id)',
+       'create index on watchpump.%I (service_id, id) where state = ''failed''',
+       'create index on watchpump.%I (id) where state in (''failed'', ''dropped'')',
+       'create index on watchpump.%I (finished_at) where state = ''failed''',
        'create index on watchpump.%I using brin (finished_at)']),
 ('attempt_log', 'started_at', 'fillfactor = 90',
  array['create unique index on watchpump.%I (id)',
@@ -229,3 +237,52 @@ $v2$;
 update watchpump.queue q set created_at = c.occurred_at
 from watchpump.changes c where c.id = q.change_id and q.created_at <> c.occurred_at;
 
+
+-- ---------------------------------------------------------------------------
+-- The rows that cross between the pump (Rust) and its functions, as one
+-- composite type each, so that a field is one attribute here and one field
+-- there (`alter type ... add attribute`), not a column list copied by hand
+-- or ten parallel arrays.
+-- ---------------------------------------------------------------------------
+
+-- A claimed delivery as claim() returns it: the message a consumer
+-- receives (src/delivery/mod.rs), and what the pump needs besides.
+create type watchpump.claimed_message as (
+    delivery_id      bigint,
+    change_id        bigint,
+    watch_id         bigint,
+    service_id       bigint,
+    -- services.version: pumps cache each service's URL and keys by it.
+    service_version  integer,
+    attempt          integer,
+    resource         text,
+    object           text,
+    kind             text,
+    sequence         bigint,
+    occurred_at      timestamptz,
+    -- On the first row of each change only (claim()).
+    payload          text,
+    -- The pump whose lease on it ran out, if any.
+    expired_lease_of text
+);
+
+-- What became of one attempt, as complete() takes it.
+create type watchpump.attempt_report as (
+    delivery_id      bigint,
+    attempt          integer,
+    -- 'delivered' (2xx), 'gone' (410) or 'retry'.
+    outcome          text,
+    status           integer,
+    error            text,
+    started_at       timestamptz,
+    duration_ms      double precision,
+    response_head    text,
+    -- When to try again, for a retry (the pump's back-off).
+    next_attempt_at  timestamptz
+);
+
+drop function if exists watchpump.claim(text, bigint[], integer[], boolean[], integer, interval, integer, bigint);
+drop function if exists watchpump.complete(text, bigint[], integer[], text[], integer[], text[],
+                                           timestamptz[], double precision[], text[], timestamptz[]);
+drop function if exists watchpump.record_attempts(text, bigint[], integer[], text[], integer[], text[],
+                                                  timestamptz[], double precision[], text[]);

@@ -15,9 +15,11 @@
 //!
 //! # Adding a field to the body
 //!
-//! 1. SQL, one file: `sql/functions/0200_pump.sql`, where the returns
-//!    tables of `watchpump.claim()` (the pump) and `watchpump.message()`
-//!    (the panel), side by side, list the message's columns.
+//! 1. SQL: an attribute of the type `watchpump.claimed_message` (a
+//!    migration: `alter type ... add attribute`), its value in
+//!    `watchpump.claim()`'s last select, and the column of
+//!    `watchpump.message()` (the panel), both in
+//!    `sql/functions/0200_pump.sql`.
 //! 2. Here: the field on [`Message`] and on [`Body`] (whose field order is
 //!    the order of the JSON).
 //! 3. Consumers: the kit's `Delivery` (`src/kit/delivery.rs`) ignores

@@ -50,8 +50,8 @@ pub struct OperatorConfig {
     #[arg(long, env = "WATCHPUMP_FAILED_RETENTION_DAYS", default_value_t = 30)]
     pub failed_retention_days: u32,
 
-    /// Rows deleted per pruning statement: small batches keep locks short
-    /// and give autovacuum a chance to keep up.
+    /// Kept rows (failures kept longer, retried deliveries) deleted per
+    /// pruning call; days of history are dropped whole, whatever their size.
     #[arg(long, env = "WATCHPUMP_PRUNE_BATCH", default_value_t = 500)]
     pub prune_batch: u32,
 

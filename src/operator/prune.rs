@@ -1,7 +1,9 @@
-//! Bounded tables: `watchpump.prune()` deletes finished deliveries past
-//! retention (their attempts and actions go with them), failed ones past
-//! the longer failed retention, and changes nothing refers to any more, one
-//! small batch per call. This repeats it until it says there is no more.
+//! Bounded tables: `watchpump.prune()` creates the history's partitions
+//! ahead, retires one whole day past retention per call (the failed
+//! deliveries kept longer, and what they need, are copied to the DEFAULT
+//! partitions first), and deletes kept rows past their retention in small
+//! batches (`sql/functions/0300_operator.sql`). This repeats it until it
+//! says there is no more.
 
 use std::time::Duration;
 
@@ -16,7 +18,7 @@ const MAX_BATCHES: usize = 200;
 /// autovacuum keep up.
 const PAUSE: Duration = Duration::from_millis(20);
 
-/// Rows deleted in one round.
+/// Rows deleted in one round (a retired day's are the statistics' estimate).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Pruned {
     pub deliveries: i64,

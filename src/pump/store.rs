@@ -41,8 +41,9 @@ pub struct ClaimLimits {
     pub bytes: i64,
 }
 
-/// A row of `watchpump.claim()`: the payload is on the first row of each
-/// change only.
+/// A `watchpump.claimed_message` (`sql/migrations/0008_storage_v3.sql`), as
+/// `watchpump.claim()` returns them: the payload is on the first row of each
+/// change only. A field of the message is one attribute there, one here.
 #[derive(sqlx::FromRow)]
 struct ClaimRow {
     delivery_id: i64,
@@ -125,51 +126,45 @@ pub async fn claim(
         .collect())
 }
 
+/// A `watchpump.attempt_report` (`sql/migrations/0008_storage_v3.sql`):
+/// what became of one attempt, as `watchpump.complete()` takes it. A field
+/// is one attribute there, one here.
+#[derive(Debug, sqlx::Type)]
+#[sqlx(type_name = "watchpump.attempt_report")]
+struct AttemptReport {
+    delivery_id: i64,
+    attempt: i32,
+    outcome: String,
+    status: Option<i32>,
+    error: Option<String>,
+    started_at: chrono::DateTime<chrono::Utc>,
+    duration_ms: f64,
+    response_head: Option<String>,
+    next_attempt_at: chrono::DateTime<chrono::Utc>,
+}
+
 /// Records every finished attempt and returns where each delivery now stands,
 /// including deliveries dropped because their watch answered 410.
 pub async fn complete(pool: &PgPool, pump: &str, batch: &[&Finished]) -> Result<Vec<Settled>> {
-    let n = batch.len();
-    let (mut ids, mut attempts, mut outcomes) = (
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-    );
-    let (mut statuses, mut errors, mut started) = (
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-    );
-    let (mut durations, mut heads, mut next) = (
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-    );
-    for f in batch {
-        ids.push(f.claimed.message.delivery_id);
-        attempts.push(f.claimed.message.attempt);
-        outcomes.push(f.result.as_outcome());
-        statuses.push(f.result.status().map(i32::from));
-        errors.push(f.error.as_deref());
-        started.push(f.started);
-        durations.push(f.duration.as_secs_f64() * 1000.0);
-        heads.push(f.response_head.as_deref());
-        next.push(f.result.retry_at().unwrap_or(f.started));
-    }
-    Ok(
-        sqlx::query_as("select * from watchpump.complete($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)")
-            .bind(pump)
-            .bind(ids)
-            .bind(attempts)
-            .bind(outcomes)
-            .bind(statuses)
-            .bind(errors)
-            .bind(started)
-            .bind(durations)
-            .bind(heads)
-            .bind(next)
-            .fetch_all(pool)
-            .await?,
-    )
+    let reports: Vec<AttemptReport> = batch
+        .iter()
+        .map(|f| AttemptReport {
+            delivery_id: f.claimed.message.delivery_id,
+            attempt: f.claimed.message.attempt,
+            outcome: f.result.as_outcome().to_string(),
+            status: f.result.status().map(i32::from),
+            error: f.error.clone(),
+            started_at: f.started,
+            duration_ms: f.duration.as_secs_f64() * 1000.0,
+            response_head: f.response_head.clone(),
+            next_attempt_at: f.result.retry_at().unwrap_or(f.started),
+        })
+        .collect();
+    Ok(sqlx::query_as("select * from watchpump.complete($1, $2)")
+        .bind(pump)
+        .bind(reports)
+        .fetch_all(pool)
+        .await?)
 }
 
 /// Tells emitters this pump sleeps: their next delivery raises NOTIFY.

@@ -1,0 +1,316 @@
+//! `history`: the pump and the reads with months of history behind them
+//! (issue 18). For each size (WATCHPUMP_BENCH_HISTORY = "0,1000000,5000000"
+//! by default: delivered deliveries already in the history), a database of
+//! its own is filled by SQL with rows shaped like the pump's (spread over
+//! the nine days before today, one in 20 failed, with an attempt), then:
+//!
+//! - bulk-1: 20,000 changes emitted in one transaction (timed: the
+//!   producer's cost), then a pump process starts; the clock runs from its
+//!   start to the last arrival. Pump CPU per delivery, and the database
+//!   time per delivery from pg_stat_statements (claim + complete, which
+//!   settles, over the deliveries);
+//! - reads, each 20 times, p50: the panel's newest page of deliveries and
+//!   the admin API's (GET /api/v1/admin/deliveries?limit=50), a service's
+//!   failed deliveries (state=failed&service=svc0), and /metrics;
+//! - retention: one `prune()` call that retires the oldest day (a ninth of
+//!   the history), and the rows a second it retired.
+//!
+//! The fill takes minutes at 5 M; the databases are dropped at the end.
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use super::{percentile, Bench, Consumer, Outcome};
+
+const ADMIN_TOKEN: &str = "bench-admin-token-0123456789";
+const DAYS: i64 = 9;
+
+pub async fn history(b: Bench) -> Outcome {
+    let admin = format!("{}/postgres", b.url.rsplit_once('/').unwrap().0);
+    b.pool.close().await;
+    let sizes: Vec<i64> = std::env::var("WATCHPUMP_BENCH_HISTORY")
+        .unwrap_or_else(|_| "0,1000000,5000000".into())
+        .split(',')
+        .filter_map(|s| s.trim().parse().ok())
+        .collect();
+    let mut lines = Vec::new();
+    let mut rows = Vec::new();
+    for size in sizes {
+        let b = Bench::new(&admin, &format!("history_{size}")).await;
+        let row = one_size(&b, size).await;
+        lines.push(format!(
+            "{size}: bulk-1 {:.0}/s, emit {:.2} s, db {:.1} µs/delivery, pump CPU {:.0} µs/delivery; \
+             p50 panel {:.1} ms, admin {:.1} ms, failed {:.1} ms, metrics {:.1} ms; \
+             retention {:.2} s for {} rows ({:.0}/s); fill {:.0} s",
+            row["bulk_per_s"].as_f64().unwrap_or(0.0),
+            row["emit_s"].as_f64().unwrap_or(0.0),
+            row["db_us_per_delivery"].as_f64().unwrap_or(0.0),
+            row["pump_cpu_us"].as_f64().unwrap_or(0.0),
+            row["panel_p50_ms"].as_f64().unwrap_or(0.0),
+            row["admin_p50_ms"].as_f64().unwrap_or(0.0),
+            row["failed_p50_ms"].as_f64().unwrap_or(0.0),
+            row["metrics_p50_ms"].as_f64().unwrap_or(0.0),
+            row["retention_s"].as_f64().unwrap_or(0.0),
+            row["retired_rows"].as_i64().unwrap_or(0),
+            row["retired_per_s"].as_f64().unwrap_or(0.0),
+            row["fill_s"].as_f64().unwrap_or(0.0),
+        ));
+        rows.push(row);
+        b.pool.close().await;
+        let admin_pool = watchpump::server::connect(&admin, 1).await.unwrap();
+        sqlx::query(&format!(
+            "drop database if exists wpbench_history_{size} with (force)"
+        ))
+        .execute(&admin_pool)
+        .await
+        .unwrap();
+        admin_pool.close().await;
+    }
+    Outcome {
+        line: format!("\n  {}", lines.join("\n  ")),
+        json: json!({ "sizes": rows }),
+    }
+}
+
+async fn one_size(b: &Bench, size: i64) -> serde_json::Value {
+    let consumer = Consumer::start(1).await;
+    let services = b.services(&consumer).await;
+    b.watch(services[0], "acme/").await;
+    let fill = Instant::now();
+    fill_history(b, size).await;
+    let fill_s = fill.elapsed().as_secs_f64();
+
+    // bulk-1, with pg_stat_statements from a clean slate.
+    let total = 20_000;
+    sqlx::query("select pg_stat_statements_reset()")
+        .execute(&b.pool)
+        .await
+        .unwrap();
+    let emit = Instant::now();
+    let mut tx = b.pool.begin().await.unwrap();
+    for n in 0..total {
+        watchpump::emit(
+            &mut tx,
+            &format!("acme/repo/refs/heads/b{n}"),
+            "push",
+            &json!({"after": "9f2c1e", "paths": ["src/main.rs"]}),
+        )
+        .await
+        .unwrap();
+    }
+    tx.commit().await.unwrap();
+    let emit_s = emit.elapsed().as_secs_f64();
+    let listen = free_addr();
+    let metrics = free_addr();
+    let start = Instant::now();
+    let pump = b.pump(&[
+        ("WATCHPUMP_LISTEN", &listen),
+        ("WATCHPUMP_METRICS_LISTEN", &metrics),
+        ("WATCHPUMP_ADMIN_TOKEN", ADMIN_TOKEN),
+    ]);
+    let all = consumer.wait_for(total, Duration::from_secs(300)).await;
+    let elapsed = start.elapsed().as_secs_f64();
+    // The last outcomes are written after the last arrival (today's
+    // deliveries: the history is in the days before).
+    while start.elapsed() < Duration::from_secs(310) {
+        let delivered: i64 = sqlx::query_scalar(
+            "select count(*) from watchpump.settled
+             where created_at >= date_trunc('day', now() at time zone 'UTC') at time zone 'UTC'
+               and state = 'delivered'",
+        )
+        .fetch_one(&b.pool)
+        .await
+        .unwrap();
+        if delivered >= total as i64 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let cpu = pump.cpu_seconds();
+    let db_ms: f64 = sqlx::query_scalar(
+        "select coalesce(sum(total_exec_time), 0)::float8 from pg_stat_statements
+         where query ~ 'watchpump\\.(claim|complete|settle)\\('",
+    )
+    .fetch_one(&b.pool)
+    .await
+    .unwrap();
+
+    // Reads, through the pump's own HTTP server.
+    let http = reqwest::Client::new();
+    let base = format!("http://{listen}");
+    let bearer = format!("Bearer {ADMIN_TOKEN}");
+    let cookie = panel_login(&http, &base).await;
+    let admin_p50 = p50_ms(|| async {
+        http.get(format!("{base}/api/v1/admin/deliveries?limit=50"))
+            .header("authorization", &bearer)
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success())
+    })
+    .await;
+    let failed_p50 = p50_ms(|| async {
+        http.get(format!(
+            "{base}/api/v1/admin/deliveries?limit=50&state=failed&service=svc0"
+        ))
+        .header("authorization", &bearer)
+        .send()
+        .await
+        .is_ok_and(|r| r.status().is_success())
+    })
+    .await;
+    let panel_p50 = match &cookie {
+        Some(cookie) => {
+            p50_ms(|| async {
+                http.get(format!("{base}/panel/deliveries"))
+                    .header("cookie", cookie)
+                    .send()
+                    .await
+                    .is_ok_and(|r| r.status().is_success())
+            })
+            .await
+        }
+        None => f64::NAN,
+    };
+    let metrics_p50 = p50_ms(|| async {
+        http.get(format!("http://{metrics}/metrics"))
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success())
+    })
+    .await;
+    pump.stop();
+
+    // Retention: one call retires the oldest day.
+    let retention = Instant::now();
+    let (deliveries, failed, changes): (i32, i32, i32) = sqlx::query_as(
+        "select deliveries, failed, changes from watchpump.prune('7 days', '30 days', 500)",
+    )
+    .fetch_one(&b.pool)
+    .await
+    .unwrap();
+    let retention_s = retention.elapsed().as_secs_f64();
+    let retired = i64::from(deliveries) + i64::from(failed) + i64::from(changes);
+    json!({
+        "history": size, "fill_s": fill_s, "complete": all,
+        "bulk_per_s": total as f64 / elapsed, "bulk_s": elapsed, "emit_s": emit_s,
+        "pump_cpu_us": cpu * 1e6 / total as f64,
+        "db_us_per_delivery": db_ms * 1000.0 / total as f64,
+        "panel_p50_ms": panel_p50, "admin_p50_ms": admin_p50, "failed_p50_ms": failed_p50,
+        "metrics_p50_ms": metrics_p50,
+        "retention_s": retention_s, "retired_rows": retired,
+        "retired_deliveries": deliveries, "retired_changes": changes,
+        "retired_per_s": retired as f64 / retention_s,
+    })
+}
+
+/// `size` delivered deliveries (one in 20 failed, with an attempt) and
+/// their changes, spread evenly over the DAYS days before today, one
+/// statement per day into that day's partitions.
+async fn fill_history(b: &Bench, size: i64) {
+    if size == 0 {
+        return;
+    }
+    sqlx::query(
+        "select watchpump.add_partition(t, d, d + interval '1 day')
+         from unnest(array['changes', 'settled', 'attempt_log']) t,
+              generate_series(1, $1) n,
+              lateral (select date_trunc('day', now() at time zone 'UTC') at time zone 'UTC'
+                              - n * interval '1 day' as d) day",
+    )
+    .bind(DAYS as i32)
+    .execute(&b.pool)
+    .await
+    .unwrap();
+    let per_day = size / DAYS;
+    for day in 1..=DAYS {
+        sqlx::raw_sql(&format!(
+            "set synchronous_commit = off;
+             with day as (select date_trunc('day', now() at time zone 'UTC') at time zone 'UTC'
+                                 - interval '{day} days' as d),
+             c as (
+                 insert into watchpump.changes (object, kind, sequence, payload, occurred_at, payload_bytes)
+                 select 'acme/repo/refs/heads/h' || (n % 100000), 'push', n,
+                        '{{\"after\": \"9f2c1e\", \"paths\": [\"src/main.rs\"]}}',
+                        d + n * (interval '1 day' / {per_day}), 50
+                 from day, generate_series(1, {per_day}) n
+                 returning id, object, occurred_at
+             ),
+             s as (
+                 insert into watchpump.settled (id, change_id, watch_id, service_id, object, state,
+                                                attempts, next_attempt_at, deadline, last_status,
+                                                last_error, created_at, finished_at, last_started_at,
+                                                last_duration_ms, last_pump)
+                 select nextval('watchpump.delivery_ids'), c.id, w.id, w.service_id, c.object,
+                        case when c.id % 20 = 0 then 'failed' else 'delivered' end,
+                        case when c.id % 20 = 0 then 2 else 1 end, c.occurred_at,
+                        c.occurred_at + interval '1 day',
+                        case when c.id % 20 = 0 then 503 else 200 end,
+                        case when c.id % 20 = 0 then 'deadline passed; last error: HTTP 503' end,
+                        c.occurred_at, c.occurred_at + interval '40 ms',
+                        c.occurred_at + interval '30 ms', 4.5, 'bench'
+                 from c cross join watchpump.watches w
+                 returning id, state, created_at
+             )
+             insert into watchpump.attempt_log (delivery_id, attempt, started_at, duration_ms, status,
+                                                error, pump, first_status, first_error, statuses)
+             select s.id, 1, s.created_at + interval '10 ms', 5, 503, 'HTTP 503', 'bench', 503,
+                    'HTTP 503', '{{\"503\": 1}}'
+             from s where s.state = 'failed';"
+        ))
+        .execute(&b.pool)
+        .await
+        .unwrap();
+    }
+    sqlx::raw_sql(
+        "vacuum analyze watchpump.changes; vacuum analyze watchpump.settled;
+         vacuum analyze watchpump.attempt_log;",
+    )
+    .execute(&b.pool)
+    .await
+    .unwrap();
+}
+
+/// A panel session's cookie, or none if the log-in was refused.
+async fn panel_login(http: &reqwest::Client, base: &str) -> Option<String> {
+    let r = http
+        .post(format!("{base}/panel/login"))
+        .header("origin", base)
+        .form(&[("token", ADMIN_TOKEN)])
+        .send()
+        .await
+        .ok()?;
+    r.headers()
+        .get_all("set-cookie")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .find(|v| !v.is_empty())
+        .and_then(|v| v.split(';').next())
+        .map(str::to_string)
+}
+
+/// The median of 20 timed requests (after one to warm up); NaN if one failed.
+async fn p50_ms<F, Fut>(mut request: F) -> f64
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    if !request().await {
+        return f64::NAN;
+    }
+    let mut times = Vec::new();
+    for _ in 0..20 {
+        let at = Instant::now();
+        if !request().await {
+            return f64::NAN;
+        }
+        times.push(at.elapsed().as_secs_f64() * 1000.0);
+    }
+    times.sort_by(|a, b| a.total_cmp(b));
+    percentile(&times, 0.5)
+}
+
+fn free_addr() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().to_string()
+}
