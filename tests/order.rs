@@ -79,7 +79,12 @@ async fn older_news_that_failed_while_newer_was_uncommitted_is_never_sent_after_
     let consumer = Receiver::start().await;
     let (service, _) = db.add_service("deploy", &consumer.base_url()).await;
     db.add_watch(service.id, "app", OBJECT, all()).await;
-    let pump = RunningPump::start(&db.pool, pump_config());
+    // The older one's retry a second away, not 100 ms: the newer news
+    // commits before it falls due, however slow the machine.
+    let mut slow_retry = pump_config();
+    slow_retry.retry_initial_ms = 1000;
+    slow_retry.retry_max_ms = 1000;
+    let pump = RunningPump::start(&db.pool, slow_retry.clone());
 
     let (older, tx, newer) =
         older_attempt_fails_while_newer_news_is_uncommitted(&db, &consumer).await;
@@ -96,7 +101,7 @@ async fn older_news_that_failed_while_newer_was_uncommitted_is_never_sent_after_
         delivery(&db, older).await.0 == "superseded"
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(2 * pump_config().retry_max_ms)).await;
+    tokio::time::sleep(Duration::from_millis(2 * slow_retry.retry_max_ms)).await;
     pump.stop().await.unwrap();
 
     let got = answered(&consumer);
@@ -117,7 +122,12 @@ async fn two_pending_deliveries_of_one_object_due_together_send_only_the_newest(
     let consumer = Receiver::start().await;
     let (service, _) = db.add_service("deploy", &consumer.base_url()).await;
     db.add_watch(service.id, "app", OBJECT, all()).await;
-    let pump = RunningPump::start(&db.pool, pump_config());
+    // The older one's retry a second away, not 100 ms: this pump is
+    // stopped before it falls due, however slow the machine.
+    let mut slow_retry = pump_config();
+    slow_retry.retry_initial_ms = 1000;
+    slow_retry.retry_max_ms = 1000;
+    let pump = RunningPump::start(&db.pool, slow_retry.clone());
 
     let (older, tx, newer) =
         older_attempt_fails_while_newer_news_is_uncommitted(&db, &consumer).await;
@@ -125,7 +135,7 @@ async fn two_pending_deliveries_of_one_object_due_together_send_only_the_newest(
     // falls due: both wait, due, for the next pump's first claim.
     pump.stop().await.unwrap();
     tx.commit().await.unwrap();
-    tokio::time::sleep(Duration::from_millis(2 * pump_config().retry_max_ms)).await;
+    tokio::time::sleep(Duration::from_millis(2 * slow_retry.retry_max_ms)).await;
     consumer.reply_with(200);
     let pump = RunningPump::start(&db.pool, pump_config());
 
