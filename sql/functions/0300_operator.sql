@@ -528,6 +528,10 @@ begin
     from watchpump.partitions p where p.to_at = p_to;
 
     deliveries := 0; failed := 0; changes := 0; kept := 0;
+    -- All three at once, before anything else: the pump locks them in
+    -- another order (attempt_log, then settled), and taking them one by one
+    -- could deadlock with it. The caller's lock_timeout bounds the wait.
+    lock table watchpump.settled, watchpump.changes, watchpump.attempt_log in access exclusive mode;
     if v_settled is not null then
         -- Kept, through the partial failed index and the BRIN on finished_at.
         execute format('select array(select id from watchpump.%1$I where state = ''failed'' and finished_at >= $1
@@ -621,23 +625,35 @@ begin
         return query select 0, 0, 0, false;
         return;
     end if;
-    -- Waiting for the tables' locks behind a long transaction would make
-    -- every emit() wait behind us: give up and try at the next round.
-    set local lock_timeout = '2s';
+    -- Creating and dropping partitions needs strong locks on the tables
+    -- the pump and emit() use. Waiting for them behind a long transaction
+    -- would make every emit() wait behind us, and the pump takes its locks
+    -- in another order: lock_timeout (100 ms) stays below deadlock_timeout
+    -- (1 s by default), so prune() gives up first, never the pump, and
+    -- tries again at the next round.
+    set local lock_timeout = '100ms';
 
     -- 1. Days ahead.
-    perform watchpump.add_partitions_ahead();
+    begin
+        perform watchpump.add_partitions_ahead();
+    exception when lock_not_available then
+        null;
+    end;
 
     -- 2. The oldest day past retention, whole.
     select min(p.to_at) into v_oldest from watchpump.partitions p
     where p.to_at < now() - p_retention - watchpump.delivery_window();
     if v_oldest is not null then
-        select * into v_retired from watchpump.retire_partitions(v_oldest, p_retention, p_failed_retention);
-        v_done := v_retired.deliveries;
-        v_failed := v_retired.failed;
-        v_changes := v_retired.changes;
-        v_more_to_do := exists (select from watchpump.partitions p
-                                where p.to_at < now() - p_retention - watchpump.delivery_window());
+        begin
+            select * into v_retired from watchpump.retire_partitions(v_oldest, p_retention, p_failed_retention);
+            v_done := v_retired.deliveries;
+            v_failed := v_retired.failed;
+            v_changes := v_retired.changes;
+            v_more_to_do := exists (select from watchpump.partitions p
+                                    where p.to_at < now() - p_retention - watchpump.delivery_window());
+        exception when lock_not_available then
+            null;  -- busy: the next round retires it
+        end;
     end if;
 
     -- 3. The kept rows, in batches.
