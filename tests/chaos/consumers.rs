@@ -59,9 +59,9 @@ pub struct Request {
     pub status: u16,
     /// Wall clock, the same the pumps record attempts with.
     pub arrived: DateTime<Utc>,
-    /// When the answer was sent or the handler was dropped. A request that
-    /// hung past the pump's request timeout ends when the pump gave up,
-    /// which only the pump knows: the verdict reads it from its attempts.
+    /// When the answer was sent or the handler was dropped; for a request
+    /// that hung past the pump's request timeout, when the handler ended,
+    /// after the pump gave up.
     pub ended: DateTime<Utc>,
     pub hung: bool,
 }

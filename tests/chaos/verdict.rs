@@ -5,7 +5,10 @@
 //!   every live watch it matches, and the newest change of every (watch,
 //!   object) was answered 2xx, unless its watch was dropped (410);
 //! - nothing rolled back is sent;
-//! - no two requests of one (watch, object) overlap at the consumer;
+//! - no two requests of one (watch, object) overlap at the consumer, from
+//!   arrival to the handler's real end: a request the pump gave up on is
+//!   still being answered (hyper keeps the handler running), and the hold
+//!   after no answer must cover that (docs/protocol.md, "One at a time");
 //! - sequences never go backwards per (watch, object), neither among all
 //!   requests in arrival order nor among 2xx answers;
 //! - nothing is left pending, in flight or failed once consumers are healthy.
@@ -16,7 +19,6 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 
 use crate::consumers::Request;
@@ -90,7 +92,6 @@ pub async fn judge(
     watches: &[WatchDef],
     requests: &[Request],
 ) -> Judged {
-    let requests = &ended_where_the_pump_gave_up(pool, requests).await;
     let mut violations = Vec::new();
     let committed: HashSet<i64> = ledger.committed.iter().map(|c| c.id).collect();
     let rolled_back: HashSet<i64> = ledger.rolled_back.iter().map(|c| c.id).collect();
@@ -142,42 +143,6 @@ pub async fn judge(
         duplicates,
         violations,
     }
-}
-
-/// A request that hung past the pump's request timeout ended, as far as
-/// the pump is concerned, when the pump gave up on it: its recorded
-/// attempt's start plus duration. (The consumer cannot tell: hyper keeps a
-/// handler running after the client has gone.)
-async fn ended_where_the_pump_gave_up(pool: &PgPool, requests: &[Request]) -> Vec<Request> {
-    let hung: Vec<(i64, i64)> = requests
-        .iter()
-        .filter(|r| r.hung)
-        .map(|r| (r.delivery_id, r.attempt))
-        .collect();
-    let (ids, attempts): (Vec<i64>, Vec<i32>) = hung.iter().map(|(d, a)| (*d, *a as i32)).unzip();
-    let gave_up: HashMap<(i64, i64), DateTime<Utc>> = sqlx::query_as::<_, (i64, i32, DateTime<Utc>)>(
-        "select a.delivery_id, a.attempt, a.started_at + a.duration_ms * interval '1 millisecond'
-         from unnest($1::int8[], $2::int4[]) as h (delivery_id, attempt)
-         join watchpump.attempts a on a.delivery_id = h.delivery_id and a.attempt = h.attempt",
-    )
-    .bind(&ids)
-    .bind(&attempts)
-    .fetch_all(pool)
-    .await
-    .unwrap()
-    .into_iter()
-    .map(|(d, a, at)| ((d, i64::from(a)), at))
-    .collect();
-    requests
-        .iter()
-        .map(|r| {
-            let mut r = r.clone();
-            if let Some(at) = gave_up.get(&(r.delivery_id, r.attempt)).filter(|_| r.hung) {
-                r.ended = r.ended.min(*at);
-            }
-            r
-        })
-        .collect()
 }
 
 /// Overlapping requests and sequences going backwards, for one stream of
