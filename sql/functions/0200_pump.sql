@@ -27,7 +27,12 @@
 -- lease may have run out, even when it cannot reach this database:
 --   a. claim() sets lease_until = now() + lease with now() the start of
 --      its transaction, after the pump asked; so by the pump's own
---      monotonic clock the lease ends no sooner than (asked + lease);
+--      monotonic clock the lease ends no sooner than (asked + lease). The
+--      claim commits durably (synchronous_commit = on, also to a
+--      synchronous standby) before the pump sees it, so a crash or a
+--      failover cannot forget a lease a request was started under;
+--      outcomes may be lost (the lease then runs out: a duplicate, never
+--      an overlap);
 --   b. the pump starts a request only while asked + lease >= now +
 --      request timeout + hold (src/pump/fence.rs), and abandons it unsent
 --      otherwise; its HTTP client ends every request within the request
@@ -227,6 +232,12 @@ begin
     if coalesce(p_max_rows, 0) < 1 then
         return;
     end if;
+    -- FENCING (issue 19): the leases this claim writes are what keeps other
+    -- pumps off while the requests are on the wire, so they must survive a
+    -- crash or a failover to a synchronous standby: this transaction
+    -- commits durably whatever the pump's connection says (it runs with
+    -- synchronous_commit = off for everything else, src/pump/mod.rs).
+    perform set_config('synchronous_commit', 'on', true);
 
     -- 1. Due (or probed) deliveries per service, oldest due first, as many
     --    as its free slots, and p_max_rows in all, taking each service's

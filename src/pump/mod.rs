@@ -161,15 +161,17 @@ pub struct Step {
 }
 
 /// Connections of the pump's own, whose transactions commit without waiting
-/// for the WAL to reach disk (`synchronous_commit = off`).
+/// for the WAL to reach disk (`synchronous_commit = off`), except claims.
 ///
-/// Waiting for the disk was most of a claim's time (a claim is a write), and
-/// it is not needed for safety: a crash can lose at most the last fraction of
-/// a second of claims and outcomes, and a lost claim leaves the delivery
-/// pending, a lost outcome leaves it in flight until its lease expires;
-/// either way it is sent again (deliveries are at least once, and consumers
-/// de-duplicate by delivery id). The producer's own transactions, which
-/// create the deliveries, keep their own setting.
+/// A crash can lose the last fraction of a second of outcomes: a lost
+/// outcome leaves its delivery in flight until its lease expires, and it is
+/// sent again (deliveries are at least once, and consumers de-duplicate by
+/// delivery id). A lost *claim* would be worse: another pump could take the
+/// (watch, object) while this one's request is on the wire, an overlap. So
+/// `watchpump.claim()` commits durably itself (issue 19; also to a
+/// synchronous standby, so that a failover keeps every lease). The
+/// producer's own transactions, which create the deliveries, keep their own
+/// setting.
 ///
 /// `hold_after_no_answer` goes to `watchpump.complete()` as the session
 /// setting `watchpump.hold_after_no_answer` (a placeholder setting, read

@@ -41,6 +41,13 @@ impl Cluster {
         Cluster { admin_url }
     }
 
+    /// A cluster already running at `admin_url` (the failover pair's front).
+    pub fn at(admin_url: &str) -> Cluster {
+        Cluster {
+            admin_url: admin_url.to_string(),
+        }
+    }
+
     /// A fast restart: every connection is cut, the server comes back.
     pub fn restart(&self) {
         let out = script()
