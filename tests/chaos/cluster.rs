@@ -48,6 +48,12 @@ impl Cluster {
         }
     }
 
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        let after = self.admin_url.rsplit_once(':').unwrap().1;
+        after.split('/').next().unwrap().parse().unwrap()
+    }
+
     /// A fast restart: every connection is cut, the server comes back.
     pub fn restart(&self) {
         let out = script()

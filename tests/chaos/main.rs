@@ -26,6 +26,7 @@
 mod cluster;
 mod consumers;
 mod ha;
+mod net;
 mod producers;
 mod pumps;
 mod verdict;
@@ -42,6 +43,7 @@ use chrono::{DateTime, Utc};
 use cluster::Cluster;
 use consumers::{Behaviour, Consumers};
 use ha::HaPair;
+use net::Net;
 use producers::Ledger;
 use pumps::Pumps;
 use verdict::WatchDef;
@@ -53,6 +55,9 @@ pub enum Faults {
     Restarts,
     /// Two failovers between a primary and a standby behind HAProxy.
     Failover { synchronous: bool },
+    /// Restarts, and each pump a host of its own (a network namespace),
+    /// cut off from the database or from its consumers now and then.
+    Partition,
 }
 
 impl Faults {
@@ -60,10 +65,13 @@ impl Faults {
         let faults = std::env::var("WATCHPUMP_CHAOS_FAULTS").unwrap_or_default();
         match faults.trim() {
             "" | "restarts" => Faults::Restarts,
+            "partition" => Faults::Partition,
             "failover" => Faults::Failover {
                 synchronous: std::env::var("WATCHPUMP_CHAOS_SYNC").as_deref() != Ok("off"),
             },
-            other => panic!("WATCHPUMP_CHAOS_FAULTS={other:?}: use failover (or leave it unset)"),
+            other => panic!(
+                "WATCHPUMP_CHAOS_FAULTS={other:?}: use failover or partition (or leave it unset)"
+            ),
         }
     }
 }
@@ -107,7 +115,7 @@ impl Settings {
             rollback_ratio: 0.08,
             kill_every: (Duration::from_millis(1500), Duration::from_millis(4000)),
             listener_kill_every: (Duration::from_millis(1000), Duration::from_millis(3000)),
-            pg_restarts_at: if faults != Faults::Restarts {
+            pg_restarts_at: if matches!(faults, Faults::Failover { .. }) {
                 vec![]
             } else if transactions >= 50_000 {
                 vec![0.3, 0.7]
@@ -192,6 +200,9 @@ pub struct Summary {
     pub lost: usize,
     pub sent_then_lost: usize,
     pub overlaps_across_async_failover: usize,
+    /// Partition: times a host was cut off from the database, and from its
+    /// consumers.
+    pub partitions: (usize, usize),
     pub duplicates: usize,
     pub seconds: f64,
     /// Seconds producing (under chaos), settling, and stopping the pumps.
@@ -213,6 +224,12 @@ pub struct Failover {
 impl Summary {
     fn line(&self) -> String {
         let mut line = self.base_line();
+        if self.faults == Faults::Partition {
+            line.push_str(&format!(
+                "; partitions: {} hosts cut off from the database, {} from their consumers",
+                self.partitions.0, self.partitions.1
+            ));
+        }
         if let Faults::Failover { synchronous } = self.faults {
             let each: Vec<String> = self
                 .failovers
@@ -279,7 +296,7 @@ async fn run_async(settings: Settings) -> Summary {
     }
     let ha = match settings.faults {
         Faults::Failover { synchronous } => Some(Arc::new(HaPair::start(synchronous))),
-        Faults::Restarts => None,
+        Faults::Restarts | Faults::Partition => None,
     };
     let cluster = match &ha {
         Some(ha) => ha.front.clone(),
@@ -294,6 +311,8 @@ async fn run_async(settings: Settings) -> Summary {
         .expect("connect to the chaos database");
     watchpump::schema::migrate(&pool).await.unwrap();
 
+    let net = (settings.faults == Faults::Partition)
+        .then(|| Arc::new(Net::up(settings.pumps, cluster.port())));
     let consumers = Consumers::start(
         &[
             Behaviour::Healthy,
@@ -302,14 +321,33 @@ async fn run_async(settings: Settings) -> Summary {
             Behaviour::Hangs,
             Behaviour::Flaps,
             Behaviour::Mixed,
+            Behaviour::Slow,
         ],
         settings.request_timeout,
         settings.seed,
+        match net {
+            Some(_) => net::GATEWAY.parse().unwrap(),
+            None => std::net::Ipv4Addr::LOCALHOST.into(),
+        },
     )
     .await;
     let watches = register(&pool, &consumers, &settings, &mut rng).await;
 
-    let pumps = Arc::new(tokio::sync::Mutex::new(Pumps::new(&url, &settings)));
+    // The pumps' way to the database: through the gateway from their hosts.
+    let (pump_url, hosts) = match &net {
+        Some(net) => (
+            url.replacen(
+                &format!("127.0.0.1:{}", cluster.port()),
+                &format!("{}:{}", net::GATEWAY, net.front_port),
+                1,
+            ),
+            net.hosts.clone(),
+        ),
+        None => (url.clone(), Vec::new()),
+    };
+    let pumps = Arc::new(tokio::sync::Mutex::new(Pumps::new(
+        &pump_url, &settings, hosts,
+    )));
     pumps.lock().await.start(settings.pumps);
 
     // The chaos, until the producers are done.
@@ -334,6 +372,10 @@ async fn run_async(settings: Settings) -> Summary {
         progress.clone(),
         done.clone(),
     ));
+    let partitioning = net.clone().map(|net| {
+        let ports: Vec<u16> = consumers.services.iter().map(|c| c.addr.port()).collect();
+        tokio::spawn(partition_hosts(net, ports, rng.gen(), done.clone()))
+    });
     let failing_over = ha.clone().map(|ha| {
         tokio::spawn(fail_over_twice(
             ha,
@@ -349,6 +391,10 @@ async fn run_async(settings: Settings) -> Summary {
     let kills = killer.await.unwrap();
     let listener_kills = listener_killer.await.unwrap();
     let pg_restarts = restarter.await.unwrap();
+    let partitions = match partitioning {
+        Some(task) => task.await.unwrap(),
+        None => (0, 0),
+    };
     let failovers = match failing_over {
         Some(task) => task.await.unwrap(),
         None => Vec::new(),
@@ -377,6 +423,7 @@ async fn run_async(settings: Settings) -> Summary {
         lost: 0,
         sent_then_lost: 0,
         overlaps_across_async_failover: 0,
+        partitions,
     };
     let mut pumps = Arc::try_unwrap(pumps)
         .unwrap_or_else(|_| panic!("the chaos tasks hold no pumps any more"))
@@ -407,7 +454,7 @@ async fn run_async(settings: Settings) -> Summary {
     let failovers = verdict::Failovers {
         synchronous: match settings.faults {
             Faults::Failover { synchronous } => Some(synchronous),
-            Faults::Restarts => None,
+            Faults::Restarts | Faults::Partition => None,
         },
         promoted_at: summary.failovers.iter().map(|f| f.promoted_at).collect(),
     };
@@ -446,7 +493,7 @@ async fn register(
             pool,
             &format!("{}-{i}", consumer.behaviour.name()),
             &format!("http://{}", consumer.addr),
-            &watchpump::destinations::Destinations::loopback(),
+            &watchpump::destinations::Destinations::parse("127.0.0.0/8,::1,10.231.0.1").unwrap(),
         )
         .await
         .unwrap()
@@ -630,6 +677,49 @@ async fn fail_over_twice(
         });
     }
     failovers
+}
+
+/// Cuts hosts off, again and again until the producers are done: one from
+/// the database (its requests on the wire must end within their leases,
+/// and it must claim nothing until healed), another from its consumers
+/// (keeping the database: its requests time out and are held), for 3-6 s
+/// each, longer than a lease, at random moments, so that requests are on
+/// the wire at every point of their leases. Returns the cuts of each kind.
+async fn partition_hosts(
+    net: Arc<Net>,
+    consumer_ports: Vec<u16>,
+    seed: u64,
+    done: Arc<AtomicBool>,
+) -> (usize, usize) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let hosts = net.hosts.len();
+    let (mut from_db, mut from_consumers) = (0, 0);
+    let mut round = 0;
+    while !done.load(Ordering::SeqCst) {
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(500..2500))).await;
+        let (a, b) = (round % hosts, (round + 1) % hosts);
+        round += 1;
+        let hold = Duration::from_millis(rng.gen_range(3000..6000));
+        let (n, ports) = (net.clone(), consumer_ports.clone());
+        let front = net.front_port;
+        tokio::task::spawn_blocking(move || {
+            n.cut(a, &[front]);
+            n.cut(b, &ports);
+        })
+        .await
+        .unwrap();
+        from_db += 1;
+        from_consumers += 1;
+        tokio::time::sleep(hold).await;
+        let n = net.clone();
+        tokio::task::spawn_blocking(move || {
+            n.heal(a);
+            n.heal(b);
+        })
+        .await
+        .unwrap();
+    }
+    (from_db, from_consumers)
 }
 
 /// Seconds from `promoted_at` to the first 2xx answer to a change emitted
