@@ -94,7 +94,10 @@ pub async fn scale(b: Bench) -> Outcome {
             per(after.2, before_send.2),
         );
         let rate = deliveries as f64 / elapsed;
-        let conns: Vec<String> = connections.iter().map(|(n, c)| format!("{n} {c}")).collect();
+        let conns: Vec<String> = connections
+            .iter()
+            .map(|(n, c)| format!("{n} {c}"))
+            .collect();
         lines.push(format!(
             "{pumps} pump(s): {rate:.0}/s; per delivery emit {:.0} B WAL, {:.1} rows; pumps {:.0} B WAL, {:.2} commits, {:.1} rows; connections [{}]",
             emit.0, emit.2, send.0, send.1, send.2, conns.join(", ")

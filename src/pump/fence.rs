@@ -26,6 +26,17 @@
 //! it has on the wire ends a hold before its leases do, whether or not it
 //! can record the outcome. This is the fencing argument written beside the
 //! order rule at the top of `sql/functions/0200_pump.sql`.
+//!
+//! One more way a request outlives the pump's interest in it: its bytes,
+//! written but not acknowledged (the network to the consumer is cut), stay
+//! in the kernel's send queue after the pump gave up and closed the
+//! connection, and are retransmitted, and arrive, once the partition heals.
+//! The HTTP client's sockets therefore carry `TCP_USER_TIMEOUT` of half the
+//! hold ([`unacknowledged_limit`]): the kernel drops unacknowledged bytes
+//! that long after it first sent them, so a request arrives at the latest
+//! half a hold after the pump gave up, and the consumer still has the other
+//! half before the next one (the partition fault of `make chaos` cuts pumps
+//! off from their consumers to show it).
 
 use std::time::Duration;
 
@@ -63,6 +74,14 @@ impl Fence {
     pub fn allows(&self, now: Instant) -> bool {
         now <= self.send_by
     }
+}
+
+/// `TCP_USER_TIMEOUT` for the sockets to consumers: half the hold after no
+/// answer, at least 100 ms (see above). On a healthy network bytes are
+/// acknowledged within a round trip; a consumer slow to *answer* is not
+/// affected (its side acknowledged the request).
+pub fn unacknowledged_limit(cfg: &PumpConfig) -> Duration {
+    (cfg.hold_after_no_answer() / 2).max(Duration::from_millis(100))
 }
 
 #[cfg(test)]

@@ -54,7 +54,7 @@ impl Sender {
         let resolver = cfg
             .destinations()
             .resolver(cfg.connect_timeout(), cfg.lookup());
-        let client = reqwest::Client::builder()
+        let builder = reqwest::Client::builder()
             .dns_resolver(resolver.clone())
             .no_proxy()
             .connector_layer(resolver.connect_guard())
@@ -64,8 +64,13 @@ impl Sender {
             .pool_max_idle_per_host(cfg.service_concurrency as usize)
             .pool_idle_timeout(IDLE_TIMEOUT)
             .tcp_nodelay(true)
-            .user_agent(concat!("watchpump/", env!("CARGO_PKG_VERSION")))
-            .build()?;
+            .user_agent(concat!("watchpump/", env!("CARGO_PKG_VERSION")));
+        // Fencing (src/pump/fence.rs): the bytes of a request given up on
+        // may wait in the kernel and reach the consumer once a partition
+        // heals; the kernel drops them this soon instead.
+        #[cfg(target_os = "linux")]
+        let builder = builder.tcp_user_timeout(super::fence::unacknowledged_limit(cfg));
+        let client = builder.build()?;
         Ok(Sender {
             client,
             producer: cfg.producer.clone(),

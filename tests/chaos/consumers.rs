@@ -191,9 +191,7 @@ fn decide(shared: &Shared, resource: &str) -> Answer {
         Behaviour::Gone => Answer::Status(200),
         Behaviour::Hangs if rng.gen_bool(0.05) => Answer::Hang,
         Behaviour::Hangs => Answer::Status(200),
-        Behaviour::Slow => Answer::After(
-            shared.request_timeout.mul_f64(rng.gen_range(0.9..1.07)),
-        ),
+        Behaviour::Slow => Answer::After(shared.request_timeout.mul_f64(rng.gen_range(0.9..1.07))),
         Behaviour::Mixed => match rng.gen_range(0..100) {
             0..=9 => Answer::Status(500),
             10..=11 => Answer::Hang,
