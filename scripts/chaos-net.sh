@@ -4,8 +4,10 @@
 # address of its own, joined to this machine by a veth pair on a bridge
 # (10.231.0.1/24 here, 10.231.0.11, .12, ... the hosts). The pumps reach
 # PostgreSQL through HAProxy on 10.231.0.1 and the consumers, which listen
-# on 10.231.0.1 too. Partitions are nftables drop rules inside a host's
-# namespace: packets vanish (no refusal), as in a real partition. Nothing
+# on 10.231.0.1 too. Partitions are nftables drop rules on this machine's
+# side, matching the host's address: its packets vanish on the way (no
+# refusal, and no local error in the host's own stack, which a drop rule in
+# its namespace's output chain would give), as in a real partition. Nothing
 # leaves this machine: the bridge has no other port.
 #
 #   scripts/chaos-net.sh up    DIR HOSTS FRONT_PORT PG_PORT
@@ -35,7 +37,10 @@ install() {
 }
 
 ns() { echo "$PREFIX-h$1"; }
-nft_in() { ip netns exec "$(ns "$1")" "$(command -v nft || echo /usr/sbin/nft)" "${@:2}"; }
+NFT=$(type -P nft || echo /usr/sbin/nft)
+nft() { "$NFT" "$@"; }
+# One table per cut host on this machine, removed to heal.
+table() { echo "${PREFIX}_h$1"; }
 
 case "$cmd" in
   up)
@@ -76,18 +81,23 @@ CFG
     host=${3:?HOST}
     shift 3
     ports=$(IFS=,; echo "$*")
-    nft_in "$host" add table inet chaos
-    nft_in "$host" "add chain inet chaos out { type filter hook output priority 0; }"
-    nft_in "$host" "add chain inet chaos in { type filter hook input priority 0; }"
-    nft_in "$host" add rule inet chaos out ip daddr "$GATEWAY" tcp dport "{ $ports }" drop
-    nft_in "$host" add rule inet chaos in ip saddr "$GATEWAY" tcp sport "{ $ports }" drop
+    addr="10.231.0.$((10 + host))"
+    t=$(table "$host")
+    nft add table inet "$t"
+    nft "add chain inet $t in { type filter hook input priority 0; }"
+    nft "add chain inet $t out { type filter hook output priority 0; }"
+    nft add rule inet "$t" in ip saddr "$addr" ip daddr "$GATEWAY" tcp dport "{ $ports }" drop
+    nft add rule inet "$t" out ip saddr "$GATEWAY" ip daddr "$addr" tcp sport "{ $ports }" drop
     ;;
   heal)
     host=${3:?HOST}
-    nft_in "$host" delete table inet chaos 2>/dev/null || true
+    nft delete table inet "$(table "$host")" 2>/dev/null || true
     ;;
   down)
     if [ -s "$dir/haproxy.pid" ]; then kill "$(cat "$dir/haproxy.pid")" 2>/dev/null || true; fi
+    for t in $(nft list tables 2>/dev/null | awk '{print $3}' | grep "^${PREFIX}_h" || true); do
+      nft delete table inet "$t"
+    done
     for n in $(ip netns list 2>/dev/null | awk '{print $1}' | grep "^$PREFIX-h" || true); do
       ip netns del "$n"
     done
