@@ -242,8 +242,8 @@ pub struct PumpConfig {
     /// connection broke), how long nothing more of its (watch, object) is
     /// sent: time for a consumer still working on the abandoned request to
     /// finish (docs/protocol.md, "One at a time"). Default: the request
-    /// timeout, but at most half of what the lease leaves beyond it (the
-    /// other half is the time a claimed delivery may wait to be sent:
+    /// timeout, but at most a quarter of what the lease leaves beyond it
+    /// (the rest is the time a claimed delivery may wait to be sent:
     /// src/pump/fence.rs). The lease must exceed the request timeout plus
     /// this hold.
     #[arg(long, env = "WATCHPUMP_HOLD_AFTER_NO_ANSWER_MS")]
@@ -368,7 +368,7 @@ impl PumpConfig {
     pub fn hold_after_no_answer(&self) -> Duration {
         Duration::from_millis(self.hold_after_no_answer_ms.unwrap_or_else(|| {
             let left = self.lease_ms.saturating_sub(self.request_timeout_ms);
-            self.request_timeout_ms.min(left / 2)
+            self.request_timeout_ms.min(left / 4)
         }))
     }
     pub fn retry_initial(&self) -> Duration {

@@ -244,4 +244,5 @@ pub fn register_service(service: &str) {
             .increment(0);
     }
     metrics::gauge!(IN_FLIGHT, "service" => service.to_string()).increment(0.0);
+    metrics::counter!(SENDS_ABANDONED, "service" => service.to_string()).absolute(0);
 }

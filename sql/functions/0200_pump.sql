@@ -509,8 +509,10 @@ begin
         set next_attempt_at = p_next[x.i],
             -- FENCING (issue 19; see the top of this file): no answer (a
             -- timeout, a broken connection) holds the (watch, object) for the
-            -- pump's hold, since the consumer may still be working on it.
-            lease_until = case when p_statuses[x.i] is null then now() + coalesce(
+            -- pump's hold, since the consumer may still be working on it; a
+            -- request that never left ('not sent: ', src/pump/send.rs) does not.
+            lease_until = case when p_statuses[x.i] is null
+                                and p_errors[x.i] not like 'not sent: %' then now() + coalesce(
                 nullif(current_setting('watchpump.hold_after_no_answer', true), '')::interval,
                 interval '0') end,
             leased_by = null,

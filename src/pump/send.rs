@@ -18,6 +18,11 @@ use crate::delivery::request::{self, Target};
 use crate::delivery::{BodyParts, Claimed};
 use crate::retry::{self, RetryPolicy};
 
+/// How the error of an attempt that never reached the consumer (it could not
+/// connect) begins: `watchpump.complete()` holds the (watch, object) after
+/// every other attempt with no answer, and reads this to tell.
+pub const NOT_SENT: &str = "not sent: ";
+
 /// How many bytes of a consumer's answer are kept with the attempt.
 const RESPONSE_HEAD_BYTES: usize = 512;
 
@@ -110,11 +115,15 @@ impl Sender {
                     Failure::Connect
                 };
                 let at = self.retry.retry_at(attempt, None);
-                (
-                    AttemptResult::Retry { at, failure },
-                    Some(describe(&e)),
-                    None,
-                )
+                // complete() holds the (watch, object) after an attempt
+                // with no answer, unless the request never left
+                // (src/pump/fence.rs): it tells by this prefix.
+                let error = if e.is_connect() {
+                    format!("{NOT_SENT}{}", describe(&e))
+                } else {
+                    describe(&e)
+                };
+                (AttemptResult::Retry { at, failure }, Some(error), None)
             }
         };
         Finished {
