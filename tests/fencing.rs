@@ -102,14 +102,14 @@ async fn a_claim_that_comes_back_after_its_lease_ran_short_is_not_sent() {
     let served = consumer.serve().await;
     let (svc, _) = db.add_service("deploy", &served.base_url()).await;
     db.add_watch(svc.id, "app", OBJECT, all()).await;
-    // Lease 2 s, request 500 ms, hold 500 ms: a claim may wait 1 s before
-    // its sends start. Sweeps only at start, so that the claim is the
+    // Lease 4 s, request 500 ms, hold 500 ms: a claim may wait 3 s before
+    // its sends start (room for a loaded machine's claims). Sweeps only at start, so that the claim is the
     // first statement to touch this pump's sleeper row.
     let _pump = pump(
         &db,
         "slow-db",
         &[
-            ("WATCHPUMP_LEASE_MS", "2000"),
+            ("WATCHPUMP_LEASE_MS", "4000"),
             ("WATCHPUMP_REQUEST_TIMEOUT_MS", "500"),
             ("WATCHPUMP_HOLD_AFTER_NO_ANSWER_MS", "500"),
             ("WATCHPUMP_SWEEP_INTERVAL_MS", "3600000"),
@@ -127,7 +127,7 @@ async fn a_claim_that_comes_back_after_its_lease_ran_short_is_not_sent() {
     .await;
 
     // The claim ends by deleting the pump's sleeper row: holding that row
-    // holds the claim's transaction, leases already written, for 1.5 s.
+    // holds the claim's transaction, leases already written, for 3.5 s.
     let mut blocker = db.pool.begin().await.unwrap();
     sqlx::query("select 1 from watchpump.sleepers where pump = 'slow-db' for update")
         .execute(&mut *blocker)
@@ -146,10 +146,10 @@ async fn a_claim_that_comes_back_after_its_lease_ran_short_is_not_sent() {
             == 1
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    tokio::time::sleep(Duration::from_millis(3500)).await;
     blocker.rollback().await.unwrap();
 
-    // The claim came back 1.5 s after it was asked for, later than the 1 s
+    // The claim came back 3.5 s after it was asked for, later than the 3 s
     // its lease left for starting a send: not sent. Once the lease ran
     // out the delivery is claimed again, as attempt 2, and sent.
     tokio::time::sleep(Duration::from_millis(1000)).await;
