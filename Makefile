@@ -12,6 +12,11 @@ PG_TEST_PORT ?= $(shell scripts/dev-postgres.sh port pg-test)
 PG_BENCH_PORT ?= $(shell scripts/dev-postgres.sh port pg-bench)
 PG_CHAOS_PORT ?= $(shell scripts/dev-postgres.sh port pg-chaos)
 CHANGES ?= 20000
+# make chaos FAULTS=failover: two failovers between a primary and a
+# standby behind HAProxy instead of restarts; SYNC=off for an asynchronous
+# standby (lost commits are then counted, not a failure).
+FAULTS ?=
+SYNC ?= on
 NEXTEST := $(shell cargo nextest --version >/dev/null 2>&1 && echo yes)
 
 .PHONY: help build run examples demo test chaos bench lint fmt ports pg-stop
@@ -61,9 +66,10 @@ test: ## start a throwaway PostgreSQL and run every test
 	export WATCHPUMP_TEST_DATABASE_URL="$$url" WATCHPUMP_CHAOS_PG_PORT=$(PG_CHAOS_PORT); \
 	if [ "$(NEXTEST)" = yes ]; then cargo nextest run --no-fail-fast; else cargo test --no-fail-fast; fi
 
-chaos: ## the chaos suite: pumps killed, PostgreSQL restarted, consumers failing (CHANGES=100000 for more)
+chaos: ## the chaos suite: pumps killed, PostgreSQL restarted, consumers failing (CHANGES=100000 for more; FAULTS=failover [SYNC=off])
 	@set -euo pipefail; \
 	export WATCHPUMP_CHAOS_CHANGES=$(CHANGES) WATCHPUMP_CHAOS_PG_PORT=$(PG_CHAOS_PORT); \
+	export WATCHPUMP_CHAOS_FAULTS=$(FAULTS) WATCHPUMP_CHAOS_SYNC=$(SYNC); \
 	cargo test --release --test chaos -- --ignored --exact chaos --nocapture 2>&1 | grep -v '^$$'
 
 bench: ## build in release mode and run the benchmarks (SCENARIOS="trickle bulk" for a subset)

@@ -34,6 +34,8 @@ mod filters;
 mod hanging;
 #[path = "scenarios/history.rs"]
 mod history;
+#[path = "scenarios/scale.rs"]
+mod scale;
 
 #[tokio::main]
 async fn main() {
@@ -62,6 +64,7 @@ async fn main() {
         ("fanout-budget", |b| Box::pin(budget::budget(b))),
         ("hanging", |b| Box::pin(hanging::hanging(b))),
         ("history", |b| Box::pin(history::history(b))),
+        ("scale", |b| Box::pin(scale::scale(b))),
     ];
     println!(
         "watchpump bench — {} cores, {}",

@@ -238,6 +238,17 @@ pub struct PumpConfig {
     #[arg(long, env = "WATCHPUMP_LEASE_MS", default_value_t = 60_000)]
     pub lease_ms: u64,
 
+    /// After an attempt that got no answer (the request timed out or its
+    /// connection broke), how long nothing more of its (watch, object) is
+    /// sent: time for a consumer still working on the abandoned request to
+    /// finish (docs/protocol.md, "One at a time"). Default: the request
+    /// timeout, but at most a quarter of what the lease leaves beyond it
+    /// (the rest is the time a claimed delivery may wait to be sent:
+    /// src/pump/fence.rs). The lease must exceed the request timeout plus
+    /// this hold.
+    #[arg(long, env = "WATCHPUMP_HOLD_AFTER_NO_ANSWER_MS")]
+    pub hold_after_no_answer_ms: Option<u64>,
+
     /// Deliveries in flight to one consumer service at most, so a slow
     /// consumer cannot hold up the others.
     #[arg(long, env = "WATCHPUMP_SERVICE_CONCURRENCY", default_value_t = 64)]
@@ -353,6 +364,13 @@ impl PumpConfig {
     pub fn lease(&self) -> Duration {
         Duration::from_millis(self.lease_ms)
     }
+    /// `WATCHPUMP_HOLD_AFTER_NO_ANSWER_MS`, or its default (see there).
+    pub fn hold_after_no_answer(&self) -> Duration {
+        Duration::from_millis(self.hold_after_no_answer_ms.unwrap_or_else(|| {
+            let left = self.lease_ms.saturating_sub(self.request_timeout_ms);
+            self.request_timeout_ms.min(left / 4)
+        }))
+    }
     pub fn retry_initial(&self) -> Duration {
         Duration::from_millis(self.retry_initial_ms)
     }
@@ -421,6 +439,13 @@ impl PumpConfig {
         if self.lease_ms <= self.request_timeout_ms {
             return Err(format!(
                 "the lease ({} ms) must be longer than the request timeout ({} ms)",
+                self.lease_ms, self.request_timeout_ms
+            ));
+        }
+        let hold = self.hold_after_no_answer().as_millis() as u64;
+        if self.lease_ms <= self.request_timeout_ms.saturating_add(hold) {
+            return Err(format!(
+                "the lease ({} ms) must be longer than the request timeout ({} ms) plus the hold after no answer ({hold} ms): a pump sends only while its lease covers both",
                 self.lease_ms, self.request_timeout_ms
             ));
         }

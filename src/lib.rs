@@ -44,6 +44,9 @@
 //!   ([`pump::store`]), per-consumer health ([`pump::health`]), HTTP sends
 //!   ([`pump::send`]) and the batched write-back of outcomes;
 //!   [`pump::Pump::step`] is one turn of it, for tests to drive.
+//!   [`pump::fence`]: a pump sends only while its lease covers the request.
+//! - [`leader`]: which periodic jobs run once per database, and how a
+//!   leader is chosen and replaced (advisory locks, keepalives).
 //! - [`http`]: what the HTTP front ends share: the one error type, the
 //!   bearer parser, request text checks, the panel's HTML blocks.
 //! - [`api`]: the watches API consumers call (axum).
@@ -97,6 +100,8 @@ pub mod http;
 pub mod kinds;
 #[cfg(feature = "kit")]
 pub mod kit;
+#[cfg(feature = "producer")]
+pub mod leader;
 #[cfg(feature = "producer")]
 pub mod metrics;
 #[cfg(feature = "producer")]

@@ -39,6 +39,9 @@ pub const IN_FLIGHT_BYTES: &str = "watchpump_in_flight_bytes";
 /// Claims not made because a global in-flight cap was reached, by cap
 /// (`requests` or `bytes`).
 pub const CLAIMS_HELD: &str = "watchpump_claims_held_total";
+/// Claimed deliveries not sent because the lease no longer covered the
+/// request and the hold after it (src/pump/fence.rs), by service.
+pub const SENDS_ABANDONED: &str = "watchpump_sends_abandoned_total";
 /// Host name lookups of consumers' base URLs, by `result`: ok, error,
 /// timeout, refused (too many pending, `destinations::MAX_PENDING_LOOKUPS`).
 pub const DNS_LOOKUPS: &str = "watchpump_dns_lookups_total";
@@ -153,6 +156,10 @@ fn describe() {
         "Payload bytes this pump's deliveries in flight hold, each change's payload once; capped by WATCHPUMP_MAX_IN_FLIGHT_BYTES plus one payload."
     );
     describe_counter!(
+        SENDS_ABANDONED,
+        "Claimed deliveries not sent because the lease no longer covered the request timeout and the hold after it (the claim or the database was slow); each goes again when its lease runs out."
+    );
+    describe_counter!(
         CLAIMS_HELD,
         "Claims this pump did not make because a global in-flight cap was reached, by cap (requests, bytes)."
     );
@@ -237,4 +244,5 @@ pub fn register_service(service: &str) {
             .increment(0);
     }
     metrics::gauge!(IN_FLIGHT, "service" => service.to_string()).increment(0.0);
+    metrics::counter!(SENDS_ABANDONED, "service" => service.to_string()).absolute(0);
 }

@@ -492,7 +492,9 @@ async fn a_pump_killed_on_a_backlog_of_large_payloads_is_followed_by_one_that_ma
                 .env("WATCHPUMP_PRODUCER_TOKEN", PRODUCER_TOKEN)
                 .env("WATCHPUMP_ALLOWED_DESTINATIONS", "127.0.0.0/8")
                 .env("WATCHPUMP_REQUEST_TIMEOUT_MS", "4000")
-                .env("WATCHPUMP_LEASE_MS", "5000")
+                // Room beyond the request timeout for a claim of large
+                // payloads to start sending (src/pump/fence.rs).
+                .env("WATCHPUMP_LEASE_MS", "8000")
                 .env("WATCHPUMP_MAX_IN_FLIGHT_BYTES", "1000000")
                 .env("WATCHPUMP_PUMP_NAME", name)
                 .stdout(Stdio::null())

@@ -21,6 +21,30 @@
 -- lock a pump needs, nor waits on one; retry() and retry_failed() (0300_operator.sql) refuse to
 -- requeue older news once newer news of the object was sent or is on its way.
 --
+-- FENCING: why rule 1 holds at the consumer, not only in this table.
+-- A lease is the only thing that keeps another pump off a (watch, object)
+-- while a request is out, so a pump must never be on the wire once its
+-- lease may have run out, even when it cannot reach this database:
+--   a. claim() sets lease_until = now() + lease with now() the start of
+--      its transaction, after the pump asked; so by the pump's own
+--      monotonic clock the lease ends no sooner than (asked + lease). The
+--      claim commits durably (synchronous_commit = on, also to a
+--      synchronous standby) before the pump sees it, so a crash or a
+--      failover cannot forget a lease a request was started under;
+--      outcomes may be lost (the lease then runs out: a duplicate, never
+--      an overlap);
+--   b. the pump starts a request only while asked + lease >= now +
+--      request timeout + hold (src/pump/fence.rs), and abandons it unsent
+--      otherwise; its HTTP client ends every request within the request
+--      timeout. So its requests end a hold before its leases do, recorded
+--      or not (a pump cut off from here stops claiming and its requests
+--      still end in time);
+--   c. after an attempt with no answer, complete() keeps lease_until a
+--      hold ahead (no leaseholder): neither the retry nor newer news of the
+--      (watch, object) goes before a consumer still busy with the
+--      abandoned request has had that hold to finish.
+-- The promise that follows is in docs/protocol.md ("One at a time").
+--
 -- Why each function here sets `jit = off` and `force_generic_plan`: the
 -- note on plans at the top of 0100_emit.sql.
 
@@ -197,6 +221,12 @@ begin
     if coalesce(p_max_rows, 0) < 1 then
         return;
     end if;
+    -- FENCING (issue 19): the leases this claim writes are what keeps other
+    -- pumps off while the requests are on the wire, so they must survive a
+    -- crash or a failover to a synchronous standby: this transaction
+    -- commits durably whatever the pump's connection says (it runs with
+    -- synchronous_commit = off for everything else, src/pump/mod.rs).
+    perform set_config('synchronous_commit', 'on', true);
 
     -- 1. Due (or probed) deliveries per service, oldest due first, as many
     --    as its free slots, and p_max_rows in all, taking each service's
@@ -516,7 +546,16 @@ begin
     ),
     retried as (
         update watchpump.queue q
-        set next_attempt_at = least(x.next, q.deadline), lease_until = null, leased_by = null,
+        set next_attempt_at = least(x.next, q.deadline),
+            -- FENCING (issue 19; see the top of this file): no answer (a
+            -- timeout, a broken connection) holds the (watch, object) for the
+            -- pump's hold, since the consumer may still be working on it; a
+            -- request that never left ('not sent: ', src/pump/send.rs) does not.
+            lease_until = case when x.status is null
+                                and x.error not like 'not sent: %' then now() + coalesce(
+                nullif(current_setting('watchpump.hold_after_no_answer', true), '')::interval,
+                interval '0') end,
+            leased_by = null,
             last_status = x.status, last_error = x.error
         from decided x
         where q.id = x.id and x.decision = 'retry'

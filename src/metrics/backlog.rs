@@ -83,8 +83,7 @@ impl Collector {
     /// a session lock must not go back to the pool with its connection.
     pub fn new(pool: &PgPool) -> Self {
         Collector {
-            options: (*pool.connect_options())
-                .clone()
+            options: crate::leader::lock_connection(&pool.connect_options())
                 .application_name(APPLICATION_NAME),
             conn: None,
             leading: false,

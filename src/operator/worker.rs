@@ -119,7 +119,8 @@ impl Worker {
     /// holder pings it, the others ask for the lock again on it each tick.
     async fn hold_lock(&self, lock: &mut Lock) -> bool {
         if lock.conn.is_none() {
-            match PgConnection::connect_with(&self.pool.connect_options()).await {
+            let options = crate::leader::lock_connection(&self.pool.connect_options());
+            match PgConnection::connect_with(&options).await {
                 Ok(conn) => lock.conn = Some(conn),
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot connect for the operator lock");
@@ -128,13 +129,19 @@ impl Worker {
             }
         }
         let conn = lock.conn.as_mut().expect("connected above");
-        let answer = if lock.held {
-            conn.ping().await.map(|()| true)
-        } else {
-            sqlx::query_scalar::<_, bool>(LOCK)
-                .fetch_one(&mut *conn)
-                .await
+        let check = async {
+            if lock.held {
+                conn.ping().await.map(|()| true)
+            } else {
+                sqlx::query_scalar::<_, bool>(LOCK)
+                    .fetch_one(&mut *conn)
+                    .await
+            }
         };
+        // Cut off from the database, a check would wait for TCP to give up.
+        let answer = tokio::time::timeout(crate::leader::LOCK_CHECK_TIMEOUT, check)
+            .await
+            .unwrap_or(Err(sqlx::Error::PoolTimedOut));
         match answer {
             Ok(true) => {
                 if !lock.held {

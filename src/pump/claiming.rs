@@ -11,6 +11,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use super::fence::Fence;
 use super::recording::{answered, Answered};
 use super::{store, Shared};
 use crate::delivery::outcome::AttemptResult;
@@ -62,7 +63,7 @@ pub(super) async fn claim_loop(
         }
         let mut pause = None;
         match claim(shared).await {
-            Ok(claimed) if !claimed.is_empty() => {
+            Ok((claimed, fence)) if !claimed.is_empty() => {
                 let claimed = with_destinations(shared, claimed).await;
                 // watchpump.claim() removed our sleeper row.
                 asleep = false;
@@ -72,7 +73,7 @@ pub(super) async fn claim_loop(
                 {
                     last_work = Some(Instant::now());
                 }
-                dispatch(shared, claimed, &done);
+                dispatch(shared, claimed, fence, &done);
                 continue;
             }
             Ok(_) => {}
@@ -160,9 +161,12 @@ async fn register_asleep(shared: &Shared) -> bool {
 
 /// One claim with the current per-service limits and what the global caps
 /// leave; none at all when they leave nothing (a finished send wakes the
-/// loop).
-pub(super) async fn claim(shared: &Shared) -> Result<Vec<Claimed>> {
+/// loop). The fence says until when they may start being sent.
+pub(super) async fn claim(shared: &Shared) -> Result<(Vec<Claimed>, Fence)> {
     let now = Instant::now();
+    // Before the pool's wait and the round trip: the lease, which the
+    // database starts later, ends no sooner than this plus the lease.
+    let fence = Fence::after_claim(now, &shared.cfg);
     let (slots, in_flight) = {
         let health = shared.health.lock().unwrap();
         (health.slots(now), health.total_in_flight())
@@ -173,7 +177,7 @@ pub(super) async fn claim(shared: &Shared) -> Result<Vec<Claimed>> {
         Ok(limits) => limits,
         Err(cap) => {
             metrics::counter!(m::CLAIMS_HELD, "cap" => cap).increment(1);
-            return Ok(Vec::new());
+            return Ok((Vec::new(), fence));
         }
     };
     let claimed = store::claim(
@@ -192,7 +196,7 @@ pub(super) async fn claim(shared: &Shared) -> Result<Vec<Claimed>> {
             health.nothing_to_probe(*id, now);
         }
     }
-    Ok(claimed)
+    Ok((claimed, fence))
 }
 
 /// Pairs each claimed delivery with where and how it goes, loading the
@@ -246,9 +250,13 @@ pub(super) async fn with_destinations(
         .collect()
 }
 
+/// Starts a send task per delivery. Each checks the claim's fence just
+/// before it sends ([`super::fence`]): a delivery whose lease no longer
+/// covers the request and the hold after it is abandoned unsent.
 pub(super) fn dispatch(
     shared: &Arc<Shared>,
     claimed: Vec<(Claimed, Arc<Target>)>,
+    fence: Fence,
     done: &mpsc::UnboundedSender<Answered>,
 ) {
     metrics::histogram!(m::CLAIMED_BATCH_SIZE).record(claimed.len() as f64);
@@ -265,6 +273,10 @@ pub(super) fn dispatch(
         let shared = shared.clone();
         let done = done.clone();
         tokio::spawn(async move {
+            if !fence.allows(Instant::now()) {
+                abandon(&shared, &delivery, &target);
+                return;
+            }
             let finished = shared.sender.send(delivery, target).await;
             // The consumer's slot is free as soon as it answered; the
             // outcome's write-back follows in a batch (the lease keeps the
@@ -283,6 +295,23 @@ pub(super) fn dispatch(
             }
         });
     }
+}
+
+/// A delivery whose lease no longer covers its request: not sent, nothing
+/// recorded (the lease runs out and any pump claims it again), its slot
+/// freed without counting for or against its consumer.
+fn abandon(shared: &Shared, delivery: &Claimed, target: &Target) {
+    let service = target.destination.name.clone();
+    tracing::warn!(service = %service, delivery_id = delivery.message.delivery_id,
+        "lease too short to send (the claim or the database was slow); left to its lease");
+    metrics::counter!(m::SENDS_ABANDONED, "service" => service.clone()).increment(1);
+    let in_flight = {
+        let mut health = shared.health.lock().unwrap();
+        health.abandoned(delivery.service_id);
+        health.in_flight(delivery.service_id)
+    };
+    metrics::gauge!(m::IN_FLIGHT, "service" => service).set(in_flight as f64);
+    shared.signals.wake.notify_one();
 }
 
 /// The backstop: passed deadlines, missed notifications (expired leases

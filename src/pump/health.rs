@@ -178,6 +178,15 @@ impl Health {
         }
     }
 
+    /// A claimed delivery was not sent after all (its lease ran short,
+    /// [`super::fence`]): its slot is free, and it says nothing about the
+    /// consumer.
+    pub fn abandoned(&mut self, service_id: i64) {
+        if let Some(s) = self.services.get_mut(&service_id) {
+            s.in_flight = s.in_flight.saturating_sub(1);
+        }
+    }
+
     /// A due probe found no pending delivery: wait a pause before asking again.
     pub fn nothing_to_probe(&mut self, service_id: i64, now: Instant) {
         if let Some(d) = self

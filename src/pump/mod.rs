@@ -14,6 +14,7 @@
 //! check and its commit is picked up by the next sweep at the latest.
 
 mod claiming;
+pub mod fence;
 pub mod health;
 mod recording;
 pub mod send;
@@ -66,7 +67,7 @@ impl Pump {
     /// few connections (see [`pump_pool`]); `pool` itself is not used.
     pub fn new(pool: PgPool, cfg: PumpConfig) -> Result<Self> {
         cfg.validate().map_err(Error::Config)?;
-        let pool = pump_pool(&pool);
+        let pool = pump_pool(&pool, cfg.hold_after_no_answer());
         let sender = Sender::new(&cfg).map_err(|e| Error::Config(format!("HTTP client: {e}")))?;
         let health = Health::new(
             cfg.service_concurrency,
@@ -127,11 +128,11 @@ impl Pump {
     pub async fn step(&self) -> Result<Step> {
         let shared = &self.shared;
         claiming::sweep(shared, Duration::ZERO).await;
-        let claimed = claiming::claim(shared).await?;
+        let (claimed, fence) = claiming::claim(shared).await?;
         let claimed = claiming::with_destinations(shared, claimed).await;
         let sent = claimed.len();
         let (done_tx, mut done_rx) = mpsc::unbounded_channel();
-        claiming::dispatch(shared, claimed, &done_tx);
+        claiming::dispatch(shared, claimed, fence, &done_tx);
         drop(done_tx);
         let mut answered = Vec::with_capacity(sent);
         while let Some(a) = done_rx.recv().await {
@@ -160,16 +161,25 @@ pub struct Step {
 }
 
 /// Connections of the pump's own, whose transactions commit without waiting
-/// for the WAL to reach disk (`synchronous_commit = off`).
+/// for the WAL to reach disk (`synchronous_commit = off`), except claims.
 ///
-/// Waiting for the disk was most of a claim's time (a claim is a write), and
-/// it is not needed for safety: a crash can lose at most the last fraction of
-/// a second of claims and outcomes, and a lost claim leaves the delivery
-/// pending, a lost outcome leaves it in flight until its lease expires;
-/// either way it is sent again (deliveries are at least once, and consumers
-/// de-duplicate by delivery id). The producer's own transactions, which
-/// create the deliveries, keep their own setting.
-pub fn pump_pool(pool: &PgPool) -> PgPool {
+/// A crash can lose the last fraction of a second of outcomes: a lost
+/// outcome leaves its delivery in flight until its lease expires, and it is
+/// sent again (deliveries are at least once, and consumers de-duplicate by
+/// delivery id). A lost *claim* would be worse: another pump could take the
+/// (watch, object) while this one's request is on the wire, an overlap. So
+/// `watchpump.claim()` commits durably itself (issue 19; also to a
+/// synchronous standby, so that a failover keeps every lease). The
+/// producer's own transactions, which create the deliveries, keep their own
+/// setting.
+///
+/// `hold_after_no_answer` goes to `watchpump.complete()` as the session
+/// setting `watchpump.hold_after_no_answer` (a placeholder setting, read
+/// with `current_setting(..., true)`): after an attempt with no answer it
+/// holds the (watch, object) that long ([`fence`]). Like the settings above
+/// it needs session pooling, not a transaction-pooling proxy.
+pub fn pump_pool(pool: &PgPool, hold_after_no_answer: Duration) -> PgPool {
+    let hold = format!("{}ms", hold_after_no_answer.as_millis());
     let options = (*pool.connect_options())
         .clone()
         // claim() decides the order rule with a fresh snapshot per statement.
@@ -177,6 +187,7 @@ pub fn pump_pool(pool: &PgPool) -> PgPool {
             ("synchronous_commit", "off"),
             // (PostgreSQL reads the space escaped; sqlx does not escape it.)
             ("default_transaction_isolation", r"read\ committed"),
+            ("watchpump.hold_after_no_answer", hold.as_str()),
         ])
         .application_name("watchpump-pump");
     sqlx::postgres::PgPoolOptions::new()

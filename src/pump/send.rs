@@ -18,6 +18,11 @@ use crate::delivery::request::{self, Target};
 use crate::delivery::{BodyParts, Claimed};
 use crate::retry::{self, RetryPolicy};
 
+/// How the error of an attempt that never reached the consumer (it could not
+/// connect) begins: `watchpump.complete()` holds the (watch, object) after
+/// every other attempt with no answer, and reads this to tell.
+pub const NOT_SENT: &str = "not sent: ";
+
 /// How many bytes of a consumer's answer are kept with the attempt.
 const RESPONSE_HEAD_BYTES: usize = 512;
 
@@ -54,7 +59,7 @@ impl Sender {
         let resolver = cfg
             .destinations()
             .resolver(cfg.connect_timeout(), cfg.lookup());
-        let client = reqwest::Client::builder()
+        let builder = reqwest::Client::builder()
             .dns_resolver(resolver.clone())
             .no_proxy()
             .connector_layer(resolver.connect_guard())
@@ -64,8 +69,13 @@ impl Sender {
             .pool_max_idle_per_host(cfg.service_concurrency as usize)
             .pool_idle_timeout(IDLE_TIMEOUT)
             .tcp_nodelay(true)
-            .user_agent(concat!("watchpump/", env!("CARGO_PKG_VERSION")))
-            .build()?;
+            .user_agent(concat!("watchpump/", env!("CARGO_PKG_VERSION")));
+        // Fencing (src/pump/fence.rs): the bytes of a request given up on
+        // may wait in the kernel and reach the consumer once a partition
+        // heals; the kernel drops them this soon instead.
+        #[cfg(target_os = "linux")]
+        let builder = builder.tcp_user_timeout(super::fence::unacknowledged_limit(cfg));
+        let client = builder.build()?;
         Ok(Sender {
             client,
             producer: cfg.producer.clone(),
@@ -105,11 +115,15 @@ impl Sender {
                     Failure::Connect
                 };
                 let at = self.retry.retry_at(attempt, None);
-                (
-                    AttemptResult::Retry { at, failure },
-                    Some(describe(&e)),
-                    None,
-                )
+                // complete() holds the (watch, object) after an attempt
+                // with no answer, unless the request never left
+                // (src/pump/fence.rs): it tells by this prefix.
+                let error = if e.is_connect() {
+                    format!("{NOT_SENT}{}", describe(&e))
+                } else {
+                    describe(&e)
+                };
+                (AttemptResult::Retry { at, failure }, Some(error), None)
             }
         };
         Finished {

@@ -41,6 +41,19 @@ impl Cluster {
         Cluster { admin_url }
     }
 
+    /// A cluster already running at `admin_url` (the failover pair's front).
+    pub fn at(admin_url: &str) -> Cluster {
+        Cluster {
+            admin_url: admin_url.to_string(),
+        }
+    }
+
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        let after = self.admin_url.rsplit_once(':').unwrap().1;
+        after.split('/').next().unwrap().parse().unwrap()
+    }
+
     /// A fast restart: every connection is cut, the server comes back.
     pub fn restart(&self) {
         let out = script()

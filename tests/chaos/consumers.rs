@@ -31,6 +31,9 @@ pub enum Behaviour {
     Flaps,
     /// A bit of everything.
     Mixed,
+    /// Answers in 0.9-1.07 s, around the pump's 1 s request timeout: some
+    /// answers come just after the pump gave up (issue 19's consumer).
+    Slow,
 }
 
 impl Behaviour {
@@ -42,6 +45,7 @@ impl Behaviour {
             Behaviour::Hangs => "hangs",
             Behaviour::Flaps => "flaps",
             Behaviour::Mixed => "mixed",
+            Behaviour::Slow => "slow",
         }
     }
 }
@@ -59,9 +63,9 @@ pub struct Request {
     pub status: u16,
     /// Wall clock, the same the pumps record attempts with.
     pub arrived: DateTime<Utc>,
-    /// When the answer was sent or the handler was dropped. A request that
-    /// hung past the pump's request timeout ends when the pump gave up,
-    /// which only the pump knows: the verdict reads it from its attempts.
+    /// When the answer was sent or the handler was dropped; for a request
+    /// that hung past the pump's request timeout, when the handler ended,
+    /// after the pump gave up.
     pub ended: DateTime<Utc>,
     pub hung: bool,
 }
@@ -86,10 +90,13 @@ pub struct Consumers {
 }
 
 impl Consumers {
+    /// Consumers listening on `ip` (loopback, or the partition fault's
+    /// gateway).
     pub async fn start(
         behaviours: &[Behaviour],
         request_timeout: Duration,
         seed: u64,
+        ip: std::net::IpAddr,
     ) -> Consumers {
         let log = Arc::new(Mutex::new(Vec::new()));
         let mut services = Vec::new();
@@ -101,7 +108,7 @@ impl Consumers {
                 rng: Mutex::new(StdRng::seed_from_u64(seed ^ ((i as u64 + 1) * 0x9e37_79b9))),
                 log: log.clone(),
             });
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let listener = tokio::net::TcpListener::bind((ip, 0)).await.unwrap();
             let addr = listener.local_addr().unwrap();
             let server = serve(listener, shared.clone());
             if behaviour == Behaviour::Flaps {
@@ -163,6 +170,8 @@ async fn flap(addr: SocketAddr, mut server: tokio::task::JoinHandle<()>, shared:
 /// What to do with one request.
 enum Answer {
     Status(u16),
+    /// Answer 200 after this long.
+    After(Duration),
     /// Answer 200, but only after the pump's request timeout.
     Hang,
 }
@@ -182,6 +191,7 @@ fn decide(shared: &Shared, resource: &str) -> Answer {
         Behaviour::Gone => Answer::Status(200),
         Behaviour::Hangs if rng.gen_bool(0.05) => Answer::Hang,
         Behaviour::Hangs => Answer::Status(200),
+        Behaviour::Slow => Answer::After(shared.request_timeout.mul_f64(rng.gen_range(0.9..1.07))),
         Behaviour::Mixed => match rng.gen_range(0..100) {
             0..=9 => Answer::Status(500),
             10..=11 => Answer::Hang,
@@ -231,6 +241,18 @@ async fn receive(State(shared): State<Arc<Shared>>, body: Bytes) -> StatusCode {
     };
     let status = match answer {
         Answer::Status(status) => status,
+        Answer::After(wait) => {
+            tokio::time::sleep(wait).await;
+            if wait >= shared.request_timeout {
+                // The pump has given up (hyper runs the handler to its
+                // end): as far as it knows, no answer.
+                let r = recording.request.as_mut().unwrap();
+                r.hung = true;
+                r.status = 0;
+                return StatusCode::OK;
+            }
+            200
+        }
         Answer::Hang => {
             recording.request.as_mut().unwrap().hung = true;
             tokio::time::sleep(shared.request_timeout + Duration::from_millis(300)).await;

@@ -11,11 +11,22 @@
 //! summary line and fails on any violation. The cluster is a project-local
 //! one of its own (`target/pg-chaos`), because the suite restarts it.
 //!
+//! `make chaos FAULTS=failover` replaces the restarts with two failovers:
+//! a primary and a streaming standby behind HAProxy ([`ha`],
+//! `scripts/chaos-ha.sh`), the primary crashed (`-m immediate`) at a random
+//! point, the standby promoted and the front switched, the old primary
+//! rebuilt as the new standby (pg_rewind), and the same again back. With a
+//! synchronous standby (`SYNC=on`, the default) nothing committed may be
+//! lost; with an asynchronous one (`SYNC=off`) the lost commits are counted.
+//!
 //! Settings (environment, all optional): `WATCHPUMP_CHAOS_CHANGES` (producer
-//! transactions), `WATCHPUMP_CHAOS_SEED`, `WATCHPUMP_CHAOS_PG_PORT`.
+//! transactions), `WATCHPUMP_CHAOS_SEED`, `WATCHPUMP_CHAOS_PG_PORT`,
+//! `WATCHPUMP_CHAOS_FAULTS` (`failover`), `WATCHPUMP_CHAOS_SYNC` (`on`, `off`).
 
 mod cluster;
 mod consumers;
+mod ha;
+mod net;
 mod producers;
 mod pumps;
 mod verdict;
@@ -28,15 +39,47 @@ use std::time::{Duration, Instant};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use chrono::{DateTime, Utc};
 use cluster::Cluster;
 use consumers::{Behaviour, Consumers};
+use ha::HaPair;
+use net::Net;
 use producers::Ledger;
 use pumps::Pumps;
 use verdict::WatchDef;
 
+/// What is done to PostgreSQL besides pump kills and listener kills.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Faults {
+    /// Fast restarts of one cluster.
+    Restarts,
+    /// Two failovers between a primary and a standby behind HAProxy.
+    Failover { synchronous: bool },
+    /// Restarts, and each pump a host of its own (a network namespace),
+    /// cut off from the database or from its consumers now and then.
+    Partition,
+}
+
+impl Faults {
+    fn from_env() -> Faults {
+        let faults = std::env::var("WATCHPUMP_CHAOS_FAULTS").unwrap_or_default();
+        match faults.trim() {
+            "" | "restarts" => Faults::Restarts,
+            "partition" => Faults::Partition,
+            "failover" => Faults::Failover {
+                synchronous: std::env::var("WATCHPUMP_CHAOS_SYNC").as_deref() != Ok("off"),
+            },
+            other => panic!(
+                "WATCHPUMP_CHAOS_FAULTS={other:?}: use failover or partition (or leave it unset)"
+            ),
+        }
+    }
+}
+
 /// How one run is shaped.
 #[derive(Debug, Clone)]
 pub struct Settings {
+    pub faults: Faults,
     /// Producer transactions, committed or rolled back.
     pub transactions: usize,
     pub producers: usize,
@@ -61,7 +104,9 @@ pub struct Settings {
 impl Settings {
     fn full() -> Settings {
         let transactions = env_number("WATCHPUMP_CHAOS_CHANGES").unwrap_or(20_000) as usize;
+        let faults = Faults::from_env();
         Settings {
+            faults,
             transactions,
             producers: 6,
             pumps: 3,
@@ -70,7 +115,9 @@ impl Settings {
             rollback_ratio: 0.08,
             kill_every: (Duration::from_millis(1500), Duration::from_millis(4000)),
             listener_kill_every: (Duration::from_millis(1000), Duration::from_millis(3000)),
-            pg_restarts_at: if transactions >= 50_000 {
+            pg_restarts_at: if matches!(faults, Faults::Failover { .. }) {
+                vec![]
+            } else if transactions >= 50_000 {
                 vec![0.3, 0.7]
             } else {
                 vec![0.5]
@@ -84,6 +131,7 @@ impl Settings {
 
     fn short() -> Settings {
         Settings {
+            faults: Faults::Restarts,
             transactions: 1000,
             kill_every: (Duration::from_millis(500), Duration::from_millis(1200)),
             listener_kill_every: (Duration::from_millis(400), Duration::from_millis(1000)),
@@ -132,8 +180,9 @@ fn run(settings: Settings) {
 }
 
 /// Everything the run counted, for the summary line.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Summary {
+    pub faults: Faults,
     pub seed: u64,
     pub transactions: usize,
     pub committed_changes: usize,
@@ -145,6 +194,15 @@ pub struct Summary {
     pub graceful_stops: usize,
     pub listener_kills: usize,
     pub pg_restarts: usize,
+    pub failovers: Vec<Failover>,
+    /// Failover: committed changes lost, requests of changes lost, overlaps
+    /// excused by an asynchronous failover ([`verdict::Judged`]).
+    pub lost: usize,
+    pub sent_then_lost: usize,
+    pub overlaps_across_async_failover: usize,
+    /// Partition: times a host was cut off from the database, and from its
+    /// consumers.
+    pub partitions: (usize, usize),
     pub duplicates: usize,
     pub seconds: f64,
     /// Seconds producing (under chaos), settling, and stopping the pumps.
@@ -152,8 +210,54 @@ pub struct Summary {
     pub violations: Vec<String>,
 }
 
+/// One failover: when the front reached the promoted standby, how long the
+/// crash, promotion and switch took, how long the rebuild of the old
+/// primary took, and the first delivery of a change emitted after it.
+#[derive(Debug, Clone)]
+pub struct Failover {
+    pub promoted_at: DateTime<Utc>,
+    pub took: Duration,
+    pub rebuilt_in: Duration,
+    pub first_delivery_after: Option<f64>,
+}
+
 impl Summary {
     fn line(&self) -> String {
+        let mut line = self.base_line();
+        if self.faults == Faults::Partition {
+            line.push_str(&format!(
+                "; partitions: {} hosts cut off from the database, {} from their consumers",
+                self.partitions.0, self.partitions.1
+            ));
+        }
+        if let Faults::Failover { synchronous } = self.faults {
+            let each: Vec<String> = self
+                .failovers
+                .iter()
+                .map(|f| {
+                    format!(
+                        "switched in {:.1} s, first delivery {} s after, rebuilt in {:.1} s",
+                        f.took.as_secs_f64(),
+                        f.first_delivery_after
+                            .map_or("-".to_string(), |s| format!("{s:.2}")),
+                        f.rebuilt_in.as_secs_f64()
+                    )
+                })
+                .collect();
+            line.push_str(&format!(
+                "; failover ({}): {} failovers [{}]; {} committed changes lost, {} requests of lost changes, {} overlaps across an asynchronous failover",
+                if synchronous { "synchronous" } else { "asynchronous" },
+                self.failovers.len(),
+                each.join("; "),
+                self.lost,
+                self.sent_then_lost,
+                self.overlaps_across_async_failover
+            ));
+        }
+        line
+    }
+
+    fn base_line(&self) -> String {
         format!(
             "chaos: seed {}, {} transactions ({} changes committed, {} rolled back, {} in doubt) in {:.1} s \
              ({:.1} s of chaos, {:.1} s to settle, {:.1} s to stop); \
@@ -190,7 +294,14 @@ async fn run_async(settings: Settings) -> Summary {
             "Y2hhb3MgdGVzdHMgb25seTogYSBmaXhlZCBzZWNyZXQ=",
         );
     }
-    let cluster = Cluster::start();
+    let ha = match settings.faults {
+        Faults::Failover { synchronous } => Some(Arc::new(HaPair::start(synchronous))),
+        Faults::Restarts | Faults::Partition => None,
+    };
+    let cluster = match &ha {
+        Some(ha) => ha.front.clone(),
+        None => Cluster::start(),
+    };
     // A database of this run's own: a short run in `make test` and a long
     // `make chaos` may share the cluster (though not its restarts).
     let database = format!("chaos_{}", std::process::id());
@@ -200,6 +311,8 @@ async fn run_async(settings: Settings) -> Summary {
         .expect("connect to the chaos database");
     watchpump::schema::migrate(&pool).await.unwrap();
 
+    let net = (settings.faults == Faults::Partition)
+        .then(|| Arc::new(Net::up(settings.pumps, cluster.port())));
     let consumers = Consumers::start(
         &[
             Behaviour::Healthy,
@@ -208,14 +321,33 @@ async fn run_async(settings: Settings) -> Summary {
             Behaviour::Hangs,
             Behaviour::Flaps,
             Behaviour::Mixed,
+            Behaviour::Slow,
         ],
         settings.request_timeout,
         settings.seed,
+        match net {
+            Some(_) => net::GATEWAY.parse().unwrap(),
+            None => std::net::Ipv4Addr::LOCALHOST.into(),
+        },
     )
     .await;
     let watches = register(&pool, &consumers, &settings, &mut rng).await;
 
-    let pumps = Arc::new(tokio::sync::Mutex::new(Pumps::new(&url, &settings)));
+    // The pumps' way to the database: through the gateway from their hosts.
+    let (pump_url, hosts) = match &net {
+        Some(net) => (
+            url.replacen(
+                &format!("127.0.0.1:{}", cluster.port()),
+                &format!("{}:{}", net::GATEWAY, net.front_port),
+                1,
+            ),
+            net.hosts.clone(),
+        ),
+        None => (url.clone(), Vec::new()),
+    };
+    let pumps = Arc::new(tokio::sync::Mutex::new(Pumps::new(
+        &pump_url, &settings, hosts,
+    )));
     pumps.lock().await.start(settings.pumps);
 
     // The chaos, until the producers are done.
@@ -240,20 +372,58 @@ async fn run_async(settings: Settings) -> Summary {
         progress.clone(),
         done.clone(),
     ));
+    let partitioning = net.clone().map(|net| {
+        let ports: Vec<u16> = consumers.services.iter().map(|c| c.addr.port()).collect();
+        tokio::spawn(partition_hosts(net, ports, rng.gen(), done.clone()))
+    });
+    let failing_over = ha.clone().map(|ha| {
+        tokio::spawn(fail_over_twice(
+            ha,
+            pumps.clone(),
+            settings.clone(),
+            rng.gen(),
+            progress.clone(),
+            done.clone(),
+        ))
+    });
     let ledger: Ledger = producers::run(&pool, &settings, progress.clone(), rng.gen()).await;
     done.store(true, Ordering::SeqCst);
     let kills = killer.await.unwrap();
     let listener_kills = listener_killer.await.unwrap();
     let pg_restarts = restarter.await.unwrap();
+    let partitions = match partitioning {
+        Some(task) => task.await.unwrap(),
+        None => (0, 0),
+    };
+    let failovers = match failing_over {
+        Some(task) => task.await.unwrap(),
+        None => Vec::new(),
+    };
 
     // Healthy consumers, a full set of pumps, and time to drain.
     consumers.heal();
     let mut summary = Summary {
+        faults: settings.faults,
         seed: settings.seed,
         transactions: ledger.transactions,
         listener_kills,
         pg_restarts,
-        ..Summary::default()
+        failovers,
+        committed_changes: 0,
+        rolled_back_changes: 0,
+        in_doubt: 0,
+        deliveries: 0,
+        requests: 0,
+        kills: 0,
+        graceful_stops: 0,
+        duplicates: 0,
+        seconds: 0.0,
+        phases: (0.0, 0.0, 0.0),
+        violations: Vec::new(),
+        lost: 0,
+        sent_then_lost: 0,
+        overlaps_across_async_failover: 0,
+        partitions,
     };
     let mut pumps = Arc::try_unwrap(pumps)
         .unwrap_or_else(|_| panic!("the chaos tasks hold no pumps any more"))
@@ -281,9 +451,22 @@ async fn run_async(settings: Settings) -> Summary {
     summary.in_doubt = ledger.in_doubt_count;
     let requests = consumers.requests();
     summary.requests = requests.len();
-    let judged = verdict::judge(&pool, &ledger, &watches, &requests).await;
+    let failovers = verdict::Failovers {
+        synchronous: match settings.faults {
+            Faults::Failover { synchronous } => Some(synchronous),
+            Faults::Restarts | Faults::Partition => None,
+        },
+        promoted_at: summary.failovers.iter().map(|f| f.promoted_at).collect(),
+    };
+    let judged = verdict::judge(&pool, &ledger, &watches, &requests, &failovers).await;
     summary.deliveries = judged.deliveries;
     summary.duplicates = judged.duplicates;
+    summary.lost = judged.lost;
+    summary.sent_then_lost = judged.sent_then_lost;
+    summary.overlaps_across_async_failover = judged.overlaps_across_async_failover;
+    for f in &mut summary.failovers {
+        f.first_delivery_after = first_delivery_after(f.promoted_at, &ledger, &requests);
+    }
     summary.violations.extend(judged.violations);
     summary.seconds = started.elapsed().as_secs_f64();
     pool.close().await;
@@ -310,7 +493,7 @@ async fn register(
             pool,
             &format!("{}-{i}", consumer.behaviour.name()),
             &format!("http://{}", consumer.addr),
-            &watchpump::destinations::Destinations::loopback(),
+            &watchpump::destinations::Destinations::parse("127.0.0.0/8,::1,10.231.0.1").unwrap(),
         )
         .await
         .unwrap()
@@ -450,6 +633,114 @@ async fn restart_postgres(
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     restarts
+}
+
+/// Crashes the primary at two random points (a fifth to two fifths of the
+/// transactions, then three to four fifths), promotes the standby and
+/// switches the front; after each, rebuilds the old primary as the new
+/// standby. Pumps are not killed or started during a switch.
+async fn fail_over_twice(
+    ha: Arc<HaPair>,
+    pumps: Arc<tokio::sync::Mutex<Pumps>>,
+    settings: Settings,
+    seed: u64,
+    progress: Arc<AtomicUsize>,
+    done: Arc<AtomicBool>,
+) -> Vec<Failover> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let marks = [rng.gen_range(0.2..0.4), rng.gen_range(0.6..0.8)];
+    let mut failovers = Vec::new();
+    for fraction in marks {
+        let mark = (fraction * settings.transactions as f64) as usize;
+        while progress.load(Ordering::SeqCst) < mark {
+            if done.load(Ordering::SeqCst) {
+                return failovers;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let held = pumps.lock().await;
+        let pair = ha.clone();
+        let took = tokio::task::spawn_blocking(move || pair.fail_over())
+            .await
+            .unwrap();
+        let promoted_at = Utc::now();
+        drop(held);
+        let pair = ha.clone();
+        let rebuilt_in = tokio::task::spawn_blocking(move || pair.rebuild())
+            .await
+            .unwrap();
+        failovers.push(Failover {
+            promoted_at,
+            took,
+            rebuilt_in,
+            first_delivery_after: None,
+        });
+    }
+    failovers
+}
+
+/// Cuts hosts off, again and again until the producers are done: one from
+/// the database (its requests on the wire must end within their leases,
+/// and it must claim nothing until healed), another from its consumers
+/// (keeping the database: its requests time out and are held), for 3-6 s
+/// each, longer than a lease, at random moments, so that requests are on
+/// the wire at every point of their leases. Returns the cuts of each kind.
+async fn partition_hosts(
+    net: Arc<Net>,
+    consumer_ports: Vec<u16>,
+    seed: u64,
+    done: Arc<AtomicBool>,
+) -> (usize, usize) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let hosts = net.hosts.len();
+    let (mut from_db, mut from_consumers) = (0, 0);
+    let mut round = 0;
+    while !done.load(Ordering::SeqCst) {
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(500..2500))).await;
+        let (a, b) = (round % hosts, (round + 1) % hosts);
+        round += 1;
+        let hold = Duration::from_millis(rng.gen_range(3000..6000));
+        let (n, ports) = (net.clone(), consumer_ports.clone());
+        let front = net.front_port;
+        tokio::task::spawn_blocking(move || {
+            n.cut(a, &[front]);
+            n.cut(b, &ports);
+        })
+        .await
+        .unwrap();
+        from_db += 1;
+        from_consumers += 1;
+        tokio::time::sleep(hold).await;
+        let n = net.clone();
+        tokio::task::spawn_blocking(move || {
+            n.heal(a);
+            n.heal(b);
+        })
+        .await
+        .unwrap();
+    }
+    (from_db, from_consumers)
+}
+
+/// Seconds from `promoted_at` to the first 2xx answer to a change emitted
+/// after it: the whole path again, producer to consumer.
+fn first_delivery_after(
+    promoted_at: DateTime<Utc>,
+    ledger: &producers::Ledger,
+    requests: &[consumers::Request],
+) -> Option<f64> {
+    let after: std::collections::HashSet<i64> = ledger
+        .committed
+        .iter()
+        .filter(|c| c.at > promoted_at)
+        .map(|c| c.id)
+        .collect();
+    requests
+        .iter()
+        .filter(|r| (200..300).contains(&r.status) && after.contains(&r.change_id))
+        .map(|r| r.arrived)
+        .min()
+        .map(|at| (at - promoted_at).num_milliseconds() as f64 / 1000.0)
 }
 
 /// Requests per (watch, object), in the order they reached the consumer.

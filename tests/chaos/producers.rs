@@ -20,6 +20,8 @@ pub struct Change {
     pub id: i64,
     pub object: String,
     pub kind: String,
+    /// When it was emitted (its transaction began earlier).
+    pub at: chrono::DateTime<chrono::Utc>,
 }
 
 #[derive(Debug, Default)]
@@ -30,6 +32,9 @@ pub struct Ledger {
     in_doubt: Vec<Change>,
     /// Changes whose commit was cut off, before they were resolved.
     pub in_doubt_count: usize,
+    /// Their ids: one that is gone after a failover was never committed as
+    /// far as its producer knew, but a pump may have sent it meanwhile.
+    pub in_doubt_ids: std::collections::HashSet<i64>,
 }
 
 impl Ledger {
@@ -43,6 +48,7 @@ impl Ledger {
     /// Asks the database which in-doubt changes were committed.
     pub async fn resolve_in_doubt(mut self, pool: &PgPool) -> Ledger {
         self.in_doubt_count = self.in_doubt.len();
+        self.in_doubt_ids = self.in_doubt.iter().map(|c| c.id).collect();
         let ids: Vec<i64> = self.in_doubt.iter().map(|c| c.id).collect();
         let found: Vec<i64> =
             sqlx::query_scalar("select id from watchpump.changes where id = any($1)")
@@ -111,6 +117,7 @@ async fn produce(pool: &PgPool, settings: &Settings, progress: &AtomicUsize, see
                     id,
                     object,
                     kind: kind.to_string(),
+                    at: chrono::Utc::now(),
                 }),
                 Err(_) => {
                     failed = true;

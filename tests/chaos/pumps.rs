@@ -9,16 +9,22 @@ use rand::Rng;
 
 use crate::Settings;
 
-/// The chaos consumers listen on loopback, which serve refuses by default.
-const LOOPBACK: &str = "127.0.0.0/8,::1";
+/// The chaos consumers listen on loopback (or, with the partition fault,
+/// on the hosts' gateway), which serve refuses by default.
+const ALLOWED: &str = "127.0.0.0/8,::1,10.231.0.1";
 
 struct Running {
     name: String,
     child: Child,
+    /// The network namespace it runs in (the partition fault's hosts).
+    host: Option<String>,
 }
 
 pub struct Pumps {
     url: String,
+    /// Network namespaces to run the pumps in, one pump each; empty: this
+    /// machine's network.
+    hosts: Vec<String>,
     settings: Settings,
     running: Vec<Running>,
     started: usize,
@@ -35,12 +41,13 @@ fn log_dir() -> std::path::PathBuf {
 }
 
 impl Pumps {
-    pub fn new(url: &str, settings: &Settings) -> Pumps {
+    pub fn new(url: &str, settings: &Settings, hosts: Vec<String>) -> Pumps {
         for old in std::fs::read_dir(log_dir()).unwrap().flatten() {
             let _ = std::fs::remove_file(old.path());
         }
         Pumps {
             url: url.to_string(),
+            hosts,
             settings: settings.clone(),
             running: Vec::new(),
             started: 0,
@@ -61,10 +68,23 @@ impl Pumps {
         let name = format!("chaos-{}", self.started);
         let log = std::fs::File::create(log_dir().join(format!("{name}.log"))).unwrap();
         let ms = |d: Duration| d.as_millis().to_string();
-        let child = Command::new(env!("CARGO_BIN_EXE_watchpump"))
+        let host = self
+            .hosts
+            .iter()
+            .find(|h| !self.running.iter().any(|r| r.host.as_ref() == Some(*h)))
+            .cloned();
+        let mut command = match &host {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns, env!("CARGO_BIN_EXE_watchpump")]);
+                c
+            }
+            None => Command::new(env!("CARGO_BIN_EXE_watchpump")),
+        };
+        let child = command
             .arg("serve")
             .env("DATABASE_URL", &self.url)
-            .env("WATCHPUMP_ALLOWED_DESTINATIONS", LOOPBACK)
+            .env("WATCHPUMP_ALLOWED_DESTINATIONS", ALLOWED)
             .env("WATCHPUMP_LISTEN", "127.0.0.1:0")
             .env("WATCHPUMP_METRICS_LISTEN", "off")
             .env("WATCHPUMP_PRODUCER", "git")
@@ -86,7 +106,7 @@ impl Pumps {
             .stderr(log)
             .spawn()
             .expect("start watchpump serve");
-        self.running.push(Running { name, child });
+        self.running.push(Running { name, child, host });
     }
 
     /// Notices pumps that exited on their own.

@@ -5,7 +5,10 @@
 //!   every live watch it matches, and the newest change of every (watch,
 //!   object) was answered 2xx, unless its watch was dropped (410);
 //! - nothing rolled back is sent;
-//! - no two requests of one (watch, object) overlap at the consumer;
+//! - no two requests of one (watch, object) overlap at the consumer, from
+//!   arrival to the handler's real end: a request the pump gave up on is
+//!   still being answered (hyper keeps the handler running), and the hold
+//!   after no answer must cover that (docs/protocol.md, "One at a time");
 //! - sequences never go backwards per (watch, object), neither among all
 //!   requests in arrival order nor among 2xx answers;
 //! - nothing is left pending, in flight or failed once consumers are healthy.
@@ -82,6 +85,25 @@ pub struct Judged {
     pub deliveries: i64,
     pub duplicates: usize,
     pub violations: Vec<String>,
+    /// Failover only: committed changes the surviving primary does not have
+    /// (a violation with a synchronous standby, counted with an
+    /// asynchronous one).
+    pub lost: usize,
+    /// Failover only: requests of changes the surviving primary does not
+    /// have, sent before the failover (their commit was in doubt, or lost).
+    pub sent_then_lost: usize,
+    /// Asynchronous failover only: requests that overlapped one sent before
+    /// the promotion whose lease the new primary never had.
+    pub overlaps_across_async_failover: usize,
+}
+
+/// What the run did to PostgreSQL, for judging.
+#[derive(Debug, Clone, Default)]
+pub struct Failovers {
+    /// None without failovers; whether the standby was synchronous.
+    pub synchronous: Option<bool>,
+    /// When each promotion was done and the front switched.
+    pub promoted_at: Vec<DateTime<Utc>>,
 }
 
 pub async fn judge(
@@ -89,14 +111,45 @@ pub async fn judge(
     ledger: &Ledger,
     watches: &[WatchDef],
     requests: &[Request],
+    failovers: &Failovers,
 ) -> Judged {
-    let requests = &ended_where_the_pump_gave_up(pool, requests).await;
     let mut violations = Vec::new();
-    let committed: HashSet<i64> = ledger.committed.iter().map(|c| c.id).collect();
     let rolled_back: HashSet<i64> = ledger.rolled_back.iter().map(|c| c.id).collect();
+    let ids: Vec<i64> = ledger.committed.iter().map(|c| c.id).collect();
+    let present: HashSet<i64> =
+        sqlx::query_scalar::<_, i64>("select id from watchpump.changes where id = any($1)")
+            .bind(&ids)
+            .fetch_all(pool)
+            .await
+            .unwrap()
+            .into_iter()
+            .collect();
+    let (kept, gone): (Vec<_>, Vec<_>) = ledger
+        .committed
+        .iter()
+        .cloned()
+        .partition(|c| present.contains(&c.id));
+    let asynchronous = failovers.synchronous == Some(false);
+    if !asynchronous {
+        for c in &gone {
+            violations.push(format!(
+                "committed change {} ({} of {}) is gone from the database",
+                c.id, c.kind, c.object
+            ));
+        }
+    }
+    let gone_ids: HashSet<i64> = gone.iter().map(|c| c.id).collect();
+    let committed: HashSet<i64> = kept.iter().map(|c| c.id).collect();
+    let mut sent_then_lost = 0;
 
     for r in requests {
-        if rolled_back.contains(&r.change_id) {
+        let lost_in_failover = failovers.synchronous.is_some()
+            && (gone_ids.contains(&r.change_id)
+                || (rolled_back.contains(&r.change_id)
+                    && ledger.in_doubt_ids.contains(&r.change_id)));
+        if lost_in_failover {
+            sent_then_lost += 1;
+        } else if rolled_back.contains(&r.change_id) {
             violations.push(format!(
                 "rolled-back change {} was sent (delivery {})",
                 r.change_id, r.delivery_id
@@ -109,8 +162,11 @@ pub async fn judge(
         }
     }
 
+    // Sequences of changes the failover lost are handed out again by the
+    // new primary: only the surviving changes' requests have an order.
     let mut streams: ByStream = HashMap::new();
-    for r in requests {
+    let mut forgiven = 0;
+    for r in requests.iter().filter(|r| committed.contains(&r.change_id)) {
         streams
             .entry((r.watch_id, r.object.clone()))
             .or_default()
@@ -118,12 +174,20 @@ pub async fn judge(
     }
     for ((watch, object), list) in &mut streams {
         list.sort_by_key(|r| r.arrived);
-        violations.extend(order_violations(*watch, object, list));
+        let across = |earlier: &Request, later: &Request| {
+            asynchronous
+                && failovers.promoted_at.iter().any(|p| {
+                    earlier.arrived < *p && later.arrived >= *p - chrono::Duration::seconds(1)
+                })
+        };
+        let (found, excused) = order_violations(*watch, object, list, across);
+        violations.extend(found);
+        forgiven += excused;
     }
 
     let (rows, dropped) = database_view(pool, &ledger.committed).await;
     let deliveries = rows.len() as i64;
-    violations.extend(lost(ledger, watches, &dropped, &rows, &streams));
+    violations.extend(lost(&kept, watches, &dropped, &rows, &streams));
     for (change, watch, state) in &rows {
         if state != "delivered" && state != "superseded" && state != "dropped" {
             violations.push(format!(
@@ -141,54 +205,30 @@ pub async fn judge(
         deliveries,
         duplicates,
         violations,
+        lost: gone.len(),
+        sent_then_lost,
+        overlaps_across_async_failover: forgiven,
     }
 }
 
-/// A request that hung past the pump's request timeout ended, as far as
-/// the pump is concerned, when the pump gave up on it: its recorded
-/// attempt's start plus duration. (The consumer cannot tell: hyper keeps a
-/// handler running after the client has gone.)
-async fn ended_where_the_pump_gave_up(pool: &PgPool, requests: &[Request]) -> Vec<Request> {
-    let hung: Vec<(i64, i64)> = requests
-        .iter()
-        .filter(|r| r.hung)
-        .map(|r| (r.delivery_id, r.attempt))
-        .collect();
-    let (ids, attempts): (Vec<i64>, Vec<i32>) = hung.iter().map(|(d, a)| (*d, *a as i32)).unzip();
-    let gave_up: HashMap<(i64, i64), DateTime<Utc>> = sqlx::query_as::<_, (i64, i32, DateTime<Utc>)>(
-        "select a.delivery_id, a.attempt, a.started_at + a.duration_ms * interval '1 millisecond'
-         from unnest($1::int8[], $2::int4[]) as h (delivery_id, attempt)
-         join watchpump.attempts a on a.delivery_id = h.delivery_id and a.attempt = h.attempt",
-    )
-    .bind(&ids)
-    .bind(&attempts)
-    .fetch_all(pool)
-    .await
-    .unwrap()
-    .into_iter()
-    .map(|(d, a, at)| ((d, i64::from(a)), at))
-    .collect();
-    requests
-        .iter()
-        .map(|r| {
-            let mut r = r.clone();
-            if let Some(at) = gave_up.get(&(r.delivery_id, r.attempt)).filter(|_| r.hung) {
-                r.ended = r.ended.min(*at);
-            }
-            r
-        })
-        .collect()
-}
-
 /// Overlapping requests and sequences going backwards, for one stream of
-/// requests in arrival order.
-fn order_violations(watch: i64, object: &str, list: &[&Request]) -> Vec<String> {
+/// requests in arrival order; and how many overlaps `excused` (an
+/// asynchronous failover lost the lease the earlier request went under).
+fn order_violations(
+    watch: i64,
+    object: &str,
+    list: &[&Request],
+    excused: impl Fn(&Request, &Request) -> bool,
+) -> (Vec<String>, usize) {
     let mut found = Vec::new();
+    let mut forgiven = 0;
     let mut busy_until: Option<&Request> = None;
     let mut newest_sent: Option<&Request> = None;
     let mut newest_answered: Option<&Request> = None;
     for r in list {
-        if let Some(prev) = busy_until.filter(|p| r.arrived < p.ended) {
+        if busy_until.is_some_and(|p| r.arrived < p.ended && excused(p, r)) {
+            forgiven += 1;
+        } else if let Some(prev) = busy_until.filter(|p| r.arrived < p.ended) {
             found.push(format!(
                 "watch {watch}, {object}: delivery {} (sequence {}) arrived while delivery {} (sequence {}) was still being answered",
                 r.delivery_id, r.sequence, prev.delivery_id, prev.sequence
@@ -223,7 +263,7 @@ fn order_violations(watch: i64, object: &str, list: &[&Request]) -> Vec<String> 
             newest_answered = Some(r);
         }
     }
-    found
+    (found, forgiven)
 }
 
 /// The deliveries of committed changes as (change, watch, state), and the
@@ -251,7 +291,7 @@ async fn database_view(
 /// Committed changes without their deliveries, and newest news that never
 /// got a 2xx.
 fn lost(
-    ledger: &Ledger,
+    committed: &[crate::producers::Change],
     watches: &[WatchDef],
     dropped: &HashSet<i64>,
     rows: &[(i64, i64, String)],
@@ -260,7 +300,7 @@ fn lost(
     let mut found = Vec::new();
     let have: HashSet<(i64, i64)> = rows.iter().map(|(c, w, _)| (*c, *w)).collect();
     let mut newest: HashMap<(i64, &str), i64> = HashMap::new();
-    for change in &ledger.committed {
+    for change in committed {
         for w in watches.iter().filter(|w| !dropped.contains(&w.id)) {
             if !w.matches(&change.object, &change.kind) {
                 continue;

@@ -2,7 +2,7 @@
 //! consumer's inbox in a database of its own) and the real pump, over real
 //! HTTP on loopback: what it takes and how often its work runs
 //! ([`delivery`]), what it refuses and that a refusal changes nothing
-//! ([`forgery`]), `kit::serve`'s limits and logs ([`edge`]), and the three example consumers end to end
+//! ([`forgery`]), two requests of one object at once ([`overlap`]), `kit::serve`'s limits and logs ([`edge`]), and the three example consumers end to end
 //! ([`examples`]).
 //!
 //! Run with `WATCHPUMP_TEST_DATABASE_URL=<cluster> cargo nextest run --test kit`
@@ -17,4 +17,5 @@ mod delivery;
 mod edge;
 mod examples;
 mod forgery;
+mod overlap;
 mod support;

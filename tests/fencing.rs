@@ -1,0 +1,213 @@
+//! Fencing (src/pump/fence.rs, the top of sql/functions/0200_pump.sql),
+//! against `watchpump serve` processes, the test cluster and a consumer on
+//! loopback:
+//!
+//! - a pump whose claim came back too late to send within its lease does
+//!   not send it (the database was slow: here a row lock holds the claim's
+//!   transaction open past the lease);
+//! - after a request the pump gave up on, nothing more of its (watch,
+//!   object) is sent for the hold, neither its retry nor newer news.
+
+mod common;
+
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::post;
+use axum::Router;
+use common::*;
+use serde_json::json;
+
+const WAIT: Duration = Duration::from_secs(30);
+const OBJECT: &str = "acme/web/refs/heads/main";
+
+/// One request as the consumer saw it arrive.
+#[derive(Debug, Clone)]
+struct Arrival {
+    delivery_id: i64,
+    attempt: i64,
+    at: Instant,
+}
+
+/// A consumer that records arrivals and keeps the first `hang` requests
+/// waiting for `hang_for` before it answers 200 (the others at once).
+#[derive(Clone, Default)]
+struct Recorder {
+    arrivals: Arc<Mutex<Vec<Arrival>>>,
+    hang: Arc<Mutex<(usize, Duration)>>,
+}
+
+impl Recorder {
+    async fn serve(&self) -> Served {
+        let app = Router::new()
+            .route("/{*path}", post(arrive))
+            .with_state(self.clone());
+        Served::on_loopback(app).await
+    }
+
+    fn arrivals(&self) -> Vec<Arrival> {
+        self.arrivals.lock().unwrap().clone()
+    }
+}
+
+async fn arrive(State(r): State<Recorder>, body: Bytes) -> StatusCode {
+    let d: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+    r.arrivals.lock().unwrap().push(Arrival {
+        delivery_id: d["delivery_id"].as_i64().unwrap_or(-1),
+        attempt: d["attempt"].as_i64().unwrap_or(-1),
+        at: Instant::now(),
+    });
+    let wait = {
+        let mut hang = r.hang.lock().unwrap();
+        if hang.0 > 0 {
+            hang.0 -= 1;
+            Some(hang.1)
+        } else {
+            None
+        }
+    };
+    if let Some(wait) = wait {
+        tokio::time::sleep(wait).await;
+    }
+    StatusCode::OK
+}
+
+/// `watchpump serve` named `name`, with `env` on top of quick settings.
+fn pump(db: &TestDb, name: &str, env: &[(&str, &str)]) -> KillOnDrop {
+    let mut cmd = watchpump_cli(Some(&db.url));
+    cmd.arg("serve")
+        .env("WATCHPUMP_LISTEN", "127.0.0.1:0")
+        .env("WATCHPUMP_METRICS_LISTEN", "off")
+        .env("WATCHPUMP_PRODUCER", PRODUCER)
+        .env("WATCHPUMP_PRODUCER_TOKEN", PRODUCER_TOKEN)
+        .env("WATCHPUMP_PUMP_NAME", name)
+        .env("WATCHPUMP_RETRY_INITIAL_MS", "50")
+        .env("WATCHPUMP_RETRY_MAX_MS", "100")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    KillOnDrop(cmd.spawn().unwrap())
+}
+
+#[tokio::test]
+async fn a_claim_that_comes_back_after_its_lease_ran_short_is_not_sent() {
+    let db = TestDb::new().await;
+    let consumer = Recorder::default();
+    let served = consumer.serve().await;
+    let (svc, _) = db.add_service("deploy", &served.base_url()).await;
+    db.add_watch(svc.id, "app", OBJECT, all()).await;
+    // Lease 4 s, request 500 ms, hold 500 ms: a claim may wait 3 s before
+    // its sends start (room for a loaded machine's claims). Sweeps only at start, so that the claim is the
+    // first statement to touch this pump's sleeper row.
+    let _pump = pump(
+        &db,
+        "slow-db",
+        &[
+            ("WATCHPUMP_LEASE_MS", "4000"),
+            ("WATCHPUMP_REQUEST_TIMEOUT_MS", "500"),
+            ("WATCHPUMP_HOLD_AFTER_NO_ANSWER_MS", "500"),
+            ("WATCHPUMP_SWEEP_INTERVAL_MS", "3600000"),
+        ],
+    );
+    eventually(WAIT, "the pump sleeps, waiting for NOTIFY", || async {
+        sqlx::query_scalar::<_, i64>(
+            "select count(*) from watchpump.sleepers where pump = 'slow-db'",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .unwrap()
+            == 1
+    })
+    .await;
+
+    // The claim ends by deleting the pump's sleeper row: holding that row
+    // holds the claim's transaction, leases already written, for 3.5 s.
+    let mut blocker = db.pool.begin().await.unwrap();
+    sqlx::query("select 1 from watchpump.sleepers where pump = 'slow-db' for update")
+        .execute(&mut *blocker)
+        .await
+        .unwrap();
+    let change = db.emit(OBJECT, "push", json!({"n": 1})).await;
+    let id = delivery_of(&db, change).await;
+    eventually(WAIT, "the pump's claim waits for the row", || async {
+        sqlx::query_scalar::<_, i64>(
+            "select count(*) from pg_stat_activity
+             where application_name = 'watchpump-pump' and wait_event_type = 'Lock'",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .unwrap()
+            == 1
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    blocker.rollback().await.unwrap();
+
+    // The claim came back 3.5 s after it was asked for, later than the 3 s
+    // its lease left for starting a send: not sent. Once the lease ran
+    // out the delivery is claimed again, as attempt 2, and sent.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    sqlx::query("select pg_notify('watchpump', '')")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    db.wait_state(id, "delivered", WAIT).await;
+    let arrivals = consumer.arrivals();
+    assert_eq!(arrivals.len(), 1, "{arrivals:?}");
+    assert_eq!(
+        (arrivals[0].delivery_id, arrivals[0].attempt),
+        (id, 2),
+        "the late claim's attempt 1 must not have been sent"
+    );
+}
+
+#[tokio::test]
+async fn after_a_request_with_no_answer_nothing_of_its_stream_goes_for_the_hold() {
+    let db = TestDb::new().await;
+    let consumer = Recorder::default();
+    // The first request takes 1.2 s to answer; the pump gives up after
+    // 400 ms and must then wait its hold (1 s) before sending the retry or
+    // the newer news of the same (watch, object).
+    *consumer.hang.lock().unwrap() = (1, Duration::from_millis(1200));
+    let served = consumer.serve().await;
+    let (svc, _) = db.add_service("deploy", &served.base_url()).await;
+    db.add_watch(svc.id, "app", OBJECT, all()).await;
+    let _pump = pump(
+        &db,
+        "holding",
+        &[
+            ("WATCHPUMP_LEASE_MS", "5000"),
+            ("WATCHPUMP_REQUEST_TIMEOUT_MS", "400"),
+            ("WATCHPUMP_HOLD_AFTER_NO_ANSWER_MS", "1000"),
+            ("WATCHPUMP_SWEEP_INTERVAL_MS", "100"),
+        ],
+    );
+    let first = delivery_of(&db, db.emit(OBJECT, "push", json!({"n": 1})).await).await;
+    eventually(WAIT, "the first request arrives", || async {
+        !consumer.arrivals().is_empty()
+    })
+    .await;
+    let newer = delivery_of(&db, db.emit(OBJECT, "push", json!({"n": 2})).await).await;
+    db.wait_state(newer, "delivered", WAIT).await;
+
+    let arrivals = consumer.arrivals();
+    assert_eq!(arrivals[0].delivery_id, first, "{arrivals:?}");
+    let gap = arrivals[1].at - arrivals[0].at;
+    // The pump gave up 400 ms after it sent (a hair before the consumer
+    // saw it arrive) and held the stream 1 s from when it recorded that.
+    assert!(
+        gap >= Duration::from_millis(1350),
+        "the next request of the stream came {gap:?} after the one given up on: {arrivals:?}"
+    );
+    assert_eq!(
+        db.delivery_state(first).await,
+        "superseded",
+        "the older news gives way to the newer after the hold"
+    );
+}
