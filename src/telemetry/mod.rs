@@ -17,6 +17,8 @@ pub mod context;
 #[cfg(feature = "producer")]
 pub mod export;
 #[cfg(feature = "producer")]
+pub mod http;
+#[cfg(feature = "producer")]
 pub mod logs;
 
 #[cfg(feature = "producer")]
