@@ -107,6 +107,26 @@ mod producer {
             Telemetry::with_exporter(exporter, QueueSettings::from_env()).map(Some)
         }
 
+        /// Traces to the OTLP/HTTP collector at `traces_url` (the full URL,
+        /// `.../v1/traces`), each export given at most `timeout`: what
+        /// [`Telemetry::from_env`] builds, for tests and benchmarks to point
+        /// at a collector of their own.
+        pub fn otlp_http(
+            traces_url: &str,
+            timeout: std::time::Duration,
+            queue: QueueSettings,
+        ) -> Result<Telemetry, String> {
+            use opentelemetry_otlp::WithExportConfig;
+            let exporter = opentelemetry_otlp::SpanExporter::builder()
+                .with_http()
+                .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+                .with_endpoint(traces_url)
+                .with_timeout(timeout)
+                .build()
+                .map_err(|e| format!("OpenTelemetry exporter: {e}"))?;
+            Telemetry::with_exporter(exporter, queue)
+        }
+
         /// Traces to `exporter`, with the sampler and resource of the
         /// standard variables (`OTEL_SERVICE_NAME` defaults to
         /// `watchpump`).
