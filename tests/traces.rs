@@ -66,12 +66,26 @@ struct Collector {
 }
 
 impl Collector {
+    /// Serves on a thread and runtime of its own: `Telemetry::flush` blocks
+    /// the test's (single) runtime thread until the collector answered.
     async fn start() -> (Collector, String) {
         let collector = Collector::default();
         let app = Router::new()
             .route("/v1/traces", post(receive))
             .with_state(collector.clone());
-        let addr = common::serve(app).await;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        listener.set_nonblocking(true).unwrap();
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+                axum::serve(listener, app).await.unwrap();
+            });
+        });
         (collector, format!("http://{addr}/v1/traces"))
     }
 
