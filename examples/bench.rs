@@ -32,6 +32,8 @@ mod budget;
 mod filters;
 #[path = "scenarios/hanging.rs"]
 mod hanging;
+#[path = "scenarios/traces.rs"]
+mod traces;
 
 #[tokio::main]
 async fn main() {
@@ -59,6 +61,7 @@ async fn main() {
         ("answers", |b| Box::pin(bounds::answers(b))),
         ("fanout-budget", |b| Box::pin(budget::budget(b))),
         ("hanging", |b| Box::pin(hanging::hanging(b))),
+        ("traces", |b| Box::pin(traces::traces(b))),
     ];
     println!(
         "watchpump bench — {} cores, {}",
