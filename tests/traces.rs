@@ -53,6 +53,8 @@ struct Span {
     status: i32,
     attributes: HashMap<String, String>,
     events: Vec<String>,
+    start_ns: u64,
+    end_ns: u64,
 }
 
 /// A real OTLP/HTTP collector: `POST /v1/traces` with a protobuf
@@ -130,6 +132,8 @@ async fn receive(State(c): State<Collector>, body: Bytes) -> axum::http::StatusC
                     status: s.status.map(|st| st.code).unwrap_or(0),
                     attributes,
                     events: s.events.into_iter().map(|e| e.name).collect(),
+                    start_ns: s.start_time_unix_nano,
+                    end_ns: s.end_time_unix_nano,
                 });
             }
         }
@@ -201,6 +205,54 @@ impl Handler for DeployWork {
 /// another installs its layer could leave that callsite off for it.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+/// The trace as an indented tree, each span with its start (from the
+/// trace's first), duration and main attributes: the README's "Traces"
+/// rendering comes from this (`--nocapture` prints it).
+fn render(spans: &[Span]) -> String {
+    let t0 = spans.iter().map(|s| s.start_ns).min().unwrap_or(0);
+    let mut out = String::new();
+    fn walk(spans: &[Span], parent: &str, depth: usize, t0: u64, out: &mut String) {
+        let mut children: Vec<&Span> = spans.iter().filter(|s| s.parent == parent).collect();
+        children.sort_by_key(|s| s.start_ns);
+        for s in children {
+            let keys = [
+                "http.request.resend_count",
+                "http.response.status_code",
+                "error.type",
+                "watchpump.delivery_id",
+                "watchpump.change_id",
+                "watchpump.claimed",
+            ];
+            let attrs: Vec<String> = keys
+                .iter()
+                .filter_map(|k| s.attributes.get(*k).map(|v| format!("{k}={v}")))
+                .collect();
+            out.push_str(&format!(
+                "{:>9.3} ms {:>8.3} ms  {}{}{} {}\n",
+                (s.start_ns - t0) as f64 / 1e6,
+                (s.end_ns - s.start_ns) as f64 / 1e6,
+                "  ".repeat(depth),
+                s.name,
+                if s.status == 2 { " [error]" } else { "" },
+                attrs.join(" ")
+            ));
+            walk(spans, &s.span_id, depth + 1, t0, out);
+        }
+    }
+    let roots: std::collections::HashSet<&str> = spans.iter().map(|s| s.span_id.as_str()).collect();
+    let top: Vec<String> = spans
+        .iter()
+        .filter(|s| !roots.contains(s.parent.as_str()))
+        .map(|s| s.parent.clone())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    for parent in top {
+        walk(spans, &parent, 0, t0, &mut out);
+    }
+    out
+}
+
 fn attr<'a>(s: &'a Span, key: &str) -> &'a str {
     s.attributes.get(key).map(String::as_str).unwrap_or("")
 }
@@ -246,6 +298,7 @@ async fn one_trace_runs_from_the_producers_span_through_each_attempt_into_the_ha
     telemetry.flush();
 
     let spans = collector.of_trace(&trace_id);
+    println!("trace {trace_id}\n{}", render(&spans));
     let named = |name: &str| -> Vec<&Span> { spans.iter().filter(|s| s.name == name).collect() };
     let producer = named("POST /push");
     assert_eq!(producer.len(), 1, "{spans:#?}");

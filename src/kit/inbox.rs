@@ -194,8 +194,13 @@ impl<H: Handler> Inbox<H> {
             "watchpump.object" = %d.object,
             "watchpump.kind" = %d.kind,
             "watchpump.sequence" = d.sequence,
+            otel.status_code = tracing::field::Empty,
         );
-        match self.handler.handle(&mut tx, d).instrument(span).await {
+        let outcome = self.handler.handle(&mut tx, d).instrument(span.clone()).await;
+        if outcome.is_err() {
+            span.record("otel.status_code", "ERROR");
+        }
+        match outcome {
             Ok(Outcome::Done) => {
                 tx.commit().await.map_err(|e| internal(d, &e))?;
                 Ok(Accepted::Done)
