@@ -101,13 +101,15 @@ fn init_logs(format: &str) -> std::result::Result<Option<telemetry::Telemetry>, 
     let telemetry = telemetry::Telemetry::from_env()?;
     let mut filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx::postgres::notice=warn"));
-    if telemetry.is_none() {
-        filter = filter.add_directive(
-            format!("{}=off", telemetry::TARGET)
-                .parse()
-                .expect("a valid directive"),
-        );
-    }
+    // The spans' target: off without an endpoint, so that they cost
+    // nothing; on with one, whatever RUST_LOG's level for the rest (the
+    // log level must not decide what is traced).
+    let level = if telemetry.is_some() { "info" } else { "off" };
+    filter = filter.add_directive(
+        format!("{}={level}", telemetry::TARGET)
+            .parse()
+            .expect("a valid directive"),
+    );
     let logs = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
     let logs = if format == "json" {
         logs.fmt_fields(tracing_subscriber::fmt::format::JsonFields::new())

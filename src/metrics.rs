@@ -108,7 +108,11 @@ pub fn install_recorder() -> Result<PrometheusHandle, String> {
     metrics::gauge!(IN_FLIGHT_BYTES).set(0.0);
     // Present, at 0, whether traces are on or not: an alert on them needs
     // the series before the first drop.
-    for counter in [TRACE_SPANS_DROPPED, TRACE_SPANS_EXPORTED, TRACE_CONTEXT_MALFORMED] {
+    for counter in [
+        TRACE_SPANS_DROPPED,
+        TRACE_SPANS_EXPORTED,
+        TRACE_CONTEXT_MALFORMED,
+    ] {
         metrics::counter!(counter).increment(0);
     }
     metrics::gauge!(BACKLOG_LEADER).increment(0.0);

@@ -561,3 +561,81 @@ async fn an_attempt_answered_410_ends_with_an_event_saying_the_delivery_is_dropp
     );
     telemetry.shutdown();
 }
+
+#[tokio::test]
+async fn serve_exports_every_attempt_of_a_change_emitted_under_a_traceparent() {
+    let _serial = SERIAL.lock().await;
+    const PARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let (collector, url) = Collector::start().await;
+    let db = TestDb::new().await;
+    let consumer = Receiver::start().await;
+    consumer.reply_with(500);
+    let (svc, _) = db.add_service("deploy", &consumer.base_url()).await;
+    db.add_watch(svc.id, "app-1", MAIN, all()).await;
+    // The binary as operators run it: only the standard variables, and a
+    // log level (warn) that must not turn the spans off.
+    let _serve = common::KillOnDrop(
+        common::watchpump_cli(Some(&db.url))
+            .arg("serve")
+            .env("WATCHPUMP_LISTEN", "127.0.0.1:0")
+            .env("WATCHPUMP_METRICS_LISTEN", "off")
+            .env("WATCHPUMP_PRODUCER", common::PRODUCER)
+            .env("WATCHPUMP_PRODUCER_TOKEN", common::PRODUCER_TOKEN)
+            .env("WATCHPUMP_RETRY_INITIAL_MS", "100")
+            .env("RUST_LOG", "warn")
+            .env(
+                "OTEL_EXPORTER_OTLP_ENDPOINT",
+                url.trim_end_matches("/v1/traces"),
+            )
+            .env("OTEL_BSP_SCHEDULE_DELAY", "100")
+            .env("OTEL_SERVICE_NAME", "watchpump-under-test")
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let mut tx = db.pool.begin().await.unwrap();
+    sqlx::query("select set_config('watchpump.traceparent', $1, true)")
+        .bind(PARENT)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    sqlx::query("select watchpump.emit($1, 'push', '{}')")
+        .bind(MAIN)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    consumer.wait_for(1, LIMIT).await;
+    consumer.reply_with(200);
+    let received = consumer.wait_for(2, LIMIT).await;
+
+    common::eventually(LIMIT, "both attempt spans at the collector", || async {
+        collector
+            .of_trace(TRACE)
+            .iter()
+            .filter(|s| s.name == "POST")
+            .count()
+            == 2
+    })
+    .await;
+    let mut attempts: Vec<Span> = collector
+        .of_trace(TRACE)
+        .into_iter()
+        .filter(|s| s.name == "POST")
+        .collect();
+    attempts.sort_by_key(|s| attr(s, "http.request.resend_count").to_string());
+    for (i, (a, status)) in attempts.iter().zip(["500", "200"]).enumerate() {
+        assert_eq!(
+            a.parent, "00f067aa0ba902b7",
+            "a child of the producer's span"
+        );
+        assert_eq!(a.kind, 3);
+        assert_eq!(attr(a, "http.request.resend_count"), i.to_string());
+        assert_eq!(attr(a, "http.response.status_code"), status);
+        assert_eq!(attr(a, "watchpump.service"), "deploy");
+        // The consumer got the same trace, with this attempt as the parent.
+        let header = received[i].headers["traceparent"].to_str().unwrap();
+        assert_eq!(header, format!("00-{TRACE}-{}-01", a.span_id));
+    }
+}

@@ -196,7 +196,11 @@ impl<H: Handler> Inbox<H> {
             "watchpump.sequence" = d.sequence,
             otel.status_code = tracing::field::Empty,
         );
-        let outcome = self.handler.handle(&mut tx, d).instrument(span.clone()).await;
+        let outcome = self
+            .handler
+            .handle(&mut tx, d)
+            .instrument(span.clone())
+            .await;
         if outcome.is_err() {
             span.record("otel.status_code", "ERROR");
         }
