@@ -639,3 +639,54 @@ async fn serve_exports_every_attempt_of_a_change_emitted_under_a_traceparent() {
         assert_eq!(header, format!("00-{TRACE}-{}-01", a.span_id));
     }
 }
+
+#[tokio::test]
+async fn the_panel_shows_a_deliverys_trace_id_and_links_it_when_told_where() {
+    let _serial = SERIAL.lock().await;
+    const PARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let db = TestDb::new().await;
+    let (svc, _) = db.add_service("deploy", "http://127.0.0.1:9").await;
+    db.add_watch(svc.id, "app-1", "acme/", all()).await;
+    let traced = {
+        let mut tx = db.pool.begin().await.unwrap();
+        sqlx::query("select set_config('watchpump.traceparent', $1, true)")
+            .bind(PARENT)
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        let id: i64 = sqlx::query_scalar("select watchpump.emit('acme/a', 'push', '{}')")
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        delivery_of(&db, id).await
+    };
+    let untraced = delivery_of(&db, db.emit("acme/b", "push", serde_json::json!({})).await).await;
+
+    let plain = AppServer::start(&db.pool, &operator_config()).await;
+    let page = plain
+        .panel_get(&format!("/panel/deliveries/{traced}"))
+        .await;
+    assert!(
+        page.contains(&format!(r#"<code id="trace">{TRACE}</code>"#)),
+        "{page}"
+    );
+    let page = plain
+        .panel_get(&format!("/panel/deliveries/{untraced}"))
+        .await;
+    assert!(page.contains("emitted outside a traced span") && !page.contains(TRACE));
+
+    let mut cfg = operator_config();
+    cfg.trace_url = Some("https://traces.example/explore?traceId={trace_id}&x=1".into());
+    let linked = AppServer::start(&db.pool, &cfg).await;
+    let page = linked
+        .panel_get(&format!("/panel/deliveries/{traced}"))
+        .await;
+    assert!(
+        page.contains(&format!(
+            r#"<a id="trace" href="https://traces.example/explore?traceId={TRACE}&amp;x=1"><code>{TRACE}</code></a>"#
+        )),
+        "{page}"
+    );
+}

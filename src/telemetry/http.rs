@@ -14,6 +14,9 @@ use super::TARGET;
 
 /// Middleware (`axum::middleware::from_fn`) for a router's routes.
 pub async fn request_span(request: Request, next: Next) -> Response {
+    if !tracing::enabled!(target: TARGET, tracing::Level::INFO) {
+        return next.run(request).await;
+    }
     let route = request
         .extensions()
         .get::<MatchedPath>()
