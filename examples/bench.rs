@@ -36,6 +36,8 @@ mod hanging;
 mod history;
 #[path = "scenarios/scale.rs"]
 mod scale;
+#[path = "scenarios/traces.rs"]
+mod traces;
 
 #[tokio::main]
 async fn main() {
@@ -65,6 +67,7 @@ async fn main() {
         ("hanging", |b| Box::pin(hanging::hanging(b))),
         ("history", |b| Box::pin(history::history(b))),
         ("scale", |b| Box::pin(scale::scale(b))),
+        ("traces", |b| Box::pin(traces::traces(b))),
     ];
     println!(
         "watchpump bench — {} cores, {}",

@@ -7,11 +7,17 @@ use clap::Parser;
 
 use crate::config::{Cli, Command, KindsCommand, SecretsCommand, ServicesCommand};
 use crate::error::{Error, Result};
-use crate::{kinds, schema, server, services};
+use crate::{kinds, schema, server, services, telemetry};
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logs(&cli.log_format);
+    let telemetry = match init_logs(&cli.log_format) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("watchpump: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -22,7 +28,11 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(cli)) {
+    let outcome = runtime.block_on(run(cli));
+    if let Some(telemetry) = telemetry {
+        telemetry.shutdown();
+    }
+    match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("watchpump: {e}");
@@ -77,20 +87,47 @@ fn holds_nul(v: &serde_json::Value) -> bool {
 }
 
 /// Logs to stderr, as text (ANSI colours only on a terminal, and never with
-/// NO_COLOR set) or as one JSON object per line. RUST_LOG filters them.
-fn init_logs(format: &str) {
+/// NO_COLOR set) or as one JSON object per line (with the trace id when the
+/// line was written inside a traced span). RUST_LOG filters them.
+///
+/// Traces are exported when an OTLP endpoint is set
+/// ([`telemetry::Telemetry::from_env`]); otherwise the spans' target is
+/// filtered out, so they cost nothing.
+fn init_logs(format: &str) -> std::result::Result<Option<telemetry::Telemetry>, String> {
     use std::io::IsTerminal;
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
+    let telemetry = telemetry::Telemetry::from_env()?;
+    let mut filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx::postgres::notice=warn"));
-    let logs = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if format == "json" {
-        logs.json().flatten_event(true).init();
+    // The spans' target: off without an endpoint, so that they cost
+    // nothing; on with one, whatever RUST_LOG's level for the rest (the
+    // log level must not decide what is traced).
+    let level = if telemetry.is_some() { "info" } else { "off" };
+    filter = filter.add_directive(
+        format!("{}={level}", telemetry::TARGET)
+            .parse()
+            .expect("a valid directive"),
+    );
+    let logs = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let logs = if format == "json" {
+        logs.fmt_fields(tracing_subscriber::fmt::format::JsonFields::new())
+            .event_format(telemetry::logs::JsonWithTraceId(
+                tracing_subscriber::fmt::format().json().flatten_event(true),
+            ))
+            .boxed()
     } else {
         let colours = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
-        logs.with_ansi(colours).init();
-    }
+        logs.with_ansi(colours).boxed()
+    };
+    let traces = telemetry.as_ref().map(|t| t.layer());
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(traces)
+        .with(logs)
+        .init();
+    Ok(telemetry)
 }
 
 /// `watchpump services ...`: each prints what it did.

@@ -32,6 +32,18 @@ pub enum Command {
     /// Create or update the `watchpump` schema (also done by `serve`).
     Migrate,
     /// Run the pump and the watches API until SIGTERM or Ctrl-C.
+    ///
+    /// Traces (OpenTelemetry, OTLP over HTTP/protobuf) are off unless an
+    /// endpoint is set, and are configured only by the standard variables:
+    /// OTEL_EXPORTER_OTLP_ENDPOINT (e.g. http://127.0.0.1:4318) or
+    /// OTEL_EXPORTER_OTLP_TRACES_ENDPOINT (the full URL, .../v1/traces);
+    /// OTEL_SERVICE_NAME (default watchpump); OTEL_RESOURCE_ATTRIBUTES;
+    /// OTEL_TRACES_SAMPLER and OTEL_TRACES_SAMPLER_ARG (default
+    /// parentbased_always_on); OTEL_EXPORTER_OTLP_TIMEOUT and _HEADERS;
+    /// OTEL_BSP_MAX_QUEUE_SIZE (2048 spans; more are dropped and counted in
+    /// watchpump_trace_spans_dropped_total), OTEL_BSP_MAX_EXPORT_BATCH_SIZE
+    /// and OTEL_BSP_SCHEDULE_DELAY; OTEL_SDK_DISABLED=true turns them off.
+    #[command(verbatim_doc_comment)]
     Serve(Box<ServeConfig>),
     /// Register and list consumer services.
     #[command(subcommand)]

@@ -58,6 +58,10 @@
 //! - [`operator`]: the operator's side: the panel (`/panel`), the admin API
 //!   (`/api/v1/admin`), warnings to notify about failed deliveries, and
 //!   pruning; its SQL views and retry functions work from psql too.
+//! - [`telemetry`]: OpenTelemetry traces: the W3C trace context a change
+//!   carries from the producer's span to each attempt and on to the
+//!   consumer, the OTLP exporter (on only when an `OTEL_EXPORTER_OTLP_*`
+//!   endpoint is set) and the trace id in JSON logs.
 //! - [`metrics`]: Prometheus metric names and the exporter;
 //!   [`metrics::backlog`] reads the backlog gauges from the database, one
 //!   pump at a time.
@@ -121,6 +125,8 @@ pub mod services;
 pub mod signing;
 #[cfg(feature = "kit")]
 pub mod sql_files;
+#[cfg(feature = "kit")]
+pub mod telemetry;
 #[cfg(feature = "producer")]
 pub mod throttle;
 #[cfg(feature = "producer")]

@@ -48,6 +48,13 @@ pub const DNS_LOOKUPS: &str = "watchpump_dns_lookups_total";
 pub const BUILD_INFO: &str = "watchpump_build_info";
 /// Counted by the operator's warning worker (`operator::notify`).
 pub const NOTIFY_WARNINGS: &str = "watchpump_notify_warnings_total";
+/// Spans ended but never exported (`telemetry::export`): the queue was
+/// full, or the collector failed or timed out.
+pub const TRACE_SPANS_DROPPED: &str = "watchpump_trace_spans_dropped_total";
+pub const TRACE_SPANS_EXPORTED: &str = "watchpump_trace_spans_exported_total";
+/// Trace contexts emit() ignored as malformed (read from the database,
+/// `watchpump.trace_context_malformed`, by the backlog leader).
+pub const TRACE_CONTEXT_MALFORMED: &str = "watchpump_trace_context_malformed_total";
 
 /// Outcomes counted in [`DELIVERIES`].
 pub const OUTCOMES: &[&str] = &[
@@ -102,6 +109,15 @@ pub fn install_recorder() -> Result<PrometheusHandle, String> {
         metrics::counter!(CLAIMS_HELD, "cap" => cap).absolute(0);
     }
     metrics::gauge!(IN_FLIGHT_BYTES).set(0.0);
+    // Present, at 0, whether traces are on or not: an alert on them needs
+    // the series before the first drop.
+    for counter in [
+        TRACE_SPANS_DROPPED,
+        TRACE_SPANS_EXPORTED,
+        TRACE_CONTEXT_MALFORMED,
+    ] {
+        metrics::counter!(counter).increment(0);
+    }
     metrics::gauge!(BACKLOG_LEADER).increment(0.0);
     Ok(handle)
 }
@@ -174,6 +190,18 @@ fn describe() {
     describe_counter!(
         NOTIFY_WARNINGS,
         "Warnings about failed deliveries, by consumer service and outcome: sent to the notify service, folded into another warning, or logged."
+    );
+    describe_counter!(
+        TRACE_SPANS_DROPPED,
+        "Trace spans this pump ended but did not export: its queue was full (OTEL_BSP_MAX_QUEUE_SIZE), or the collector failed or timed out."
+    );
+    describe_counter!(
+        TRACE_SPANS_EXPORTED,
+        "Trace spans this pump exported to the OTLP collector."
+    );
+    describe_counter!(
+        TRACE_CONTEXT_MALFORMED,
+        "watchpump.traceparent or watchpump.tracestate values emit() ignored as malformed, all producers together; read from the database by one pump."
     );
 }
 

@@ -62,8 +62,9 @@ impl Handler for Deploy {
             ""
         };
         println!(
-            "deploy: {app} will deploy {commit} (push #{}){note}",
-            d.sequence
+            "deploy: {app} will deploy {commit} (push #{}){note}{}",
+            d.sequence,
+            super::trace_note()
         );
         Ok(Outcome::Done)
     }

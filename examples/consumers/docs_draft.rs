@@ -50,9 +50,10 @@ impl Handler for DocsDraft {
         .execute(&mut **tx)
         .await?;
         println!(
-            "docs-draft: built a draft of {} page(s) for {branch} at {}",
+            "docs-draft: built a draft of {} page(s) for {branch} at {}{}",
             pages.len(),
-            push.after
+            push.after,
+            super::trace_note()
         );
         Ok(Outcome::Done)
     }

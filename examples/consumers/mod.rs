@@ -14,6 +14,16 @@ pub mod preview;
 
 use watchpump::kit::{Handler, WatchRequest};
 
+/// ` (trace <id>)` when traces are exported (an `OTEL_EXPORTER_OTLP_*`
+/// endpoint set; `run.rs` installs the layer): the kit runs the handler in
+/// a span under the producer's attempt, so this is the trace that began
+/// with the producer's change, and the handler's work is in it.
+pub fn trace_note() -> String {
+    watchpump::telemetry::current()
+        .map(|t| format!(" (trace {})", t.trace_id_hex()))
+        .unwrap_or_default()
+}
+
 /// One example consumer: who it is, what it stores, what it follows.
 pub struct Consumer<H: Handler> {
     /// Its service name at the producer.

@@ -49,7 +49,11 @@ impl Handler for Preview {
         .bind(d.sequence)
         .execute(&mut **tx)
         .await?;
-        println!("preview: merge request {mr} {} at {head}: {url}", d.kind);
+        println!(
+            "preview: merge request {mr} {} at {head}: {url}{}",
+            d.kind,
+            super::trace_note()
+        );
         Ok(Outcome::Done)
     }
 }

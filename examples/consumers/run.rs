@@ -72,10 +72,28 @@ struct Credentials {
 /// everything is in place (to start a worker).
 pub async fn main<H: Handler>(c: Consumer<H>, on_start: impl FnOnce(PgPool)) -> ExitCode {
     use std::io::IsTerminal;
-    tracing_subscriber::fmt()
-        .with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "warn,watchpump=info".into()))
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    // Traces, when an OTLP endpoint is set (OTEL_EXPORTER_OTLP_ENDPOINT):
+    // the kit's handler span continues the producer's trace, and this
+    // consumer's spans are exported under its own service name.
+    if std::env::var_os("OTEL_SERVICE_NAME").is_none() {
+        std::env::set_var("OTEL_SERVICE_NAME", c.service);
+    }
+    let telemetry = match watchpump::telemetry::Telemetry::from_env() {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("{}: {e}", c.service);
+            return ExitCode::FAILURE;
+        }
+    };
+    tracing_subscriber::registry()
+        .with(tracing_subscriber::EnvFilter::new(
+            std::env::var("RUST_LOG").unwrap_or_else(|_| "warn,watchpump=info".into()),
+        ))
+        .with(telemetry.as_ref().map(|t| t.layer()))
         // No colour codes in a file or a pipe, as the watchpump binary.
-        .with_ansi(std::io::stdout().is_terminal())
+        .with(tracing_subscriber::fmt::layer().with_ansi(std::io::stdout().is_terminal()))
         .init();
     // The example registers itself through the producer's database, which
     // stores signing secrets encrypted: with `make run`'s key unless told.
@@ -86,7 +104,11 @@ pub async fn main<H: Handler>(c: Consumer<H>, on_start: impl FnOnce(PgPool)) -> 
         }
     }
     let service = c.service;
-    match run(c, on_start).await {
+    let outcome = run(c, on_start).await;
+    if let Some(t) = telemetry {
+        t.shutdown();
+    }
+    match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("{service}: {e}");

@@ -111,6 +111,61 @@ language sql immutable parallel safe as $$
     end
 $$;
 
+-- The trace context the caller set for this transaction (README,
+-- "Traces"):
+--   select set_config('watchpump.traceparent', '00-<trace id>-<span id>-01', true);
+--   select set_config('watchpump.tracestate', 'vendor=value', true);  -- optional
+-- Returns the two values to keep with the change, or nulls. A malformed
+-- traceparent (W3C Trace Context, version 00 or a later version's 00
+-- prefix; lower-case hex; neither id all zeros) is ignored, and a malformed
+-- tracestate (over 512 bytes, not printable ASCII, or a member not
+-- key=value) is dropped: each is counted in the sequence
+-- watchpump.trace_context_malformed and never fails the transaction. The
+-- same grammar as src/telemetry/context.rs, which the pump and the kit read
+-- it with.
+create or replace function watchpump.trace_context(out traceparent text, out tracestate text)
+language plpgsql volatile
+set jit = off
+as $$
+declare
+    v_parent text := nullif(current_setting('watchpump.traceparent', true), '');
+    v_state  text := nullif(current_setting('watchpump.tracestate', true), '');
+begin
+    if v_parent is null then
+        if v_state is not null then
+            perform nextval('watchpump.trace_context_malformed');
+        end if;
+        return;
+    end if;
+    v_parent := btrim(v_parent, e' \t');
+    -- Checked by pattern, never by catching an error (an exception block
+    -- would open a subtransaction in every emit()).
+    if octet_length(v_parent) <= 4096
+       and v_parent ~ '^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}(-.*)?$'
+       and left(v_parent, 2) <> 'ff'
+       and (left(v_parent, 2) <> '00' or octet_length(v_parent) = 55)
+       and substr(v_parent, 4, 32) <> repeat('0', 32)
+       and substr(v_parent, 37, 16) <> repeat('0', 16) then
+        traceparent := '00' || substr(v_parent, 3, 53);
+    else
+        perform nextval('watchpump.trace_context_malformed');
+        return;
+    end if;
+    if v_state is not null then
+        if octet_length(v_state) <= 512
+           and v_state ~ '^[ -~]*$'
+           and not exists (
+               select 1 from unnest(string_to_array(v_state, ',')) m
+               where btrim(m, e' \t') <> ''
+                 and btrim(m, e' \t') !~ '^[^ =]+=.+$') then
+            tracestate := v_state;
+        else
+            perform nextval('watchpump.trace_context_malformed');
+        end if;
+    end if;
+end
+$$;
+
 create or replace function watchpump.emit(p_object text, p_kind text, p_payload jsonb default '{}')
 returns bigint
 language plpgsql
@@ -123,6 +178,8 @@ declare
     v_occurred timestamptz;
     v_deadline timestamptz := now() + watchpump.delivery_window();
     v_bytes    integer;
+    v_traceparent text;
+    v_tracestate  text;
 begin
     -- What one change may be (README, "Bounds"). Refusals carry a SQLSTATE
     -- of their own (22023: not a valid object or kind; 54000: over a
@@ -166,8 +223,13 @@ begin
     on conflict (object) do update set last_sequence = o.last_sequence + 1
     returning o.last_sequence into v_sequence;
 
-    insert into watchpump.changes (object, kind, sequence, payload, payload_bytes)
-    values (p_object, p_kind, v_sequence, p_payload, v_bytes)
+    -- The trace context, if the caller set one (a function call only then).
+    if coalesce(current_setting('watchpump.traceparent', true), '') <> ''
+       or coalesce(current_setting('watchpump.tracestate', true), '') <> '' then
+        select t.traceparent, t.tracestate into v_traceparent, v_tracestate from watchpump.trace_context() t;
+    end if;
+    insert into watchpump.changes (object, kind, sequence, payload, payload_bytes, traceparent, tracestate)
+    values (p_object, p_kind, v_sequence, p_payload, v_bytes, v_traceparent, v_tracestate)
     returning id, occurred_at into v_change, v_occurred;
 
     -- One delivery per matching watch, into the queue. Older news of the

@@ -368,10 +368,11 @@ begin
     )
     select c.id, c.change_id, c.watch_id, c.service_id, s.version, c.attempts,
            w.resource, ch.object, ch.kind, ch.sequence, ch.occurred_at,
-           case when c.first_of_change then ch.payload::text end, c.expired
+           case when c.first_of_change then ch.payload::text end, c.expired,
+           ch.traceparent, ch.tracestate
     from ordered c
     cross join lateral (
-        select x.object, x.kind, x.sequence, x.occurred_at, x.payload
+        select x.object, x.kind, x.sequence, x.occurred_at, x.payload, x.traceparent, x.tracestate
         from watchpump.changes x where x.id = c.change_id offset 0
     ) ch
     cross join lateral (

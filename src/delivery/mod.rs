@@ -113,6 +113,9 @@ pub struct Claimed {
     /// The pump whose lease on this delivery ran out, if one did: it died or
     /// hung mid-send, and this is the delivery sent again.
     pub expired_lease_of: Option<String>,
+    /// The W3C trace context of the producer's span that emitted the
+    /// change, if it had one: each attempt's span is its child.
+    pub trace: Option<crate::telemetry::context::TraceParent>,
 }
 
 /// The body every consumer receives, but its payload: [`Body::head`]

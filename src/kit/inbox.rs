@@ -25,6 +25,9 @@ use crate::kit::delivery::{Delivery, Handler, Outcome};
 use crate::kit::store::{self, Received};
 use crate::kit::verify::Producer;
 use crate::kit::PgTransaction;
+use crate::telemetry::context::TraceParent;
+use crate::telemetry::{self, TARGET};
+use tracing::Instrument;
 
 /// Largest body read by default: 1 MiB. A delivery is a change's payload
 /// plus a few hundred bytes; raise it with [`Inbox::body_limit`] if the
@@ -80,7 +83,46 @@ async fn events<H: Handler>(
     Path(producer): Path<String>,
     request: Request,
 ) -> Response {
-    match inbox.take(&producer, request).await {
+    let span = request_span(&request);
+    let answer = inbox
+        .take(&producer, request)
+        .instrument(span.clone())
+        .await;
+    let response = span.in_scope(|| answer_of(answer, &producer));
+    span.record("http.response.status_code", response.status().as_u16());
+    if response.status().is_server_error() {
+        span.record("otel.status_code", "ERROR");
+    }
+    response
+}
+
+/// The request's SERVER span, a child of the attempt span the producer's
+/// pump named in `traceparent` (W3C Trace Context), so that the consumer's
+/// work joins the trace that began at the producer's change. It is a span
+/// of the consumer's own `tracing` subscriber: exported if the consumer
+/// installs `tracing-opentelemetry`, nothing otherwise. The header is not
+/// signed; a forged one can only misfile the consumer's own spans.
+fn request_span(request: &Request) -> tracing::Span {
+    let span = tracing::info_span!(target: TARGET, "POST /api/v1/{producer}/events",
+        otel.kind = "server",
+        otel.status_code = tracing::field::Empty,
+        "http.request.method" = "POST",
+        "http.route" = "/api/v1/{producer}/events",
+        "http.response.status_code" = tracing::field::Empty,
+    );
+    if !span.is_disabled() {
+        let header = |name: &str| request.headers().get(name).and_then(|v| v.to_str().ok());
+        if let Some(parent) =
+            header("traceparent").and_then(|t| TraceParent::parse(t, header("tracestate")))
+        {
+            telemetry::set_parent(&span, &parent);
+        }
+    }
+    span
+}
+
+fn answer_of(answer: Result<Accepted, Refusal>, producer: &str) -> Response {
+    match answer {
         Ok(accepted) => accepted.into_response(),
         Err(refusal) => {
             // Internal errors and Gone were logged where they happened.
@@ -89,7 +131,7 @@ async fn events<H: Handler>(
             // (`?`), so that it cannot forge a log line or a terminal
             // sequence. The refusal's message quotes client text with `?` too.
             if !matches!(refusal, Refusal::Internal | Refusal::Gone(_)) {
-                tracing::warn!(producer = ?loggable(&producer), %refusal, "delivery refused");
+                tracing::warn!(producer = ?loggable(producer), %refusal, "delivery refused");
             }
             refusal.into_response()
         }
@@ -143,7 +185,26 @@ impl<H: Handler> Inbox<H> {
         mut tx: PgTransaction<'static>,
         d: &Delivery,
     ) -> Result<Accepted, Refusal> {
-        match self.handler.handle(&mut tx, d).await {
+        // The consumer's handler in a span of its own (the spans it makes
+        // hang under it), inside the request's span.
+        let span = tracing::info_span!(target: TARGET, "watchpump.handle",
+            "watchpump.producer" = %d.producer,
+            "watchpump.delivery_id" = d.delivery_id,
+            "watchpump.watch_id" = d.watch_id,
+            "watchpump.object" = %d.object,
+            "watchpump.kind" = %d.kind,
+            "watchpump.sequence" = d.sequence,
+            otel.status_code = tracing::field::Empty,
+        );
+        let outcome = self
+            .handler
+            .handle(&mut tx, d)
+            .instrument(span.clone())
+            .await;
+        if outcome.is_err() {
+            span.record("otel.status_code", "ERROR");
+        }
+        match outcome {
             Ok(Outcome::Done) => {
                 tx.commit().await.map_err(|e| internal(d, &e))?;
                 Ok(Accepted::Done)

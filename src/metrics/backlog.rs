@@ -142,6 +142,14 @@ impl Collector {
             }
             return Ok(Role::Follower);
         }
+        // Trace contexts emit() ignored as malformed: a sequence
+        // (0009_trace_context.sql), read without a lock.
+        let malformed: i64 = sqlx::query_scalar(
+            "select case when is_called then last_value else 0 end from watchpump.trace_context_malformed",
+        )
+        .fetch_one(&mut *conn)
+        .await?;
+        metrics::counter!(m::TRACE_CONTEXT_MALFORMED).absolute(malformed.max(0) as u64);
         let rows = backlog(conn).await?;
         for row in &rows {
             self.register(&row.service);

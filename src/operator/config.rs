@@ -59,6 +59,13 @@ pub struct OperatorConfig {
     /// warnings and sends them; pruning runs every minute.
     #[arg(long, env = "WATCHPUMP_OPERATOR_INTERVAL_MS", default_value_t = 5000)]
     pub operator_interval_ms: u64,
+
+    /// A trace viewer's URL with `{trace_id}` where the trace id goes, e.g.
+    /// `https://grafana.example/explore?traceId={trace_id}`: each delivery
+    /// page of the panel links its trace there (README, "Traces"). Without
+    /// it the page shows the trace id alone.
+    #[arg(long, env = "WATCHPUMP_TRACE_URL")]
+    pub trace_url: Option<String>,
 }
 
 impl OperatorConfig {
@@ -105,9 +112,17 @@ impl OperatorConfig {
                 ));
             }
         }
+        if let Some(url) = &self.trace_url {
+            if !url.contains("{trace_id}") {
+                return Err(format!(
+                    "WATCHPUMP_TRACE_URL {url:?} must say where the trace id goes: {{trace_id}}"
+                ));
+            }
+        }
         for (name, url) in [
             ("WATCHPUMP_PANEL_URL", &self.panel_url),
             ("WATCHPUMP_NOTIFY_URL", &self.notify_url),
+            ("WATCHPUMP_TRACE_URL", &self.trace_url),
         ] {
             if let Some(url) = url {
                 let parsed =

@@ -63,6 +63,8 @@ pub struct Settings {
     /// Failed admin-token tries (panel log-ins and the admin API) per
     /// client address; `watchpump serve` shares its throttle with the API.
     pub throttle: Arc<Throttle>,
+    /// `WATCHPUMP_TRACE_URL`: where a delivery's trace id links to.
+    pub trace_url: Option<String>,
 }
 
 impl Settings {
@@ -78,6 +80,7 @@ impl Settings {
             session_ttl: op.session_ttl(),
             throttle: Arc::new(Throttle::default()),
             destinations: pump.destinations(),
+            trace_url: op.trace_url.clone(),
         }
     }
 

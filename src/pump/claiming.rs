@@ -20,6 +20,8 @@ use crate::delivery::Claimed;
 use crate::error::Result;
 use crate::metrics as m;
 use crate::services;
+use crate::telemetry::TARGET;
+use tracing::Instrument;
 
 /// How long the pump waits after a failed claim (database unreachable).
 const CLAIM_ERROR_PAUSE: Duration = Duration::from_millis(250);
@@ -62,9 +64,13 @@ pub(super) async fn claim_loop(
             last_sweep = Some(Instant::now());
         }
         let mut pause = None;
-        match claim(shared).await {
+        let turn = turn_span(shared);
+        match claim(shared).instrument(turn.clone()).await {
             Ok((claimed, fence)) if !claimed.is_empty() => {
-                let claimed = with_destinations(shared, claimed).await;
+                let claimed = with_destinations(shared, claimed)
+                    .instrument(turn.clone())
+                    .await;
+                turn.record("watchpump.claimed", claimed.len());
                 // watchpump.claim() removed our sleeper row.
                 asleep = false;
                 // Poll only when busy: at a trickle, NOTIFY is cheap for
@@ -73,7 +79,7 @@ pub(super) async fn claim_loop(
                 {
                     last_work = Some(Instant::now());
                 }
-                dispatch(shared, claimed, fence, &done);
+                turn.in_scope(|| dispatch(shared, claimed, fence, &done));
                 continue;
             }
             Ok(_) => {}
@@ -84,6 +90,7 @@ pub(super) async fn claim_loop(
                 pause = Some(CLAIM_ERROR_PAUSE);
             }
         }
+        drop(turn);
         let lingering = !asleep && last_work.is_some_and(|at| at.elapsed() < linger);
         if pause.is_none() && !asleep && !lingering {
             asleep = register_asleep(shared).await;
@@ -314,10 +321,23 @@ fn abandon(shared: &Shared, delivery: &Claimed, target: &Target) {
     shared.signals.wake.notify_one();
 }
 
+/// A turn of the claim loop as a trace span: the claim (and the services'
+/// destinations) and the dispatch of what it claimed; each send is a
+/// trace of its own change's, not a child of this.
+pub(super) fn turn_span(shared: &Shared) -> tracing::Span {
+    tracing::info_span!(target: TARGET, parent: None, "watchpump.pump.turn",
+        "watchpump.pump" = %shared.name, "watchpump.claimed" = 0)
+}
+
 /// The backstop: passed deadlines, missed notifications (expired leases
 /// need nothing: a claim takes them again).
 pub(super) async fn sweep(shared: &Shared, deadlines_every: Duration) {
-    match store::sweep(&shared.pool, &shared.name, deadlines_every).await {
+    let span = tracing::info_span!(target: TARGET, parent: None, "watchpump.sweep",
+        "watchpump.pump" = %shared.name);
+    match store::sweep(&shared.pool, &shared.name, deadlines_every)
+        .instrument(span.clone())
+        .await
+    {
         Ok(swept) => {
             for s in swept {
                 if s.failed > 0 {

@@ -29,6 +29,7 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 use tokio::sync::mpsc;
+use tracing::Instrument;
 
 use crate::config::PumpConfig;
 use crate::delivery::request::Target;
@@ -128,11 +129,16 @@ impl Pump {
     pub async fn step(&self) -> Result<Step> {
         let shared = &self.shared;
         claiming::sweep(shared, Duration::ZERO).await;
-        let (claimed, fence) = claiming::claim(shared).await?;
-        let claimed = claiming::with_destinations(shared, claimed).await;
+        let turn = claiming::turn_span(shared);
+        let (claimed, fence) = claiming::claim(shared).instrument(turn.clone()).await?;
+        let claimed = claiming::with_destinations(shared, claimed)
+            .instrument(turn.clone())
+            .await;
         let sent = claimed.len();
+        turn.record("watchpump.claimed", sent);
         let (done_tx, mut done_rx) = mpsc::unbounded_channel();
-        claiming::dispatch(shared, claimed, fence, &done_tx);
+        turn.in_scope(|| claiming::dispatch(shared, claimed, fence, &done_tx));
+        drop(turn);
         drop(done_tx);
         let mut answered = Vec::with_capacity(sent);
         while let Some(a) = done_rx.recv().await {

@@ -16,6 +16,8 @@ use crate::delivery::outcome::Finished;
 use crate::delivery::State;
 use crate::error::Error;
 use crate::metrics as m;
+use crate::telemetry::TARGET;
+use tracing::Instrument;
 
 /// Most finished attempts written back in one statement.
 pub(super) const COMPLETE_BATCH: usize = 1000;
@@ -73,7 +75,12 @@ pub(super) async fn complete_loop(
 /// Writes one batch back and acts on what it settled to; returns that.
 pub(super) async fn complete_batch(shared: &Shared, batch: &[Answered]) -> Vec<store::Settled> {
     let finished: Vec<&Finished> = batch.iter().map(|a| &a.finished).collect();
-    let settled = write_back(shared, &finished).await.unwrap_or_default();
+    let span = tracing::info_span!(target: TARGET, parent: None, "watchpump.record",
+        "watchpump.pump" = %shared.name, "watchpump.attempts" = finished.len());
+    let settled = write_back(shared, &finished)
+        .instrument(span)
+        .await
+        .unwrap_or_default();
     let now = Instant::now();
     {
         let health = shared.health.lock().unwrap();

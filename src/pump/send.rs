@@ -11,12 +11,16 @@ use std::time::Duration;
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use hyper::body::{Frame, SizeHint};
+use tracing::field::Empty;
+use tracing::Instrument;
 
 use crate::config::PumpConfig;
 use crate::delivery::outcome::{AttemptResult, Failure, Finished};
 use crate::delivery::request::{self, Target};
 use crate::delivery::{BodyParts, Claimed};
 use crate::retry::{self, RetryPolicy};
+use crate::telemetry::context::TraceParent;
+use crate::telemetry::{self, TARGET};
 
 /// How the error of an attempt that never reached the consumer (it could not
 /// connect) begins: `watchpump.complete()` holds the (watch, object) after
@@ -87,11 +91,14 @@ impl Sender {
     /// Makes one attempt to `target`. Never fails: every failure is a
     /// result.
     pub async fn send(&self, claimed: Claimed, target: Arc<Target>) -> Finished {
+        let span = attempt_span(&claimed, &target);
         let started = Utc::now();
         let clock = std::time::Instant::now();
         let request = self.prepare(&claimed, &target, started);
-        let answer = self.call(request).await;
+        let request = with_trace_context(request, &span, claimed.trace.as_ref());
+        let answer = self.call(request).instrument(span.clone()).await;
         let duration = clock.elapsed();
+        end_attempt_span(&span, &answer);
         let attempt = claimed.message.attempt;
         let (result, error, response_head) = match answer {
             Ok(answer) => {
@@ -186,6 +193,107 @@ impl Sender {
     }
 }
 
+/// The attempt's CLIENT span, after the OpenTelemetry HTTP client
+/// conventions (README, "Traces"): a child of the producer's span that
+/// emitted the change, or a trace of its own when the change has no
+/// context. Disabled, and free, when traces are off.
+fn attempt_span(c: &Claimed, target: &Target) -> tracing::Span {
+    let m = &c.message;
+    let url = &target.url;
+    let span = tracing::info_span!(target: TARGET, parent: None, "POST",
+        otel.kind = "client",
+        otel.status_code = Empty,
+        "http.request.method" = "POST",
+        "url.full" = %redacted_url(url),
+        "server.address" = url.host_str().unwrap_or_default(),
+        "server.port" = url.port_or_known_default().unwrap_or_default(),
+        "http.request.resend_count" = i64::from(m.attempt - 1),
+        "http.response.status_code" = Empty,
+        "error.type" = Empty,
+        "watchpump.delivery_id" = m.delivery_id,
+        "watchpump.watch_id" = m.watch_id,
+        "watchpump.object" = %m.object,
+        "watchpump.sequence" = m.sequence,
+        "watchpump.service" = %target.destination.name,
+    );
+    if let Some(parent) = &c.trace {
+        telemetry::set_parent(&span, parent);
+    }
+    if let Some(lost) = &c.expired_lease_of {
+        tracing::info!(target: TARGET, parent: &span, pump = %lost,
+            "sent again: the lease of the pump that held this delivery ran out");
+    }
+    span
+}
+
+/// `traceparent` (and `tracestate`) on the request, W3C Trace Context: the
+/// attempt's own span as the parent, so that the consumer's spans hang
+/// under the attempt that reached them; with traces off, the producer's
+/// context as the change keeps it. Not signed (docs/protocol.md).
+fn with_trace_context(
+    request: reqwest::RequestBuilder,
+    span: &tracing::Span,
+    change: Option<&TraceParent>,
+) -> reqwest::RequestBuilder {
+    let own = telemetry::of(span);
+    let Some(context) = own.as_ref().or(change) else {
+        return request;
+    };
+    let request = request.header("traceparent", context.header());
+    match &context.tracestate {
+        Some(state) => request.header("tracestate", state.as_str()),
+        None => request,
+    }
+}
+
+/// What the consumer answered, on the span: its status, and status error
+/// on a non-2xx answer or a transport failure; a 410 says the delivery is
+/// dropped with its watch.
+fn end_attempt_span(span: &tracing::Span, answer: &Result<Answer, reqwest::Error>) {
+    if span.is_disabled() {
+        return;
+    }
+    match answer {
+        Ok(a) => {
+            let code = a.status.as_u16();
+            span.record("http.response.status_code", code);
+            if !a.status.is_success() {
+                span.record("error.type", code.to_string().as_str());
+                span.record("otel.status_code", "ERROR");
+            }
+            if code == 410 {
+                tracing::info!(target: TARGET, parent: span,
+                    "delivery dropped: the consumer answered 410 Gone, its watch is removed");
+            }
+        }
+        Err(e) => {
+            let kind = if e.is_timeout() {
+                "timeout"
+            } else {
+                "connect_error"
+            };
+            span.record("error.type", kind);
+            span.record("otel.status_code", "ERROR");
+        }
+    }
+}
+
+/// `url.full` as the conventions want it: no credentials, no query values.
+fn redacted_url(url: &reqwest::Url) -> String {
+    let mut url = url.clone();
+    if !url.username().is_empty() || url.password().is_some() {
+        let _ = url.set_username("REDACTED");
+        let _ = url.set_password(Some("REDACTED"));
+    }
+    if url.query().is_some() {
+        let names: Vec<String> = url.query_pairs().map(|(k, _)| k.into_owned()).collect();
+        url.query_pairs_mut()
+            .clear()
+            .extend_pairs(names.iter().map(|k| (k.as_str(), "REDACTED")));
+    }
+    url.to_string()
+}
+
 /// A body sent as its parts (head, shared payload, tail), each a frame,
 /// with its exact length known (so it goes with a `Content-Length`).
 struct PartsBody {
@@ -257,6 +365,19 @@ fn describe(e: &reqwest::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn url_full_has_no_credentials_and_no_query_values() {
+        let url =
+            reqwest::Url::parse("http://alice:s3cret@127.0.0.1:9/api/v1/git/events?token=abc&x=1")
+                .unwrap();
+        assert_eq!(
+            redacted_url(&url),
+            "http://REDACTED:REDACTED@127.0.0.1:9/api/v1/git/events?token=REDACTED&x=REDACTED"
+        );
+        let plain = reqwest::Url::parse("http://127.0.0.1:9/api/v1/git/events").unwrap();
+        assert_eq!(redacted_url(&plain), "http://127.0.0.1:9/api/v1/git/events");
+    }
 
     #[test]
     fn answers_are_stored_without_nul_bytes() {

@@ -59,6 +59,11 @@ struct ClaimRow {
     occurred_at: chrono::DateTime<chrono::Utc>,
     payload: Option<String>,
     expired_lease_of: Option<String>,
+    // The change's trace context (issue 21; the `traces` branch's one edit
+    // to this row): a malformed value never reaches the table, so parse
+    // only fails if another writer bypassed emit().
+    traceparent: Option<String>,
+    tracestate: Option<String>,
 }
 
 /// Claims and leases due deliveries; each change's payload is read once
@@ -121,6 +126,9 @@ pub async fn claim(
                 service_id: r.service_id,
                 service_version: r.service_version,
                 expired_lease_of: r.expired_lease_of,
+                trace: r.traceparent.as_deref().and_then(|t| {
+                    crate::telemetry::context::TraceParent::parse(t, r.tracestate.as_deref())
+                }),
             })
         })
         .collect())

@@ -17,6 +17,7 @@ use crate::http::html::{self, esc};
 use crate::http::{AsHtml, HttpError};
 use crate::operator::store::{self, Delivery, DeliveryFilter};
 use crate::operator::{OperatorState, Settings, MASK};
+use crate::telemetry::context::TraceParent;
 
 /// Rows per page of the list.
 const PAGE: i64 = 50;
@@ -185,6 +186,7 @@ pub async fn show(
         }
     }
     body.push_str(&summary(&d, s));
+    body.push_str(&trace(&state.pool, d.change_id, s).await?);
     if matches!(d.state, DeliveryState::Failed | DeliveryState::Dropped) {
         body.push_str(&format!(
             r#"<form method="post" action="/panel/deliveries/{id}/retry"><p><button class="act" id="retry" type="submit">Retry</button> <span class="muted">back to pending, due now, same delivery id</span></p></form>"#
@@ -269,6 +271,29 @@ fn summary(d: &Delivery, s: &Settings) -> String {
         esc(d.last_action.as_deref().unwrap_or("—")),
         svc = esc(&d.service),
     )
+}
+
+/// The change's trace (issue 21): its trace id, linked to the trace viewer
+/// of `WATCHPUMP_TRACE_URL` when it is set.
+async fn trace(pool: &sqlx::PgPool, change_id: i64, s: &Settings) -> Result<String, AsHtml> {
+    let traceparent: Option<String> =
+        sqlx::query_scalar("select traceparent from watchpump.changes where id = $1")
+            .bind(change_id)
+            .fetch_optional(pool)
+            .await?
+            .flatten();
+    let Some(trace) = traceparent.and_then(|t| TraceParent::parse(&t, None)) else {
+        return Ok(r#"<dl><dt>Trace</dt><dd class="muted">none (the change was emitted outside a traced span)</dd></dl>"#.into());
+    };
+    let id = trace.trace_id_hex();
+    let shown = match &s.trace_url {
+        Some(url) => format!(
+            r#"<a id="trace" href="{}"><code>{id}</code></a>"#,
+            esc(&url.replace("{trace_id}", &id))
+        ),
+        None => format!(r#"<code id="trace">{id}</code>"#),
+    };
+    Ok(format!("<dl><dt>Trace</dt><dd>{shown}</dd></dl>"))
 }
 
 fn request_as_sent(d: &Delivery, sent: &store::Sent, s: &Settings) -> String {

@@ -1,0 +1,192 @@
+//! Spans to the collector, off the deliveries' path: a bounded queue, and
+//! one thread of its own that sends them in batches over OTLP/HTTP.
+//!
+//! The SDK's batch processor would do most of this, but it counts the spans
+//! it drops only in a private counter; here every drop is
+//! [`SPANS_DROPPED`](crate::metrics::TRACE_SPANS_DROPPED), which is what an
+//! operator watches to know traces are incomplete.
+//!
+//! Bounds (README, "Traces"): the queue holds `OTEL_BSP_MAX_QUEUE_SIZE`
+//! spans (2,048 unless set); a span ended while it is full is dropped and
+//! counted, never waited for. One export at a time, of at most
+//! `OTEL_BSP_MAX_EXPORT_BATCH_SIZE` spans (512), each given at most
+//! [`EXPORT_TIMEOUT`]: a collector that is down or hangs costs the pump a
+//! full queue and a counter, nothing else (tests/traces.rs,
+//! `a_collector_down_or_hanging_does_not_slow_deliveries`).
+
+use std::sync::mpsc as std_mpsc;
+use std::time::Duration;
+
+use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
+use opentelemetry_sdk::trace::{SpanData, SpanExporter, SpanProcessor};
+use tokio::sync::mpsc;
+
+use crate::metrics as m;
+
+/// The longest one export may take, whatever the collector does
+/// (`OTEL_EXPORTER_OTLP_TIMEOUT` bounds the HTTP request itself).
+pub const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The queue's sizes and timing, from the standard `OTEL_BSP_*` variables.
+#[derive(Debug, Clone, Copy)]
+pub struct QueueSettings {
+    pub max_queue_size: usize,
+    pub max_batch_size: usize,
+    pub schedule_delay: Duration,
+}
+
+impl QueueSettings {
+    pub fn from_env() -> QueueSettings {
+        let read = |name: &str, default: u64| {
+            std::env::var(name)
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .filter(|v| *v > 0)
+                .unwrap_or(default)
+        };
+        QueueSettings {
+            max_queue_size: read("OTEL_BSP_MAX_QUEUE_SIZE", 2048).min(1 << 20) as usize,
+            max_batch_size: read("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512).min(1 << 16) as usize,
+            schedule_delay: Duration::from_millis(read("OTEL_BSP_SCHEDULE_DELAY", 5000)),
+        }
+    }
+}
+
+enum Control {
+    /// Export everything queued, then answer.
+    Flush(std_mpsc::Sender<()>),
+}
+
+/// A [`SpanProcessor`] that queues sampled spans for [`export_loop`].
+#[derive(Debug)]
+pub struct QueueProcessor {
+    spans: mpsc::Sender<SpanData>,
+    control: mpsc::UnboundedSender<Control>,
+}
+
+impl std::fmt::Debug for Control {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Flush")
+    }
+}
+
+impl QueueProcessor {
+    /// Starts the export thread for `exporter`.
+    pub fn start<E>(exporter: E, settings: QueueSettings) -> std::io::Result<QueueProcessor>
+    where
+        E: SpanExporter + 'static,
+    {
+        let (spans, spans_rx) = mpsc::channel(settings.max_queue_size);
+        let (control, control_rx) = mpsc::unbounded_channel();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        std::thread::Builder::new()
+            .name("watchpump-otlp".into())
+            .spawn(move || {
+                runtime.block_on(export_loop(exporter, spans_rx, control_rx, settings));
+            })?;
+        Ok(QueueProcessor { spans, control })
+    }
+
+    fn flush_within(&self, timeout: Duration) -> OTelSdkResult {
+        let (tx, rx) = std_mpsc::channel();
+        self.control
+            .send(Control::Flush(tx))
+            .map_err(|_| OTelSdkError::AlreadyShutdown)?;
+        rx.recv_timeout(timeout)
+            .map_err(|_| OTelSdkError::Timeout(timeout))
+    }
+}
+
+impl SpanProcessor for QueueProcessor {
+    fn on_start(&self, _span: &mut opentelemetry_sdk::trace::Span, _cx: &opentelemetry::Context) {}
+
+    fn on_end(&self, span: SpanData) {
+        if !span.span_context.is_sampled() {
+            return;
+        }
+        if self.spans.try_send(span).is_err() {
+            metrics::counter!(m::TRACE_SPANS_DROPPED).increment(1);
+        }
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.flush_within(EXPORT_TIMEOUT + Duration::from_secs(1))
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.flush_within(timeout)
+    }
+}
+
+/// Collects spans into batches (full, or [`QueueSettings::schedule_delay`]
+/// after the first) and exports each; ends when the processor is dropped.
+async fn export_loop<E: SpanExporter>(
+    exporter: E,
+    mut spans: mpsc::Receiver<SpanData>,
+    mut control: mpsc::UnboundedReceiver<Control>,
+    settings: QueueSettings,
+) {
+    let mut batch: Vec<SpanData> = Vec::with_capacity(settings.max_batch_size);
+    let mut deadline: Option<tokio::time::Instant> = None;
+    loop {
+        let wait = async {
+            match deadline {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            span = spans.recv() => match span {
+                Some(span) => {
+                    batch.push(span);
+                    deadline.get_or_insert_with(|| tokio::time::Instant::now() + settings.schedule_delay);
+                    if batch.len() >= settings.max_batch_size {
+                        export(&exporter, &mut batch).await;
+                        deadline = None;
+                    }
+                }
+                None => {
+                    export(&exporter, &mut batch).await;
+                    return;
+                }
+            },
+            () = wait => {
+                export(&exporter, &mut batch).await;
+                deadline = None;
+            }
+            Some(Control::Flush(done)) = control.recv() => {
+                while let Ok(span) = spans.try_recv() {
+                    batch.push(span);
+                    if batch.len() >= settings.max_batch_size {
+                        export(&exporter, &mut batch).await;
+                    }
+                }
+                export(&exporter, &mut batch).await;
+                deadline = None;
+                let _ = done.send(());
+            }
+        }
+    }
+}
+
+async fn export<E: SpanExporter>(exporter: &E, batch: &mut Vec<SpanData>) {
+    if batch.is_empty() {
+        return;
+    }
+    let spans = std::mem::take(batch);
+    let count = spans.len() as u64;
+    let result = tokio::time::timeout(EXPORT_TIMEOUT, exporter.export(spans)).await;
+    match result {
+        Ok(Ok(())) => metrics::counter!(m::TRACE_SPANS_EXPORTED).increment(count),
+        Ok(Err(e)) => {
+            metrics::counter!(m::TRACE_SPANS_DROPPED).increment(count);
+            tracing::debug!(error = %e, spans = count, "span export failed");
+        }
+        Err(_) => {
+            metrics::counter!(m::TRACE_SPANS_DROPPED).increment(count);
+            tracing::debug!(spans = count, "span export timed out");
+        }
+    }
+}

@@ -1,0 +1,178 @@
+//! OpenTelemetry traces: one trace from the producer's span, through
+//! `emit()` and every attempt, into the consumer's handler (README,
+//! "Traces").
+//!
+//! - [`context`]: the W3C `traceparent`/`tracestate` values, parsed and
+//!   written (the kit uses it too, to continue the trace).
+//! - The rest is the producer's: [`Telemetry::from_env`] builds the
+//!   exporter from the standard `OTEL_*` variables, and only when an
+//!   endpoint is set; [`export`] is its bounded queue; [`logs`] puts the
+//!   trace id in JSON log lines.
+//!
+//! Spans are made with `tracing` at the target [`TARGET`]. With no
+//! endpoint set, the log filter turns that target off, so a span costs a
+//! disabled callsite check and nothing more.
+
+pub mod context;
+#[cfg(feature = "producer")]
+pub mod export;
+#[cfg(feature = "producer")]
+pub mod http;
+#[cfg(feature = "producer")]
+pub mod logs;
+
+#[cfg(feature = "producer")]
+pub use producer::*;
+
+/// The `tracing` target of every span watchpump makes for traces.
+pub const TARGET: &str = "watchpump::trace";
+
+use opentelemetry::trace::TraceContextExt;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+use context::TraceParent;
+
+/// The trace context of the current `tracing` span, if traces are on
+/// and it has one.
+pub fn current() -> Option<TraceParent> {
+    of(&tracing::Span::current())
+}
+
+/// The trace context of `span`, if traces are on and it has one.
+pub fn of(span: &tracing::Span) -> Option<TraceParent> {
+    if span.is_disabled() {
+        return None;
+    }
+    TraceParent::from_span_context(span.context().span().span_context())
+}
+
+/// Makes `span` a child of `parent` (a context that came from another
+/// process); nothing when traces are off.
+pub fn set_parent(span: &tracing::Span, parent: &TraceParent) {
+    if span.is_disabled() {
+        return;
+    }
+    let cx = opentelemetry::Context::new().with_remote_span_context(parent.span_context());
+    let _ = span.set_parent(cx);
+}
+
+#[cfg(feature = "producer")]
+mod producer {
+    use super::export::{QueueProcessor, QueueSettings};
+    use opentelemetry::trace::TracerProvider as _;
+    use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider};
+    use opentelemetry_sdk::Resource;
+
+    /// The standard variables this reads (the exporter reads the endpoint,
+    /// timeout and header ones itself); `serve --help` and the README list
+    /// them.
+    pub const ENV_VARS: &[&str] = &[
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        "OTEL_SERVICE_NAME",
+        "OTEL_RESOURCE_ATTRIBUTES",
+        "OTEL_TRACES_SAMPLER",
+        "OTEL_TRACES_SAMPLER_ARG",
+        "OTEL_SDK_DISABLED",
+    ];
+
+    /// The tracer and its exporter, when traces are on. Dropping it
+    /// without [`Telemetry::shutdown`] loses the spans still queued.
+    pub struct Telemetry {
+        provider: SdkTracerProvider,
+        tracer: SdkTracer,
+    }
+
+    impl Telemetry {
+        /// Traces are on when `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` or
+        /// `OTEL_EXPORTER_OTLP_ENDPOINT` is set (and `OTEL_SDK_DISABLED`
+        /// is not `true`): `Ok(None)` otherwise. An endpoint that is not a
+        /// URL is an error.
+        pub fn from_env() -> Result<Option<Telemetry>, String> {
+            let set = |name: &str| std::env::var(name).is_ok_and(|v| !v.trim().is_empty());
+            let disabled = std::env::var("OTEL_SDK_DISABLED")
+                .is_ok_and(|v| v.trim().eq_ignore_ascii_case("true"));
+            if disabled
+                || !(set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+                    || set("OTEL_EXPORTER_OTLP_ENDPOINT"))
+            {
+                return Ok(None);
+            }
+            use opentelemetry_otlp::WithExportConfig;
+            let exporter = opentelemetry_otlp::SpanExporter::builder()
+                .with_http()
+                .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+                .build()
+                .map_err(|e| format!("OpenTelemetry exporter: {e}"))?;
+            Telemetry::with_exporter(exporter, QueueSettings::from_env()).map(Some)
+        }
+
+        /// Traces to the OTLP/HTTP collector at `traces_url` (the full URL,
+        /// `.../v1/traces`), each export given at most `timeout`: what
+        /// [`Telemetry::from_env`] builds, for tests and benchmarks to point
+        /// at a collector of their own.
+        pub fn otlp_http(
+            traces_url: &str,
+            timeout: std::time::Duration,
+            queue: QueueSettings,
+        ) -> Result<Telemetry, String> {
+            use opentelemetry_otlp::WithExportConfig;
+            let exporter = opentelemetry_otlp::SpanExporter::builder()
+                .with_http()
+                .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+                .with_endpoint(traces_url)
+                .with_timeout(timeout)
+                .build()
+                .map_err(|e| format!("OpenTelemetry exporter: {e}"))?;
+            Telemetry::with_exporter(exporter, queue)
+        }
+
+        /// Traces to `exporter`, with the sampler and resource of the
+        /// standard variables (`OTEL_SERVICE_NAME` defaults to
+        /// `watchpump`).
+        pub fn with_exporter<E>(exporter: E, queue: QueueSettings) -> Result<Telemetry, String>
+        where
+            E: opentelemetry_sdk::trace::SpanExporter + 'static,
+        {
+            let processor = QueueProcessor::start(exporter, queue)
+                .map_err(|e| format!("OpenTelemetry export thread: {e}"))?;
+            let mut resource = Resource::builder();
+            if std::env::var_os("OTEL_SERVICE_NAME").is_none() {
+                resource = resource.with_service_name("watchpump");
+            }
+            let provider = SdkTracerProvider::builder()
+                .with_span_processor(processor)
+                .with_resource(resource.build())
+                .build();
+            let tracer = provider.tracer("watchpump");
+            Ok(Telemetry { provider, tracer })
+        }
+
+        /// The `tracing` layer that turns spans into OpenTelemetry spans.
+        pub fn layer<S>(&self) -> tracing_opentelemetry::OpenTelemetryLayer<S, SdkTracer>
+        where
+            S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+        {
+            tracing_opentelemetry::layer()
+                .with_tracer(self.tracer.clone())
+                .with_tracked_inactivity(false)
+                .with_threads(false)
+                .with_location(false)
+        }
+
+        /// Exports every span ended so far (tests call it before reading
+        /// what their collector received).
+        pub fn flush(&self) {
+            if let Err(e) = self.provider.force_flush() {
+                tracing::warn!(error = %e, "spans not flushed");
+            }
+        }
+
+        /// Flushes and stops the exporter.
+        pub fn shutdown(self) {
+            if let Err(e) = self.provider.shutdown() {
+                tracing::warn!(error = %e, "spans not flushed at shutdown");
+            }
+        }
+    }
+}
