@@ -32,12 +32,14 @@ const FILES: &[SqlFile] = &[
     sql_file!("migrations", "0005_bounds", false),
     sql_file!("migrations", "0006_encrypted_secrets", false),
     sql_file!("migrations", "0007_kinds", false),
+    sql_file!("migrations", "0010_consumer", false),
     sql_file!("functions", "0050_registry", true),
     sql_file!("functions", "0100_emit", true),
     sql_file!("functions", "0150_kinds", true),
     sql_file!("functions", "0200_pump", true),
     sql_file!("functions", "0300_operator", true),
     sql_file!("functions", "0400_metrics", true),
+    sql_file!("functions", "0500_consumer", true),
 ];
 
 /// Brings the `watchpump` schema up to date. Safe to run from several

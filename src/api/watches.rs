@@ -94,6 +94,52 @@ pub async fn remove(
     }
 }
 
+/// How often one watch may be pinged: each ping is a change and a
+/// delivery kept in the history, so a consumer pinging in a loop would
+/// otherwise grow both without bound. A sooner ping is a 429
+/// (tests/consumer_deliveries.rs).
+pub const PING_EVERY_SECS: i64 = 10;
+
+/// Sends the watch a delivery of kind `watchpump.ping`, queued and signed
+/// like any other (`watchpump.ping()`): 202 `{"delivery_id"}`; 404 for a
+/// removed watch or another service's, 429 within [`PING_EVERY_SECS`] of
+/// the watch's previous ping.
+pub async fn ping(
+    State(state): State<AppState>,
+    Caller(service): Caller,
+    id: Result<Path<i64>, axum::extract::rejection::PathRejection>,
+) -> Result<(StatusCode, Json<Value>), HttpError> {
+    let id = watch_id(id)?;
+    let delivery_id: i64 =
+        sqlx::query_scalar("select watchpump.ping($1, $2, make_interval(secs => $3))")
+            .bind(service.id)
+            .bind(id)
+            .bind(PING_EVERY_SECS as f64)
+            .fetch_one(&state.pool)
+            .await
+            .map_err(too_many_or_raised)?;
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({ "delivery_id": delivery_id })),
+    ))
+}
+
+/// A bound of `sql/functions/0500_consumer.sql` (54000) as 429; any other
+/// refusal as [`crate::Error::raised`] maps it.
+pub(crate) fn too_many_or_raised(e: sqlx::Error) -> HttpError {
+    if let sqlx::Error::Database(d) = &e {
+        if d.code().as_deref() == Some("54000") {
+            let message = d.message();
+            let message = message
+                .split_once(": ")
+                .map_or(message, |(_, m)| m)
+                .to_string();
+            return HttpError::TooMany(message);
+        }
+    }
+    crate::Error::raised(e).into()
+}
+
 fn watch_id(
     id: Result<Path<i64>, axum::extract::rejection::PathRejection>,
 ) -> Result<i64, HttpError> {
