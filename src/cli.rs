@@ -218,6 +218,11 @@ async fn run(cli: Cli) -> Result<()> {
             schema::migrate(&pool).await?;
             run_kinds(&pool, command).await?;
         }
+        Command::Deliveries(command) => {
+            let pool = server::connect(&url, 2).await?;
+            schema::require(&pool).await?;
+            crate::cli_consumer::run_deliveries(&pool, command).await?;
+        }
         Command::Emit {
             object,
             kind,

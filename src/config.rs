@@ -44,6 +44,9 @@ pub enum Command {
     /// read at GET /api/v1/kinds and, in strict mode, for emit() to check.
     #[command(subcommand)]
     Kinds(KindsCommand),
+    /// Consumers' deliveries: list, show one, retry one.
+    #[command(subcommand)]
+    Deliveries(crate::cli_consumer::DeliveriesCommand),
     /// Record a change and fan it out to the matching watches (for trying
     /// things out; producers call watchpump.emit() in their own transaction).
     Emit {

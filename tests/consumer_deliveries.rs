@@ -418,3 +418,64 @@ async fn a_ping_is_a_signed_delivery_of_its_own_kind_listed_with_its_answer() {
     assert_eq!(queued, 0);
     assert_eq!(s.db.count_state("delivered").await, count);
 }
+
+/// `watchpump ARGS...` on the test's database: (exit code, stdout, stderr).
+fn cli(db: &TestDb, args: &[&str]) -> (i32, String, String) {
+    let out = watchpump_cli(Some(&db.url)).args(args).output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn the_cli_lists_shows_and_retries_deliveries_and_refuses_bad_input() {
+    let db = TestDb::new().await;
+    let pump = RunningPump::start(&db.pool, pump_config());
+    let (_consumer, failed) = failed_delivery(&db, "deploy", OBJECT, json!({"n": 1})).await;
+    pump.stop().await.unwrap();
+
+    let (code, out, err) = cli(
+        &db,
+        &["deliveries", "list", "--service", "deploy", "--json"],
+    );
+    assert_eq!(code, 0, "{err}");
+    let page: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(page["deliveries"][0]["delivery_id"], failed);
+    assert_eq!(page["deliveries"][0]["state"], "failed");
+    let (code, out, _) = cli(&db, &["deliveries", "list", "--state", "failed"]);
+    assert_eq!(code, 0);
+    assert!(
+        out.lines()
+            .nth(1)
+            .unwrap()
+            .starts_with(&format!("{failed}\tdeploy\t")),
+        "{out}"
+    );
+
+    let (code, out, err) = cli(&db, &["deliveries", "show", &failed.to_string(), "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let shown: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(shown["delivery"]["delivery_id"], failed);
+    assert!(!shown["attempts"].as_array().unwrap().is_empty());
+
+    let (code, out, err) = cli(&db, &["deliveries", "retry", &failed.to_string()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("was failed"), "{out}");
+    assert_eq!(db.delivery_state(failed).await, "pending");
+
+    // Bad input: a message, a non-zero exit, nothing changed.
+    for args in [
+        &["deliveries", "show", "999999"][..],
+        &["deliveries", "retry", "999999"],
+        &["deliveries", "retry", &failed.to_string()],
+        &["deliveries", "list", "--state", "lost"],
+        &["deliveries", "show", "x"],
+    ] {
+        let (code, _, err) = cli(&db, args);
+        assert_ne!(code, 0, "{args:?}");
+        assert!(!err.trim().is_empty(), "{args:?} says why");
+    }
+    assert_eq!(db.delivery_state(failed).await, "pending");
+}
