@@ -155,6 +155,12 @@ async fn run_services(pool: &sqlx::PgPool, command: ServicesCommand) -> Result<(
                 s.name, s.base_url
             );
         }
+        ServicesCommand::Pause { name } => {
+            crate::cli_consumer::pause_service(pool, &name, true).await?
+        }
+        ServicesCommand::Resume { name } => {
+            crate::cli_consumer::pause_service(pool, &name, false).await?
+        }
         ServicesCommand::Remove { name, yes } => {
             let service = services::find(pool, &name).await?;
             if !yes {
@@ -217,6 +223,11 @@ async fn run(cli: Cli) -> Result<()> {
             schema::require(&pool).await?;
             schema::migrate(&pool).await?;
             run_kinds(&pool, command).await?;
+        }
+        Command::Watches(command) => {
+            let pool = server::connect(&url, 2).await?;
+            schema::require(&pool).await?;
+            crate::cli_consumer::run_watches(&pool, command).await?;
         }
         Command::Deliveries(command) => {
             let pool = server::connect(&url, 2).await?;

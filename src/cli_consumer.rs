@@ -1,5 +1,6 @@
 //! The operator's CLI forms of what a consumer can see and do through the
-//! API (issue 20): `watchpump deliveries list|show|retry` over the same
+//! API (issue 20): `watchpump deliveries list|show|retry` and `watchpump
+//! watches pause|resume ID --service NAME`, over the same
 //! views and functions as the panel and the admin API
 //! ([`crate::operator::store`]). Each prints what it found or did, or
 //! fails with a message and a non-zero exit ([`crate::cli`]).
@@ -10,6 +11,7 @@ use sqlx::PgPool;
 
 use crate::error::{Error, Result};
 use crate::operator::store::{self, DeliveryFilter};
+use crate::watches::pause;
 
 /// How CLI actions appear in a delivery's history.
 const ACTOR: &str = "cli";
@@ -117,4 +119,51 @@ pub async fn run_deliveries(pool: &PgPool, command: DeliveriesCommand) -> Result
         }
     }
     Ok(())
+}
+
+#[derive(Debug, Subcommand)]
+pub enum WatchesCommand {
+    /// Pause a watch: nothing is sent to it and nothing fails until it is
+    /// resumed; news keeps superseding older news while it waits.
+    Pause {
+        id: i64,
+        /// The service the watch belongs to.
+        #[arg(long)]
+        service: String,
+    },
+    /// Resume a paused watch: its waiting news is sent, each with a fresh
+    /// delivery window.
+    Resume {
+        id: i64,
+        #[arg(long)]
+        service: String,
+    },
+}
+
+pub async fn run_watches(pool: &PgPool, command: WatchesCommand) -> Result<()> {
+    let (id, service, paused) = match command {
+        WatchesCommand::Pause { id, service } => (id, service, true),
+        WatchesCommand::Resume { id, service } => (id, service, false),
+    };
+    let service_id = pause::service_id(pool, &service).await?;
+    let changed = pause::set_watch(pool, service_id, id, paused).await?;
+    println!("{}", said("watch", &id.to_string(), paused, changed));
+    Ok(())
+}
+
+/// `watchpump services pause|resume NAME`.
+pub async fn pause_service(pool: &PgPool, name: &str, paused: bool) -> Result<()> {
+    let service_id = pause::service_id(pool, name).await?;
+    let changed = pause::set_service(pool, service_id, paused).await?;
+    println!("{}", said("service", name, paused, changed));
+    Ok(())
+}
+
+fn said(what: &str, name: &str, paused: bool, changed: bool) -> String {
+    match (paused, changed) {
+        (true, true) => format!("{what} {name} paused: its deliveries wait until it is resumed"),
+        (true, false) => format!("{what} {name} was paused already"),
+        (false, true) => format!("{what} {name} resumed: its waiting deliveries are due now"),
+        (false, false) => format!("{what} {name} was not paused"),
+    }
 }

@@ -47,6 +47,9 @@ pub enum Command {
     /// Consumers' deliveries: list, show one, retry one.
     #[command(subcommand)]
     Deliveries(crate::cli_consumer::DeliveriesCommand),
+    /// Consumers' watches: pause and resume one.
+    #[command(subcommand)]
+    Watches(crate::cli_consumer::WatchesCommand),
     /// Record a change and fan it out to the matching watches (for trying
     /// things out; producers call watchpump.emit() in their own transaction).
     Emit {
@@ -113,6 +116,12 @@ pub enum ServicesCommand {
         #[arg(long, env = "WATCHPUMP_ALLOWED_DESTINATIONS", value_parser = Destinations::parse)]
         allowed_destinations: Option<Destinations>,
     },
+    /// Pause every watch of a service: nothing is sent to it and nothing
+    /// fails until it is resumed.
+    Pause { name: String },
+    /// Resume a paused service: its waiting news is sent, each with a fresh
+    /// delivery window.
+    Resume { name: String },
     /// Remove a service: its token stops working, its watches are removed
     /// and their undelivered deliveries dropped.
     Remove {

@@ -108,3 +108,190 @@ begin
     return v_id;
 end
 $$;
+
+-- PAUSE. A paused watch (watches.paused_at), or every watch of a paused
+-- service (services.paused_at), sends nothing and fails nothing:
+--   - its queued deliveries are held: next_attempt_at and deadline set to
+--     held_until(), so that claim() does not find them due and neither
+--     sweep() nor complete() finds a deadline passed;
+--   - news keeps arriving (emit() is untouched) and keeps superseding: the
+--     older queued deliveries of each held (watch, object) are superseded
+--     by hold_paused(), so what waits stays one delivery per (watch,
+--     object);
+--   - what emit() queued since hold_paused() last ran is due at once, so
+--     claim() also skips paused watches and services (its one pause
+--     condition, 0200_pump.sql);
+--   - resume gives every held delivery a fresh delivery window, due now:
+--     the window restarts at resume. The pump then sends the newest news of
+--     each (watch, object) in the order rule's order.
+-- A delivery already in flight when the pause begins finishes its attempt
+-- (a failed one is then held like the rest).
+
+-- The time a held delivery is "due": far enough to never come, and a real
+-- timestamp (not 'infinity', which clients' date types cannot hold).
+create or replace function watchpump.held_until() returns timestamptz
+language sql immutable as $$
+    select timestamptz '9999-12-31 00:00:00+00'
+$$;
+
+-- Whether deliveries of the watch are held by a pause (of the watch, or of
+-- its service).
+create or replace function watchpump.is_paused(p_watch_id bigint) returns boolean
+language sql stable as $$
+    select exists (
+        select 1 from watchpump.watches w
+        join watchpump.services s on s.id = w.service_id
+        where w.id = p_watch_id and (w.paused_at is not null or s.paused_at is not null)
+    )
+$$;
+
+-- Holds the queued deliveries of paused watches and services, and lets
+-- news supersede among them: called by pause_*() at once and by the
+-- operator's periodic task (src/operator/worker.rs) after that. Bounded:
+-- at most p_max deliveries superseded and p_max held per call (the rest at
+-- the next). Skips, never waits for, what another transaction holds.
+-- Returns (superseded, held).
+create or replace function watchpump.hold_paused(p_max integer)
+returns table (superseded integer, held integer)
+language plpgsql
+set jit = off
+as $$
+declare
+    v_watch_ids  bigint[];
+    v_objects    text[];
+    v_superseded integer := 0;
+    v_held       integer := 0;
+begin
+    -- The (watch, object)s of paused watches with more than one delivery
+    -- queued, under the order rule's lock (claim() takes the same).
+    with paused as (
+        select w.id from watchpump.watches w where w.paused_at is not null
+        union
+        select w.id from watchpump.services s
+        join watchpump.watches w on w.service_id = s.id
+        where s.paused_at is not null
+    ),
+    crowded as (
+        select q.watch_id, q.object
+        from paused p
+        join watchpump.queue q on q.watch_id = p.id
+        group by q.watch_id, q.object
+        having count(*) > 1
+        limit greatest(p_max, 0)
+    )
+    select coalesce(array_agg(c.watch_id), '{}'), coalesce(array_agg(c.object), '{}')
+    into v_watch_ids, v_objects
+    from crowded c
+    where watchpump.stream_lock(c.watch_id, c.object);
+    if cardinality(v_watch_ids) > 0 then
+        select count(*)::integer into v_superseded
+        from watchpump.supersede_older(v_watch_ids, v_objects, p_max);
+    end if;
+
+    with paused as (
+        select w.id from watchpump.watches w where w.paused_at is not null
+        union
+        select w.id from watchpump.services s
+        join watchpump.watches w on w.service_id = s.id
+        where s.paused_at is not null
+    ),
+    due as (
+        select q.id
+        from paused p
+        join watchpump.queue q on q.watch_id = p.id
+        where q.next_attempt_at <> watchpump.held_until()
+          and not coalesce(q.lease_until > now(), false)
+        limit greatest(p_max, 0)
+        for update of q skip locked
+    )
+    update watchpump.queue q
+    set next_attempt_at = watchpump.held_until(), deadline = watchpump.held_until()
+    from due d
+    where q.id = d.id;
+    get diagnostics v_held = row_count;
+    return query select v_superseded, v_held;
+end
+$$;
+
+-- Releases held deliveries of the given watches that no pause holds any
+-- more: due now, with a fresh delivery window. Wakes the pumps.
+create or replace function watchpump.release_held(p_watch_ids bigint[]) returns integer
+language plpgsql as $$
+declare
+    v_count integer;
+begin
+    update watchpump.queue q
+    set next_attempt_at = now(), deadline = now() + watchpump.delivery_window()
+    where q.watch_id = any (p_watch_ids)
+      and q.next_attempt_at = watchpump.held_until()
+      and not watchpump.is_paused(q.watch_id);
+    get diagnostics v_count = row_count;
+    if v_count > 0 then
+        perform pg_notify('watchpump', '');
+    end if;
+    return v_count;
+end
+$$;
+
+-- Pauses (p_paused) or resumes one of the service's live watches. Returns
+-- whether it changed anything: a repeated pause or resume is a no-op.
+-- Another service's watch, or a removed one, is P0002.
+create or replace function watchpump.set_watch_paused(p_service_id bigint, p_watch_id bigint, p_paused boolean)
+returns boolean
+language plpgsql as $$
+declare
+    v_paused_at timestamptz;
+begin
+    select w.paused_at into v_paused_at
+    from watchpump.watches w
+    where w.id = p_watch_id and w.service_id = p_service_id and w.removed_at is null
+    for update;
+    if not found then
+        raise exception 'watchpump.set_watch_paused: there is no live watch % for this service', p_watch_id
+            using errcode = 'P0002';
+    end if;
+    if (v_paused_at is not null) = p_paused then
+        return false;
+    end if;
+    update watchpump.watches set paused_at = case when p_paused then now() end where id = p_watch_id;
+    if p_paused then
+        perform watchpump.hold_paused(10000);
+    else
+        perform watchpump.release_held(array[p_watch_id]);
+    end if;
+    return true;
+end
+$$;
+
+-- Pauses or resumes every watch of a live service (its own pauses of
+-- single watches stay). Returns whether it changed anything. An unknown
+-- service is P0002.
+create or replace function watchpump.set_service_paused(p_service_id bigint, p_paused boolean)
+returns boolean
+language plpgsql as $$
+declare
+    v_paused_at timestamptz;
+    v_watch_ids bigint[];
+begin
+    select s.paused_at into v_paused_at
+    from watchpump.services s
+    where s.id = p_service_id and s.removed_at is null
+    for update;
+    if not found then
+        raise exception 'watchpump.set_service_paused: there is no service %', p_service_id
+            using errcode = 'P0002';
+    end if;
+    if (v_paused_at is not null) = p_paused then
+        return false;
+    end if;
+    update watchpump.services set paused_at = case when p_paused then now() end where id = p_service_id;
+    if p_paused then
+        perform watchpump.hold_paused(10000);
+    else
+        select coalesce(array_agg(w.id), '{}') into v_watch_ids
+        from watchpump.watches w where w.service_id = p_service_id;
+        perform watchpump.release_held(v_watch_ids);
+    end if;
+    return true;
+end
+$$;

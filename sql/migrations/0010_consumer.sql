@@ -7,3 +7,7 @@
 -- them a fresh delivery window.
 alter table watchpump.watches add column paused_at timestamptz;
 alter table watchpump.services add column paused_at timestamptz;
+
+-- The paused watches, for hold_paused() (0500_consumer.sql) to find their
+-- queued deliveries without reading every watch: few rows, a tiny index.
+create index watches_paused on watchpump.watches (id) where paused_at is not null;

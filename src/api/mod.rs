@@ -84,6 +84,8 @@ pub fn app_with(state: AppState, throttle: Arc<Throttle>) -> Router {
             get(watches::show).delete(watches::remove),
         )
         .route("/api/v1/watches/{id}/ping", post(watches::ping))
+        .route("/api/v1/watches/{id}/pause", post(watches::pause))
+        .route("/api/v1/watches/{id}/resume", post(watches::resume))
         .route("/api/v1/deliveries", get(deliveries::list))
         .route("/api/v1/deliveries/{id}", get(deliveries::show))
         .route(

@@ -94,6 +94,40 @@ pub async fn remove(
     }
 }
 
+/// Pauses the watch: 200 `{"watch_id", "paused": true, "changed"}`;
+/// `changed` is false for a watch that was paused already. While paused
+/// nothing is sent and nothing fails (`crate::watches::pause`).
+pub async fn pause(
+    State(state): State<AppState>,
+    Caller(service): Caller,
+    id: Result<Path<i64>, axum::extract::rejection::PathRejection>,
+) -> Result<Json<Value>, HttpError> {
+    set_paused(state, service.id, id, true).await
+}
+
+/// Resumes the watch: its waiting news is sent, each with a fresh delivery
+/// window. 200 `{"watch_id", "paused": false, "changed"}`.
+pub async fn resume(
+    State(state): State<AppState>,
+    Caller(service): Caller,
+    id: Result<Path<i64>, axum::extract::rejection::PathRejection>,
+) -> Result<Json<Value>, HttpError> {
+    set_paused(state, service.id, id, false).await
+}
+
+async fn set_paused(
+    state: AppState,
+    service_id: i64,
+    id: Result<Path<i64>, axum::extract::rejection::PathRejection>,
+    paused: bool,
+) -> Result<Json<Value>, HttpError> {
+    let id = watch_id(id)?;
+    let changed = watches::pause::set_watch(&state.pool, service_id, id, paused).await?;
+    Ok(Json(
+        json!({ "watch_id": id, "paused": paused, "changed": changed }),
+    ))
+}
+
 /// How often one watch may be pinged: each ping is a change and a
 /// delivery kept in the history, so a consumer pinging in a loop would
 /// otherwise grow both without bound. A sooner ping is a 429
