@@ -30,6 +30,8 @@ pub const ATTEMPT_DURATION: &str = "watchpump_attempt_duration_seconds";
 pub const BACKLOG: &str = "watchpump_backlog";
 pub const OLDEST_DUE_AGE: &str = "watchpump_oldest_due_age_seconds";
 pub const BACKLOG_LEADER: &str = "watchpump_backlog_leader";
+/// Watches whose deliveries a pause holds, per service (issue 20).
+pub const PAUSED_WATCHES: &str = "watchpump_paused_watches";
 pub const WAKEUPS: &str = "watchpump_wakeups_total";
 pub const LISTENER_RECONNECTS: &str = "watchpump_listener_reconnects_total";
 pub const CLAIMED_BATCH_SIZE: &str = "watchpump_claimed_batch_size";
@@ -131,6 +133,10 @@ fn describe() {
     describe_gauge!(
         BACKLOG_LEADER,
         "1 on the pump that reads the backlog gauges from the database, 0 on the others."
+    );
+    describe_gauge!(
+        PAUSED_WATCHES,
+        "Live watches of the service whose deliveries a pause holds (all of them while the service is paused); read with the backlog gauges."
     );
     describe_counter!(
         WAKEUPS,
@@ -237,4 +243,5 @@ pub fn register_service(service: &str) {
             .increment(0);
     }
     metrics::gauge!(IN_FLIGHT, "service" => service.to_string()).increment(0.0);
+    metrics::gauge!(PAUSED_WATCHES, "service" => service.to_string()).increment(0.0);
 }

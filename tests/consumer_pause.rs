@@ -255,3 +255,43 @@ async fn the_cli_pauses_and_resumes_a_service_and_a_watch() {
             .unwrap();
     assert_eq!(paused, None);
 }
+
+#[tokio::test]
+async fn the_paused_watches_gauge_counts_a_paused_watch_and_every_watch_of_a_paused_service() {
+    let exporter = free_addr();
+    watchpump::metrics::install(exporter).expect("install the exporter");
+    let db = TestDb::new().await;
+    let (deploy, _) = db.add_service("deploy", "http://127.0.0.1:9").await;
+    let (docs, _) = db.add_service("docs", "http://127.0.0.1:9").await;
+    let first = db.add_watch(deploy.id, "a", "acme/a/", all()).await;
+    db.add_watch(deploy.id, "b", "acme/b/", all()).await;
+    for n in 0..3 {
+        db.add_watch(docs.id, "d", &format!("acme/d{n}/"), all())
+            .await;
+    }
+    let mut collector = watchpump::metrics::backlog::Collector::new(&db.pool);
+    let gauge = |scrape: &common::prometheus::Scrape, service: &str| {
+        scrape.sum("watchpump_paused_watches", &[("service", service)])
+    };
+
+    collector.step().await;
+    let scrape = common::prometheus::Scrape::fetch(exporter).await;
+    assert_eq!(
+        (gauge(&scrape, "deploy"), gauge(&scrape, "docs")),
+        (0.0, 0.0)
+    );
+
+    watchpump::watches::pause::set_watch(&db.pool, deploy.id, first.id, true)
+        .await
+        .unwrap();
+    watchpump::watches::pause::set_service(&db.pool, docs.id, true)
+        .await
+        .unwrap();
+    collector.step().await;
+    let scrape = common::prometheus::Scrape::fetch(exporter).await;
+    assert_eq!(
+        (gauge(&scrape, "deploy"), gauge(&scrape, "docs")),
+        (1.0, 3.0)
+    );
+    collector.close().await;
+}

@@ -295,3 +295,22 @@ begin
     return true;
 end
 $$;
+
+-- Per live service, how many of its live watches a pause holds (all of
+-- them while the service is paused): the gauge watchpump_paused_watches
+-- (src/metrics/backlog.rs). Reads watches through watches_paused and
+-- watches_service only.
+create or replace function watchpump.paused_counts()
+returns table (service text, paused_watches bigint)
+language sql stable as $$
+    select s.name,
+           case when s.paused_at is not null
+                then (select count(*) from watchpump.watches w
+                      where w.service_id = s.id and w.removed_at is null)
+                else (select count(*) from watchpump.watches w
+                      where w.service_id = s.id and w.paused_at is not null and w.removed_at is null)
+           end
+    from watchpump.services s
+    where s.removed_at is null
+    order by s.name
+$$;

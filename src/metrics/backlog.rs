@@ -144,6 +144,13 @@ impl Collector {
             return Ok(Role::Follower);
         }
         let rows = backlog(conn).await?;
+        let paused: Vec<(String, i64)> =
+            sqlx::query_as("select service, paused_watches from watchpump.paused_counts()")
+                .fetch_all(&mut *conn)
+                .await?;
+        for (service, watches) in paused {
+            metrics::gauge!(m::PAUSED_WATCHES, "service" => service).set(watches as f64);
+        }
         for row in &rows {
             self.register(&row.service);
             export(row);
@@ -185,6 +192,7 @@ impl Collector {
                     .set(f64::NAN);
             }
             metrics::gauge!(m::OLDEST_DUE_AGE, "service" => service.clone()).set(f64::NAN);
+            metrics::gauge!(m::PAUSED_WATCHES, "service" => service.clone()).set(f64::NAN);
         }
         metrics::gauge!(m::BACKLOG_LEADER).set(0.0);
     }
