@@ -155,6 +155,9 @@ async fn run_services(pool: &sqlx::PgPool, command: ServicesCommand) -> Result<(
                 s.name, s.base_url
             );
         }
+        ServicesCommand::SetRate { name, rate } => {
+            crate::cli_consumer::set_rate(pool, &name, &rate).await?
+        }
         ServicesCommand::Pause { name } => {
             crate::cli_consumer::pause_service(pool, &name, true).await?
         }

@@ -167,3 +167,24 @@ fn said(what: &str, name: &str, paused: bool, changed: bool) -> String {
         (false, false) => format!("{what} {name} was not paused"),
     }
 }
+
+/// `watchpump services set-rate NAME RATE|none`.
+pub async fn set_rate(pool: &PgPool, name: &str, rate: &str) -> Result<()> {
+    let rate = match rate {
+        "none" => None,
+        text => {
+            let n: i64 = text.parse().map_err(|_| {
+                Error::Invalid(format!(
+                    "the rate is a whole number of deliveries a second, or none; not {text:?}"
+                ))
+            })?;
+            Some(crate::services::rate::check(n)?)
+        }
+    };
+    crate::services::rate::set_max(pool, name, rate).await?;
+    match rate {
+        Some(rate) => println!("service {name} gets at most {rate} deliveries a second"),
+        None => println!("service {name} has no rate limit"),
+    }
+    Ok(())
+}

@@ -116,6 +116,13 @@ pub enum ServicesCommand {
         #[arg(long, env = "WATCHPUMP_ALLOWED_DESTINATIONS", value_parser = Destinations::parse)]
         allowed_destinations: Option<Destinations>,
     },
+    /// Set the most deliveries a second a service gets, all pumps together
+    /// (`none`: no limit). Deliveries over it wait; none is dropped.
+    SetRate {
+        name: String,
+        /// Deliveries a second (at least 1), or `none`.
+        rate: String,
+    },
     /// Pause every watch of a service: nothing is sent to it and nothing
     /// fails until it is resumed.
     Pause { name: String },

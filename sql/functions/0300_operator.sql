@@ -70,7 +70,9 @@ select s.id as service_id,
        -- many of its live watches; their deliveries wait, held.
        s.paused_at is not null as paused,
        (select count(*) from watchpump.watches pw
-        where pw.service_id = s.id and pw.paused_at is not null and pw.removed_at is null) as paused_watches
+        where pw.service_id = s.id and pw.paused_at is not null and pw.removed_at is null) as paused_watches,
+       -- Deliveries a second it may get, all pumps together (null: no limit).
+       least(coalesce(s.max_rate, s.consumer_rate), coalesce(s.consumer_rate, s.max_rate)) as rate
 from watchpump.services s
 left join lateral (
     select count(*) filter (where not coalesce(d.lease_until > now(), false)) as pending,

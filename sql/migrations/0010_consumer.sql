@@ -11,3 +11,23 @@ alter table watchpump.services add column paused_at timestamptz;
 -- The paused watches, for hold_paused() (0500_consumer.sql) to find their
 -- queued deliveries without reading every watch: few rows, a tiny index.
 create index watches_paused on watchpump.watches (id) where paused_at is not null;
+
+-- The rate a consumer can take (issue 20): at most this many deliveries a
+-- second to the service, all pumps together. max_rate is the operator's
+-- (`watchpump services set-rate`), consumer_rate the consumer's own
+-- (`PUT /api/v1/rate`), never above max_rate; the lower of the two holds,
+-- null is no limit.
+alter table watchpump.services
+    add column max_rate integer check (max_rate > 0),
+    add column consumer_rate integer check (consumer_rate > 0);
+
+-- One token bucket per rate-limited service, shared by every pump
+-- (take_tokens(), 0500_consumer.sql): tokens, and when they were last
+-- refilled. granted is what the last take_tokens() gave out (read back by
+-- its RETURNING).
+create table watchpump.rate_buckets (
+    service_id   bigint primary key,
+    tokens       double precision not null,
+    refilled_at  timestamptz not null,
+    granted      integer not null default 0
+);

@@ -8,6 +8,7 @@
 pub mod auth;
 pub mod deliveries;
 pub mod kinds;
+pub mod rate;
 pub mod watches;
 
 use std::sync::Arc;
@@ -91,6 +92,10 @@ pub fn app_with(state: AppState, throttle: Arc<Throttle>) -> Router {
         .route(
             "/api/v1/deliveries/{id}/redeliver",
             post(deliveries::redeliver),
+        )
+        .route(
+            "/api/v1/rate",
+            get(rate::show).put(rate::set).delete(rate::clear),
         )
         .route("/api/v1/kinds", get(kinds::list))
         .route("/healthz", get(healthz))

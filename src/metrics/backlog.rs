@@ -144,12 +144,13 @@ impl Collector {
             return Ok(Role::Follower);
         }
         let rows = backlog(conn).await?;
-        let paused: Vec<(String, i64)> =
-            sqlx::query_as("select service, paused_watches from watchpump.paused_counts()")
+        let consumers: Vec<(String, i64, Option<i32>)> =
+            sqlx::query_as("select service, paused_watches, rate from watchpump.consumer_gauges()")
                 .fetch_all(&mut *conn)
                 .await?;
-        for (service, watches) in paused {
-            metrics::gauge!(m::PAUSED_WATCHES, "service" => service).set(watches as f64);
+        for (service, watches, rate) in consumers {
+            metrics::gauge!(m::PAUSED_WATCHES, "service" => service.clone()).set(watches as f64);
+            metrics::gauge!(m::RATE_LIMIT, "service" => service).set(rate.unwrap_or(0) as f64);
         }
         for row in &rows {
             self.register(&row.service);
@@ -193,6 +194,7 @@ impl Collector {
             }
             metrics::gauge!(m::OLDEST_DUE_AGE, "service" => service.clone()).set(f64::NAN);
             metrics::gauge!(m::PAUSED_WATCHES, "service" => service.clone()).set(f64::NAN);
+            metrics::gauge!(m::RATE_LIMIT, "service" => service.clone()).set(f64::NAN);
         }
         metrics::gauge!(m::BACKLOG_LEADER).set(0.0);
     }

@@ -163,7 +163,7 @@ async fn register_asleep(shared: &Shared) -> bool {
 /// loop).
 pub(super) async fn claim(shared: &Shared) -> Result<Vec<Claimed>> {
     let now = Instant::now();
-    let (slots, in_flight) = {
+    let (mut slots, in_flight) = {
         let health = shared.health.lock().unwrap();
         (health.slots(now), health.total_in_flight())
     };
@@ -176,6 +176,8 @@ pub(super) async fn claim(shared: &Shared) -> Result<Vec<Claimed>> {
             return Ok(Vec::new());
         }
     };
+    // Rate-limited services (issue 20) get at most their tokens.
+    let taken = super::rate::take(&shared.pool, &mut slots).await?;
     let claimed = store::claim(
         &shared.pool,
         &shared.name,
@@ -185,6 +187,7 @@ pub(super) async fn claim(shared: &Shared) -> Result<Vec<Claimed>> {
         &shared.in_flight_bytes,
     )
     .await?;
+    super::rate::give_back(&shared.pool, &taken, &claimed).await?;
     // A probe that found nothing to send waits its pause like any other.
     let mut health = shared.health.lock().unwrap();
     for (i, id) in slots.service_ids.iter().enumerate() {

@@ -15,6 +15,7 @@
 
 mod claiming;
 pub mod health;
+pub mod rate;
 mod recording;
 pub mod send;
 pub mod store;

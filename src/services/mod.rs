@@ -16,6 +16,7 @@
 
 pub mod at_rest;
 mod input;
+pub mod rate;
 
 use std::time::Duration;
 
