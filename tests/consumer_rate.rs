@@ -176,3 +176,47 @@ async fn the_consumer_lowers_its_rate_and_bad_rates_are_422_changing_nothing() {
     assert_eq!(code, 0);
     assert!(out.contains("no rate limit"), "{out}");
 }
+
+#[tokio::test]
+async fn the_panel_sets_a_services_rate_and_shows_it_with_its_pauses() {
+    let db = TestDb::new().await;
+    let (deploy, _) = db.add_service("deploy", "http://127.0.0.1:9").await;
+    let watch = db.add_watch(deploy.id, "app", "acme/", all()).await;
+    watchpump::watches::pause::set_watch(&db.pool, deploy.id, watch.id, true)
+        .await
+        .unwrap();
+    let server = AppServer::start(&db.pool, &operator_config()).await;
+    let cookie = server.log_in().await;
+    let post = |rate: &str| {
+        panel_client()
+            .post(server.url("/panel/services/deploy/rate"))
+            .header("origin", server.origin())
+            .header("cookie", cookie.clone())
+            .form(&[("rate", rate.to_string())])
+            .send()
+    };
+
+    let resp = post("25").await.unwrap();
+    assert_eq!(resp.status(), 303);
+    let page = server.panel_get("/panel/services/deploy").await;
+    assert!(page.contains("25/s"), "the page shows the rate");
+    assert!(page.contains("1 watches"), "and the paused watch");
+    for bad in ["0", "fast", "-1"] {
+        let resp = post(bad).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::UNPROCESSABLE_ENTITY, "{bad}");
+    }
+    let max: Option<i32> =
+        sqlx::query_scalar("select max_rate from watchpump.services where name = 'deploy'")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(max, Some(25));
+    let resp = post("").await.unwrap();
+    assert_eq!(resp.status(), 303);
+    let max: Option<i32> =
+        sqlx::query_scalar("select max_rate from watchpump.services where name = 'deploy'")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(max, None, "an empty rate lifts the limit");
+}
