@@ -101,10 +101,28 @@ async fn run_services(pool: &sqlx::PgPool, command: ServicesCommand) -> Result<(
             base_url,
             json,
             allowed_destinations,
+            signature,
         } => {
             let allowed = allowed_destinations.unwrap_or_default();
-            let new = services::add_within(pool, &name, &base_url, &allowed).await?;
-            if json {
+            let signature = services::Signature::parse(&signature)?;
+            let new = services::add_signed(pool, &name, &base_url, &allowed, signature).await?;
+            if let Some(public) = &new.signing_public_key {
+                if json {
+                    println!(
+                        "{}",
+                        serde_json::json!({"name": new.service.name, "token": new.token,
+                                           "signing_public_key": public})
+                    );
+                } else {
+                    println!(
+                        "service {} ({}) registered.\n\
+                         deliveries to it are signed with ed25519 (Standard Webhooks v1a); \
+                         they verify with the public key: {}\n\
+                         its token, shown only this once:\n{}",
+                        new.service.name, new.service.base_url, public, new.token
+                    );
+                }
+            } else if json {
                 println!(
                     "{}",
                     serde_json::json!({"name": new.service.name, "token": new.token,

@@ -83,9 +83,15 @@ pub enum ServicesCommand {
         /// <base-url>/api/v1/<producer>/events.
         #[arg(long)]
         base_url: String,
-        /// Print one JSON object {"name", "token", "signing_secret"} instead.
+        /// Print one JSON object {"name", "token", "signing_secret"} instead
+        /// ({"name", "token", "signing_public_key"} for ed25519).
         #[arg(long)]
         json: bool,
+        /// How deliveries are signed: hmac (Standard Webhooks v1, a secret
+        /// both sides hold) or ed25519 (v1a: the consumer holds only a
+        /// public key, whpk_).
+        #[arg(long, default_value = "hmac", value_parser = ["hmac", "ed25519"])]
+        signature: String,
         /// Where base URLs may point (as for `serve`).
         #[arg(long, env = "WATCHPUMP_ALLOWED_DESTINATIONS", value_parser = Destinations::parse)]
         allowed_destinations: Option<Destinations>,

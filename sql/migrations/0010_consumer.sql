@@ -31,3 +31,10 @@ create table watchpump.rate_buckets (
     refilled_at  timestamptz not null,
     granted      integer not null default 0
 );
+
+-- How deliveries to the service are signed (Standard Webhooks): 'v1',
+-- HMAC-SHA256 with a secret both sides hold (whsec_), or 'v1a', ed25519:
+-- the producer keeps the secret key (whsk_, sealed in signing_secret like
+-- a whsec_) and the consumer holds only the public key (whpk_).
+alter table watchpump.services
+    add column signature text not null default 'v1' check (signature in ('v1', 'v1a'));
