@@ -8,6 +8,7 @@
 pub mod auth;
 pub mod deliveries;
 pub mod kinds;
+pub mod openapi;
 pub mod rate;
 pub mod watches;
 
@@ -98,6 +99,7 @@ pub fn app_with(state: AppState, throttle: Arc<Throttle>) -> Router {
             get(rate::show).put(rate::set).delete(rate::clear),
         )
         .route("/api/v1/kinds", get(kinds::list))
+        .route("/api/v1/openapi.json", get(openapi::spec))
         .route("/healthz", get(healthz))
         .fallback(|| async { HttpError::NotFound("no such endpoint".into()) })
         .method_not_allowed_fallback(|| async { HttpError::MethodNotAllowed })
