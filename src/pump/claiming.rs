@@ -177,7 +177,7 @@ pub(super) async fn claim(shared: &Shared) -> Result<Vec<Claimed>> {
         }
     };
     // Rate-limited services (issue 20) get at most their tokens.
-    let taken = super::rate::take(&shared.pool, &mut slots).await?;
+    let taken = super::rate::take(&shared.pool, &shared.rates, &mut slots).await?;
     let claimed = store::claim(
         &shared.pool,
         &shared.name,

@@ -60,6 +60,8 @@ struct Shared {
     /// ([`crate::delivery::Payload::metered`]); capped by
     /// `WATCHPUMP_MAX_IN_FLIGHT_BYTES`.
     in_flight_bytes: Arc<AtomicU64>,
+    /// Whether any service has a rate (issue 20, [`rate::Limited`]).
+    rates: rate::Limited,
 }
 
 impl Pump {
@@ -85,6 +87,7 @@ impl Pump {
             retries: Mutex::new(Wakeups::default()),
             destinations: Mutex::new(HashMap::new()),
             in_flight_bytes: Arc::new(AtomicU64::new(0)),
+            rates: rate::Limited::default(),
             cfg,
         };
         Ok(Pump {

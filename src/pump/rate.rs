@@ -2,8 +2,12 @@
 //! claim the pump takes tokens from each rate-limited service's bucket in
 //! PostgreSQL (`watchpump.take_tokens()`, `sql/functions/0500_consumer.sql`,
 //! "RATE") and claims at most the granted count per service; after it, it
-//! gives back what it did not use. Services without a rate cost nothing but
-//! the one round trip that says there are none.
+//! gives back what it did not use. While no service has a rate, a pump
+//! asks once every [`RECHECK`] rather than before every claim ([`Limited`]):
+//! a rate set then holds from a pump's next claim within that time.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use sqlx::PgPool;
 
@@ -16,10 +20,30 @@ use crate::pump::health::Slots;
 #[derive(Debug, Default)]
 pub struct Taken(Vec<(i64, i32)>);
 
+/// How long a pump that found no rate-limited service claims without asking
+/// again: the round trip is saved on every claim of a pump whose services
+/// have no rate, and a new rate waits at most this long.
+pub const RECHECK: Duration = Duration::from_secs(1);
+
+/// One pump's memory of whether any service has a rate.
+#[derive(Debug, Default)]
+pub struct Limited {
+    none_until: Mutex<Option<Instant>>,
+}
+
 /// Takes tokens for the services in `slots` (and those it does not list,
 /// at `default_free`) and lowers each rate-limited service's free slots to
 /// what it was granted, adding the ones `slots` did not list.
-pub async fn take(pool: &PgPool, slots: &mut Slots) -> Result<Taken> {
+pub async fn take(pool: &PgPool, limited: &Limited, slots: &mut Slots) -> Result<Taken> {
+    let now = Instant::now();
+    if limited
+        .none_until
+        .lock()
+        .unwrap()
+        .is_some_and(|until| now < until)
+    {
+        return Ok(Taken::default());
+    }
     let granted: Vec<(i64, i32)> =
         sqlx::query_as("select service_id, granted from watchpump.take_tokens($1, $2, $3)")
             .bind(&slots.service_ids)
@@ -27,6 +51,7 @@ pub async fn take(pool: &PgPool, slots: &mut Slots) -> Result<Taken> {
             .bind(slots.default_free)
             .fetch_all(pool)
             .await?;
+    *limited.none_until.lock().unwrap() = granted.is_empty().then(|| now + RECHECK);
     for &(service_id, n) in &granted {
         match slots.service_ids.iter().position(|id| *id == service_id) {
             Some(i) => slots.free[i] = slots.free[i].min(n),
