@@ -10,11 +10,14 @@
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 # Python's standardwebhooks, the independent implementation the signing
-# interop test (tests/signing_interop.rs) checks our signatures against.
-if [ ! -x "$root/target/py/bin/python" ] || ! "$root/target/py/bin/python" -c 'import standardwebhooks' 2>/dev/null; then
-  echo "test-deps: installing Python's standardwebhooks into target/py" >&2
-  python3 -m venv "$root/target/py" >&2 && "$root/target/py/bin/pip" install -q standardwebhooks==1.1.0 >&2 \
-    || { echo "test-deps: could not install standardwebhooks from PyPI" >&2; exit 1; }
+# interop test (tests/signing_interop.rs) checks our signatures against, and
+# Python's cryptography, whose ed25519 checks our v1a signatures
+# (tests/signing_ed25519_interop.rs).
+if [ ! -x "$root/target/py/bin/python" ] || ! "$root/target/py/bin/python" -c 'import standardwebhooks, cryptography' 2>/dev/null; then
+  echo "test-deps: installing Python's standardwebhooks and cryptography into target/py" >&2
+  { [ -x "$root/target/py/bin/python" ] || python3 -m venv "$root/target/py" >&2; } \
+    && "$root/target/py/bin/pip" install -q standardwebhooks==1.1.0 cryptography==46.0.3 >&2 \
+    || { echo "test-deps: could not install standardwebhooks and cryptography from PyPI" >&2; exit 1; }
 fi
 tools="$root/target/tools"
 if ! { command -v promtool && command -v prometheus; } >/dev/null 2>&1 && [ ! -x "$tools/bin/promtool" ]; then

@@ -138,10 +138,28 @@ async fn run_services(pool: &sqlx::PgPool, command: ServicesCommand) -> Result<(
             base_url,
             json,
             allowed_destinations,
+            signature,
         } => {
             let allowed = allowed_destinations.unwrap_or_default();
-            let new = services::add_within(pool, &name, &base_url, &allowed).await?;
-            if json {
+            let signature = services::Signature::parse(&signature)?;
+            let new = services::add_signed(pool, &name, &base_url, &allowed, signature).await?;
+            if let Some(public) = &new.signing_public_key {
+                if json {
+                    println!(
+                        "{}",
+                        serde_json::json!({"name": new.service.name, "token": new.token,
+                                           "signing_public_key": public})
+                    );
+                } else {
+                    println!(
+                        "service {} ({}) registered.\n\
+                         deliveries to it are signed with ed25519 (Standard Webhooks v1a); \
+                         they verify with the public key: {}\n\
+                         its token, shown only this once:\n{}",
+                        new.service.name, new.service.base_url, public, new.token
+                    );
+                }
+            } else if json {
                 println!(
                     "{}",
                     serde_json::json!({"name": new.service.name, "token": new.token,
@@ -191,6 +209,15 @@ async fn run_services(pool: &sqlx::PgPool, command: ServicesCommand) -> Result<(
                 "service {} now receives deliveries at {}",
                 s.name, s.base_url
             );
+        }
+        ServicesCommand::SetRate { name, rate } => {
+            crate::cli_consumer::set_rate(pool, &name, &rate).await?
+        }
+        ServicesCommand::Pause { name } => {
+            crate::cli_consumer::pause_service(pool, &name, true).await?
+        }
+        ServicesCommand::Resume { name } => {
+            crate::cli_consumer::pause_service(pool, &name, false).await?
         }
         ServicesCommand::Remove { name, yes } => {
             let service = services::find(pool, &name).await?;
@@ -254,6 +281,16 @@ async fn run(cli: Cli) -> Result<()> {
             schema::require(&pool).await?;
             schema::migrate(&pool).await?;
             run_kinds(&pool, command).await?;
+        }
+        Command::Watches(command) => {
+            let pool = server::connect(&url, 2).await?;
+            schema::require(&pool).await?;
+            crate::cli_consumer::run_watches(&pool, command).await?;
+        }
+        Command::Deliveries(command) => {
+            let pool = server::connect(&url, 2).await?;
+            schema::require(&pool).await?;
+            crate::cli_consumer::run_deliveries(&pool, command).await?;
         }
         Command::Emit {
             object,

@@ -56,6 +56,12 @@ pub enum Command {
     /// read at GET /api/v1/kinds and, in strict mode, for emit() to check.
     #[command(subcommand)]
     Kinds(KindsCommand),
+    /// Consumers' deliveries: list, show one, retry one.
+    #[command(subcommand)]
+    Deliveries(crate::cli_consumer::DeliveriesCommand),
+    /// Consumers' watches: pause and resume one.
+    #[command(subcommand)]
+    Watches(crate::cli_consumer::WatchesCommand),
     /// Record a change and fan it out to the matching watches (for trying
     /// things out; producers call watchpump.emit() in their own transaction).
     Emit {
@@ -89,9 +95,15 @@ pub enum ServicesCommand {
         /// <base-url>/api/v1/<producer>/events.
         #[arg(long)]
         base_url: String,
-        /// Print one JSON object {"name", "token", "signing_secret"} instead.
+        /// Print one JSON object {"name", "token", "signing_secret"} instead
+        /// ({"name", "token", "signing_public_key"} for ed25519).
         #[arg(long)]
         json: bool,
+        /// How deliveries are signed: hmac (Standard Webhooks v1, a secret
+        /// both sides hold) or ed25519 (v1a: the consumer holds only a
+        /// public key, whpk_).
+        #[arg(long, default_value = "hmac", value_parser = ["hmac", "ed25519"])]
+        signature: String,
         /// Where base URLs may point (as for `serve`).
         #[arg(long, env = "WATCHPUMP_ALLOWED_DESTINATIONS", value_parser = Destinations::parse)]
         allowed_destinations: Option<Destinations>,
@@ -122,6 +134,19 @@ pub enum ServicesCommand {
         #[arg(long, env = "WATCHPUMP_ALLOWED_DESTINATIONS", value_parser = Destinations::parse)]
         allowed_destinations: Option<Destinations>,
     },
+    /// Set the most deliveries a second a service gets, all pumps together
+    /// (`none`: no limit). Deliveries over it wait; none is dropped.
+    SetRate {
+        name: String,
+        /// Deliveries a second (at least 1), or `none`.
+        rate: String,
+    },
+    /// Pause every watch of a service: nothing is sent to it and nothing
+    /// fails until it is resumed.
+    Pause { name: String },
+    /// Resume a paused service: its waiting news is sent, each with a fresh
+    /// delivery window.
+    Resume { name: String },
     /// Remove a service: its token stops working, its watches are removed
     /// and their undelivered deliveries dropped.
     Remove {

@@ -70,7 +70,8 @@
 //! - [`throttle`]: failed authentications per client address (admin
 //!   token, panel log-in, service tokens), 429 once they are used up.
 //! - [`server`]: `watchpump serve`: pool, migrations, pump, API, shutdown.
-//! - [`cli`]: the `watchpump` command.
+//! - [`cli`]: the `watchpump` command; [`cli_consumer`]: its forms of the
+//!   consumer's own calls (deliveries, pause, resume).
 //! - [`kit`]: the consumer's side, for services that receive deliveries:
 //!   the events endpoint, an inbox in the consumer's own database, and a
 //!   client for registering watches. Built alone with
@@ -87,6 +88,8 @@
 pub mod api;
 #[cfg(feature = "producer")]
 pub mod cli;
+#[cfg(feature = "producer")]
+pub mod cli_consumer;
 #[cfg(feature = "producer")]
 pub mod config;
 pub mod delivery;

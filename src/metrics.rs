@@ -30,6 +30,10 @@ pub const ATTEMPT_DURATION: &str = "watchpump_attempt_duration_seconds";
 pub const BACKLOG: &str = "watchpump_backlog";
 pub const OLDEST_DUE_AGE: &str = "watchpump_oldest_due_age_seconds";
 pub const BACKLOG_LEADER: &str = "watchpump_backlog_leader";
+/// Watches whose deliveries a pause holds, per service (issue 20).
+pub const PAUSED_WATCHES: &str = "watchpump_paused_watches";
+/// The rate a service may get, all pumps together (issue 20).
+pub const RATE_LIMIT: &str = "watchpump_rate_limit";
 pub const WAKEUPS: &str = "watchpump_wakeups_total";
 pub const LISTENER_RECONNECTS: &str = "watchpump_listener_reconnects_total";
 pub const CLAIMED_BATCH_SIZE: &str = "watchpump_claimed_batch_size";
@@ -150,6 +154,14 @@ fn describe() {
     describe_gauge!(
         BACKLOG_LEADER,
         "1 on the pump that reads the backlog gauges from the database, 0 on the others."
+    );
+    describe_gauge!(
+        PAUSED_WATCHES,
+        "Live watches of the service whose deliveries a pause holds (all of them while the service is paused); read with the backlog gauges."
+    );
+    describe_gauge!(
+        RATE_LIMIT,
+        "Deliveries a second the service may get, all pumps together (the lower of the operator's and the consumer's own); 0 when it has no limit."
     );
     describe_counter!(
         WAKEUPS,
@@ -273,4 +285,6 @@ pub fn register_service(service: &str) {
     }
     metrics::gauge!(IN_FLIGHT, "service" => service.to_string()).increment(0.0);
     metrics::counter!(SENDS_ABANDONED, "service" => service.to_string()).absolute(0);
+    metrics::gauge!(PAUSED_WATCHES, "service" => service.to_string()).increment(0.0);
+    metrics::gauge!(RATE_LIMIT, "service" => service.to_string()).increment(0.0);
 }

@@ -34,12 +34,14 @@ const FILES: &[SqlFile] = &[
     sql_file!("migrations", "0007_kinds", false),
     sql_file!("migrations", "0008_storage_v3", false),
     sql_file!("migrations", "0009_trace_context", false),
+    sql_file!("migrations", "0010_consumer", false),
     sql_file!("functions", "0050_registry", true),
     sql_file!("functions", "0100_emit", true),
     sql_file!("functions", "0150_kinds", true),
     sql_file!("functions", "0200_pump", true),
     sql_file!("functions", "0300_operator", true),
     sql_file!("functions", "0400_metrics", true),
+    sql_file!("functions", "0500_consumer", true),
 ];
 
 /// Brings the `watchpump` schema up to date. Safe to run from several

@@ -157,12 +157,12 @@ pub async fn serve(
         &cfg.pump,
         &settings.panel_url,
     )?;
-    let app = api::app_with(AppState { pool: pool.clone() }, throttle).merge(operator::router(
-        operator::OperatorState {
+    let app = api::app_with(AppState::new(pool.clone(), &cfg.pump), throttle).merge(
+        operator::router(operator::OperatorState {
             pool: pool.clone(),
             settings: std::sync::Arc::new(settings),
-        },
-    ));
+        }),
+    );
     let api = tokio::spawn(edge::serve(
         listener,
         app,

@@ -49,16 +49,12 @@ impl Server {
             throttle: throttle.clone(),
             ..Settings::new(&operator_config(), &pump_config(), addr)
         };
-        let app = watchpump::api::app_with(
-            AppState {
-                pool: db.pool.clone(),
-            },
-            throttle,
-        )
-        .merge(watchpump::operator::router(OperatorState {
-            pool: db.pool.clone(),
-            settings: Arc::new(settings),
-        }));
+        let app =
+            watchpump::api::app_with(AppState::new(db.pool.clone(), &pump_config()), throttle)
+                .merge(watchpump::operator::router(OperatorState {
+                    pool: db.pool.clone(),
+                    settings: Arc::new(settings),
+                }));
         let (stop, stopped) = oneshot::channel::<()>();
         tokio::spawn(watchpump::edge::serve(
             listener,

@@ -79,9 +79,10 @@ pub async fn run(
         .route("/issues/{project}", post(open_issue))
         .route("/issues/{project}/{number}/close", post(close_issue))
         .with_state(Tracker { pool: pool.clone() })
-        .merge(watchpump::api::app(watchpump::api::AppState {
-            pool: pool.clone(),
-        }))
+        .merge(watchpump::api::app(watchpump::api::AppState::new(
+            pool.clone(),
+            &pump_cfg,
+        )))
         .merge(watchpump::operator::router(OperatorState {
             pool: pool.clone(),
             settings: Arc::new(settings),

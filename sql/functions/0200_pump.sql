@@ -212,6 +212,8 @@ declare
     v_probes       boolean[];
     v_ids          bigint[];
     v_older        bigint[];
+    -- Paused watches (issue 20, 0500_consumer.sql): never claimed.
+    v_paused       bigint[] := array(select w.id from watchpump.watches w where w.paused_at is not null);
 begin
     -- The rule needs a fresh snapshot per statement.
     if current_setting('transaction_isolation') <> 'read committed' then
@@ -245,10 +247,11 @@ begin
             where q.service_id = s.id
               and (coalesce(f.probe, false) or q.next_attempt_at <= now())
               and not coalesce(q.lease_until > now(), false)
+              and not q.watch_id = any (v_paused)
             order by q.next_attempt_at
             limit least(greatest(coalesce(f.free, p_default_free), 0), p_max_rows)
         ) d
-        where s.removed_at is null
+        where s.removed_at is null and s.paused_at is null
     ),
     scanned as materialized (
         -- Numbered outside the per-service scan: a window function inside

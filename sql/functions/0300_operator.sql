@@ -65,7 +65,14 @@ select s.id as service_id,
             and coalesce(l.last_delivered_at, '-infinity') < q.oldest_retrying_at)
            or (f.last_failed_at is not null
                and coalesce(l.last_delivered_at, '-infinity') < f.last_failed_at),
-           false) as looks_down
+           false) as looks_down,
+       -- Paused (issue 20, 0500_consumer.sql): the whole service, or how
+       -- many of its live watches; their deliveries wait, held.
+       s.paused_at is not null as paused,
+       (select count(*) from watchpump.watches pw
+        where pw.service_id = s.id and pw.paused_at is not null and pw.removed_at is null) as paused_watches,
+       -- Deliveries a second it may get, all pumps together (null: no limit).
+       least(coalesce(s.max_rate, s.consumer_rate), coalesce(s.consumer_rate, s.max_rate)) as rate
 from watchpump.services s
 left join lateral (
     select count(*) filter (where not coalesce(d.lease_until > now(), false)) as pending,

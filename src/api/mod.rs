@@ -1,17 +1,21 @@
 //! The HTTP API consumers call, on `WATCHPUMP_LISTEN`: their watches
-//! ([`watches`]) and the producer's kinds of change ([`kinds`]), authenticated by their service token ([`auth`], with
+//! ([`watches`]), their own deliveries ([`deliveries`]) and the producer's
+//! kinds of change ([`kinds`]), authenticated by their service token ([`auth`], with
 //! failures throttled per client address), and never handed a path or
 //! query that is not text ([`crate::http::text`]). Errors are
 //! [`HttpError`]s, as JSON.
 
 pub mod auth;
+pub mod deliveries;
 pub mod kinds;
+pub mod openapi;
+pub mod rate;
 pub mod watches;
 
 use std::sync::Arc;
 
 use axum::extract::DefaultBodyLimit;
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::Router;
 use sqlx::PgPool;
 
@@ -25,6 +29,43 @@ pub const BODY_LIMIT: usize = 64 * 1024;
 #[derive(Clone)]
 pub struct AppState {
     pub pool: PgPool,
+    /// The producer's name: a delivery's body, shown to its consumer as
+    /// sent, carries it.
+    pub producer: String,
+    /// The producer's token, masked in whatever is shown (a consumer's
+    /// answer may echo it).
+    producer_token: String,
+}
+
+impl AppState {
+    /// The state for the pump configured by `pump` (its producer's name and
+    /// token).
+    pub fn new(pool: PgPool, pump: &crate::config::PumpConfig) -> AppState {
+        AppState {
+            pool,
+            producer: pump.producer.clone(),
+            producer_token: pump.producer_token.clone(),
+        }
+    }
+
+    /// `value` with every string masked ([`crate::redact::mask`]): the
+    /// producer's token and anything that looks like a credential.
+    pub fn mask_json(&self, value: serde_json::Value) -> serde_json::Value {
+        use serde_json::Value;
+        match value {
+            Value::String(s) => Value::String(crate::redact::mask(&s, &[&self.producer_token])),
+            Value::Array(items) => {
+                Value::Array(items.into_iter().map(|v| self.mask_json(v)).collect())
+            }
+            Value::Object(fields) => Value::Object(
+                fields
+                    .into_iter()
+                    .map(|(k, v)| (k, self.mask_json(v)))
+                    .collect(),
+            ),
+            other => other,
+        }
+    }
 }
 
 /// The API as a router, for `serve`, embedding and tests, with the default
@@ -44,7 +85,21 @@ pub fn app_with(state: AppState, throttle: Arc<Throttle>) -> Router {
             "/api/v1/watches/{id}",
             get(watches::show).delete(watches::remove),
         )
+        .route("/api/v1/watches/{id}/ping", post(watches::ping))
+        .route("/api/v1/watches/{id}/pause", post(watches::pause))
+        .route("/api/v1/watches/{id}/resume", post(watches::resume))
+        .route("/api/v1/deliveries", get(deliveries::list))
+        .route("/api/v1/deliveries/{id}", get(deliveries::show))
+        .route(
+            "/api/v1/deliveries/{id}/redeliver",
+            post(deliveries::redeliver),
+        )
+        .route(
+            "/api/v1/rate",
+            get(rate::show).put(rate::set).delete(rate::clear),
+        )
         .route("/api/v1/kinds", get(kinds::list))
+        .route("/api/v1/openapi.json", get(openapi::spec))
         .route("/healthz", get(healthz))
         .fallback(|| async { HttpError::NotFound("no such endpoint".into()) })
         .method_not_allowed_fallback(|| async { HttpError::MethodNotAllowed })

@@ -94,6 +94,86 @@ pub async fn remove(
     }
 }
 
+/// Pauses the watch: 200 `{"watch_id", "paused": true, "changed"}`;
+/// `changed` is false for a watch that was paused already. While paused
+/// nothing is sent and nothing fails (`crate::watches::pause`).
+pub async fn pause(
+    State(state): State<AppState>,
+    Caller(service): Caller,
+    id: Result<Path<i64>, axum::extract::rejection::PathRejection>,
+) -> Result<Json<Value>, HttpError> {
+    set_paused(state, service.id, id, true).await
+}
+
+/// Resumes the watch: its waiting news is sent, each with a fresh delivery
+/// window. 200 `{"watch_id", "paused": false, "changed"}`.
+pub async fn resume(
+    State(state): State<AppState>,
+    Caller(service): Caller,
+    id: Result<Path<i64>, axum::extract::rejection::PathRejection>,
+) -> Result<Json<Value>, HttpError> {
+    set_paused(state, service.id, id, false).await
+}
+
+async fn set_paused(
+    state: AppState,
+    service_id: i64,
+    id: Result<Path<i64>, axum::extract::rejection::PathRejection>,
+    paused: bool,
+) -> Result<Json<Value>, HttpError> {
+    let id = watch_id(id)?;
+    let changed = watches::pause::set_watch(&state.pool, service_id, id, paused).await?;
+    Ok(Json(
+        json!({ "watch_id": id, "paused": paused, "changed": changed }),
+    ))
+}
+
+/// How often one watch may be pinged: each ping is a change and a
+/// delivery kept in the history, so a consumer pinging in a loop would
+/// otherwise grow both without bound. A sooner ping is a 429
+/// (tests/consumer_deliveries.rs).
+pub const PING_EVERY_SECS: i64 = 10;
+
+/// Sends the watch a delivery of kind `watchpump.ping`, queued and signed
+/// like any other (`watchpump.ping()`): 202 `{"delivery_id"}`; 404 for a
+/// removed watch or another service's, 429 within [`PING_EVERY_SECS`] of
+/// the watch's previous ping.
+pub async fn ping(
+    State(state): State<AppState>,
+    Caller(service): Caller,
+    id: Result<Path<i64>, axum::extract::rejection::PathRejection>,
+) -> Result<(StatusCode, Json<Value>), HttpError> {
+    let id = watch_id(id)?;
+    let delivery_id: i64 =
+        sqlx::query_scalar("select watchpump.ping($1, $2, make_interval(secs => $3))")
+            .bind(service.id)
+            .bind(id)
+            .bind(PING_EVERY_SECS as f64)
+            .fetch_one(&state.pool)
+            .await
+            .map_err(too_many_or_raised)?;
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({ "delivery_id": delivery_id })),
+    ))
+}
+
+/// A bound of `sql/functions/0500_consumer.sql` (54000) as 429; any other
+/// refusal as [`crate::Error::raised`] maps it.
+pub(crate) fn too_many_or_raised(e: sqlx::Error) -> HttpError {
+    if let sqlx::Error::Database(d) = &e {
+        if d.code().as_deref() == Some("54000") {
+            let message = d.message();
+            let message = message
+                .split_once(": ")
+                .map_or(message, |(_, m)| m)
+                .to_string();
+            return HttpError::TooMany(message);
+        }
+    }
+    crate::Error::raised(e).into()
+}
+
 fn watch_id(
     id: Result<Path<i64>, axum::extract::rejection::PathRejection>,
 ) -> Result<i64, HttpError> {

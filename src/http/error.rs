@@ -42,6 +42,10 @@ pub enum HttpError {
     /// time until it may try again.
     #[error("too many failed authentications from your address; try again in {} s", throttle::retry_after_secs(*.0))]
     Throttled(Duration),
+    /// A bound on what a caller may ask for was reached (a ping too soon,
+    /// a resync while one runs): 429, the message says which.
+    #[error("{0}")]
+    TooMany(String),
     /// This door is turned off by configuration.
     #[error("{0}")]
     Off(&'static str),
@@ -64,6 +68,7 @@ impl HttpError {
             }
             HttpError::Invalid(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid"),
             HttpError::Throttled(_) => (StatusCode::TOO_MANY_REQUESTS, "too_many_failures"),
+            HttpError::TooMany(_) => (StatusCode::TOO_MANY_REQUESTS, "too_many_requests"),
             HttpError::Off(_) => (StatusCode::SERVICE_UNAVAILABLE, "disabled"),
             HttpError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         }
@@ -77,9 +82,10 @@ impl HttpError {
             }
             HttpError::NotFound(_) | HttpError::MethodNotAllowed => "Not found",
             HttpError::Conflict(_) | HttpError::Invalid(_) => "Not done",
-            HttpError::Unauthorized(_) | HttpError::Forbidden(_) | HttpError::Throttled(_) => {
-                "Refused"
-            }
+            HttpError::Unauthorized(_)
+            | HttpError::Forbidden(_)
+            | HttpError::Throttled(_)
+            | HttpError::TooMany(_) => "Refused",
             HttpError::Off(_) => "Off",
             HttpError::Internal(_) => "Internal error",
         }

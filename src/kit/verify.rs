@@ -157,4 +157,24 @@ mod tests {
         // Replayed ten minutes later.
         assert!(p.check_signature(&signed, body, 1_700_000_600).is_err());
     }
+
+    #[test]
+    fn the_kit_verifies_v1a_with_the_public_key_alone_and_v1_next_to_it() {
+        let key = SigningSecret::generate_ed25519();
+        let public: SigningSecret = key.public_key().unwrap().parse().unwrap();
+        let hmac = SigningSecret::generate();
+        let p = Producer::new("git", "t", vec![public, hmac.clone()]);
+        let body = br#"{"delivery_id":7}"#;
+        for signer in [&key, &hmac] {
+            let signed = headers(&signing::headers(&[signer], 7, 1_700_000_000, body));
+            assert_eq!(p.check_signature(&signed, body, 1_700_000_010), Ok(7));
+        }
+        let forged = headers(&signing::headers(
+            &[&SigningSecret::generate_ed25519()],
+            7,
+            1_700_000_000,
+            body,
+        ));
+        assert!(p.check_signature(&forged, body, 1_700_000_010).is_err());
+    }
 }

@@ -151,6 +151,14 @@ impl Collector {
         .await?;
         metrics::counter!(m::TRACE_CONTEXT_MALFORMED).absolute(malformed.max(0) as u64);
         let rows = backlog(conn).await?;
+        let consumers: Vec<(String, i64, Option<i32>)> =
+            sqlx::query_as("select service, paused_watches, rate from watchpump.consumer_gauges()")
+                .fetch_all(&mut *conn)
+                .await?;
+        for (service, watches, rate) in consumers {
+            metrics::gauge!(m::PAUSED_WATCHES, "service" => service.clone()).set(watches as f64);
+            metrics::gauge!(m::RATE_LIMIT, "service" => service).set(rate.unwrap_or(0) as f64);
+        }
         for row in &rows {
             self.register(&row.service);
             export(row);
@@ -192,6 +200,8 @@ impl Collector {
                     .set(f64::NAN);
             }
             metrics::gauge!(m::OLDEST_DUE_AGE, "service" => service.clone()).set(f64::NAN);
+            metrics::gauge!(m::PAUSED_WATCHES, "service" => service.clone()).set(f64::NAN);
+            metrics::gauge!(m::RATE_LIMIT, "service" => service.clone()).set(f64::NAN);
         }
         metrics::gauge!(m::BACKLOG_LEADER).set(0.0);
     }

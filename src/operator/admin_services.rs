@@ -33,6 +33,7 @@ pub fn routes() -> Router<OperatorState> {
             post(rotate_token),
         )
         .route("/api/v1/admin/services/{name}/url", put(set_url))
+        .route("/api/v1/admin/services/{name}/rate", put(set_rate))
         .layer(axum::middleware::from_fn(text::refuse_unreadable))
 }
 
@@ -144,6 +145,29 @@ async fn set_url(
     Ok(Json(
         state.settings.mask_json(json!({ "service": service })),
     ))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewRate {
+    /// Deliveries a second, or null for no limit.
+    rate: Option<i64>,
+}
+
+/// The most deliveries a second the service gets, all pumps together
+/// (issue 20; `watchpump services set-rate`): `{"rate": 50}`, or
+/// `{"rate": null}` for none. 422 for a rate below 1 or not a number.
+async fn set_rate(
+    _: Admin,
+    State(state): State<OperatorState>,
+    Path(name): Path<String>,
+    body: Result<Json<NewRate>, JsonRejection>,
+) -> Result<Json<Value>, HttpError> {
+    let Json(new) = body?;
+    let rate = new.rate.map(services::rate::check).transpose()?;
+    services::rate::set_max(&state.pool, &name, rate).await?;
+    tracing::info!(service = %name, rate = ?rate, "service rate set through the admin API");
+    Ok(Json(json!({ "service": name, "max_rate": rate })))
 }
 
 /// Removes the service, its watches and their undelivered deliveries.

@@ -174,7 +174,7 @@ pub(super) async fn claim(shared: &Shared) -> Result<(Vec<Claimed>, Fence)> {
     // Before the pool's wait and the round trip: the lease, which the
     // database starts later, ends no sooner than this plus the lease.
     let fence = Fence::after_claim(now, &shared.cfg);
-    let (slots, in_flight) = {
+    let (mut slots, in_flight) = {
         let health = shared.health.lock().unwrap();
         (health.slots(now), health.total_in_flight())
     };
@@ -187,6 +187,8 @@ pub(super) async fn claim(shared: &Shared) -> Result<(Vec<Claimed>, Fence)> {
             return Ok((Vec::new(), fence));
         }
     };
+    // Rate-limited services (issue 20) get at most their tokens.
+    let taken = super::rate::take(&shared.pool, &shared.rates, &mut slots).await?;
     let claimed = store::claim(
         &shared.pool,
         &shared.name,
@@ -196,6 +198,7 @@ pub(super) async fn claim(shared: &Shared) -> Result<(Vec<Claimed>, Fence)> {
         &shared.in_flight_bytes,
     )
     .await?;
+    super::rate::give_back(&shared.pool, &taken, &claimed).await?;
     // A probe that found nothing to send waits its pause like any other.
     let mut health = shared.health.lock().unwrap();
     for (i, id) in slots.service_ids.iter().enumerate() {

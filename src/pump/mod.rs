@@ -16,6 +16,7 @@
 mod claiming;
 pub mod fence;
 pub mod health;
+pub mod rate;
 mod recording;
 pub mod send;
 pub mod store;
@@ -61,6 +62,8 @@ struct Shared {
     /// ([`crate::delivery::Payload::metered`]); capped by
     /// `WATCHPUMP_MAX_IN_FLIGHT_BYTES`.
     in_flight_bytes: Arc<AtomicU64>,
+    /// Whether any service has a rate (issue 20, [`rate::Limited`]).
+    rates: rate::Limited,
 }
 
 impl Pump {
@@ -86,6 +89,7 @@ impl Pump {
             retries: Mutex::new(Wakeups::default()),
             destinations: Mutex::new(HashMap::new()),
             in_flight_bytes: Arc::new(AtomicU64::new(0)),
+            rates: rate::Limited::default(),
             cfg,
         };
         Ok(Pump {

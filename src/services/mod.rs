@@ -16,6 +16,7 @@
 
 pub mod at_rest;
 mod input;
+pub mod rate;
 
 use std::time::Duration;
 
@@ -48,8 +49,11 @@ pub struct Registered {
     pub service: Service,
     /// The service's token, for `Authorization: Bearer` on the watches API.
     pub token: String,
-    /// The secret deliveries to the service are signed with (`whsec_...`).
+    /// What the consumer verifies deliveries with: the secret they are
+    /// signed with (`whsec_...`), or for ed25519 the public key (`whpk_...`).
     pub signing_secret: String,
+    /// For ed25519 (`v1a`) only: the public key (`whpk_...`).
+    pub signing_public_key: Option<String>,
 }
 
 /// What a pump needs to send to one service, as of `version`: where, under
@@ -95,6 +99,52 @@ pub async fn add(pool: &PgPool, name: &str, base_url: &str) -> Result<Registered
     add_within(pool, name, base_url, &Destinations::default()).await
 }
 
+/// How deliveries to a service are signed (Standard Webhooks), chosen when
+/// it is registered and kept through rotations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Signature {
+    /// `v1`: HMAC-SHA256 with a secret both sides hold (`whsec_`).
+    #[default]
+    Hmac,
+    /// `v1a`: ed25519; the producer keeps the secret key (`whsk_`), the
+    /// consumer holds only the public key (`whpk_`), nothing secret.
+    Ed25519,
+}
+
+impl Signature {
+    /// `hmac` (or `v1`) or `ed25519` (or `v1a`).
+    pub fn parse(text: &str) -> Result<Signature> {
+        match text {
+            "hmac" | "v1" => Ok(Signature::Hmac),
+            "ed25519" | "v1a" => Ok(Signature::Ed25519),
+            other => Err(Error::Invalid(format!(
+                "the signature is hmac or ed25519, not {other:?}"
+            ))),
+        }
+    }
+
+    /// The word in `services.signature`.
+    fn column(self) -> &'static str {
+        match self {
+            Signature::Hmac => "v1",
+            Signature::Ed25519 => "v1a",
+        }
+    }
+
+    fn generate(self) -> SigningSecret {
+        match self {
+            Signature::Hmac => SigningSecret::generate(),
+            Signature::Ed25519 => SigningSecret::generate_ed25519(),
+        }
+    }
+}
+
+/// What the consumer team is handed to verify with: the `whsec_` secret,
+/// or for ed25519 the `whpk_` public key (the `whsk_` stays here).
+fn for_the_consumer(secret: &SigningSecret) -> String {
+    secret.public_key().unwrap_or_else(|| secret.to_whsec())
+}
+
 /// [`add`], with the base URL checked against `allowed`
 /// (`WATCHPUMP_ALLOWED_DESTINATIONS`).
 pub async fn add_within(
@@ -103,19 +153,32 @@ pub async fn add_within(
     base_url: &str,
     allowed: &Destinations,
 ) -> Result<Registered> {
+    add_signed(pool, name, base_url, allowed, Signature::Hmac).await
+}
+
+/// [`add_within`], signed as `signature` says.
+pub async fn add_signed(
+    pool: &PgPool,
+    name: &str,
+    base_url: &str,
+    allowed: &Destinations,
+    signature: Signature,
+) -> Result<Registered> {
     validate_name(name)?;
     let keys = SecretKeys::from_env()?;
     let base_url = allowed_base_url(base_url, allowed).await?;
     let (secret, hash) = new_token_secret();
-    let signing_secret = SigningSecret::generate().to_whsec();
+    let key = signature.generate();
+    let signing_secret = for_the_consumer(&key);
     let service: Service = sqlx::query_as(&format!(
-        "insert into watchpump.services (name, base_url, token_hash, signing_secret)
-         values ($1, $2, $3, $4) returning {COLUMNS}"
+        "insert into watchpump.services (name, base_url, token_hash, signing_secret, signature)
+         values ($1, $2, $3, $4, $5) returning {COLUMNS}"
     ))
     .bind(name)
     .bind(&base_url)
     .bind(hash)
-    .bind(keys.seal(&signing_secret))
+    .bind(keys.seal(&key.to_whsec()))
+    .bind(signature.column())
     .fetch_one(pool)
     .await
     .map_err(|e| match e {
@@ -128,6 +191,7 @@ pub async fn add_within(
     Ok(Registered {
         service,
         token,
+        signing_public_key: key.public_key(),
         signing_secret,
     })
 }
@@ -346,15 +410,26 @@ pub async fn seal_signing_secrets(pool: &PgPool) -> Result<Sealed> {
     Ok(done)
 }
 
-/// A new signing secret for `name`; the old one keeps signing (next to the
-/// new one) for `overlap`. Returns the new secret and when the old one stops.
+/// A new signing secret for `name` (of the service's kind, [`Signature`]);
+/// the old one keeps signing (next to the new one) for `overlap`. Returns
+/// what the consumer verifies with (the new `whsec_` secret, or `whpk_`
+/// public key) and when the old one stops.
 pub async fn rotate_secret(
     pool: &PgPool,
     name: &str,
     overlap: Duration,
 ) -> Result<(String, DateTime<Utc>)> {
     let keys = SecretKeys::from_env()?;
-    let secret = SigningSecret::generate().to_whsec();
+    let kind: Option<String> = sqlx::query_scalar(
+        "select signature from watchpump.services where name = $1 and removed_at is null",
+    )
+    .bind(name)
+    .fetch_optional(pool)
+    .await?;
+    let kind = kind.ok_or_else(|| no_such_service(name))?;
+    // A rotation keeps the service's kind of signature.
+    let key = Signature::parse(&kind)?.generate();
+    let secret = key.to_whsec();
     let until: Option<DateTime<Utc>> = sqlx::query_scalar(
         "update watchpump.services
          set previous_signing_secret = signing_secret,
@@ -369,7 +444,7 @@ pub async fn rotate_secret(
     .fetch_optional(pool)
     .await?;
     let until = until.ok_or_else(|| no_such_service(name))?;
-    Ok((secret, until))
+    Ok((for_the_consumer(&key), until))
 }
 
 /// A new token for `name`; the old one keeps working for `grace`. Returns

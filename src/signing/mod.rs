@@ -19,6 +19,14 @@
 //!   single spaces, so a secret can be rotated without downtime: the consumer
 //!   accepts the request if any entry matches any secret it knows.
 //!
+//! Asymmetric signatures (`v1a`, ed25519) are chosen per service: the
+//! producer keeps the secret key (`whsk_<base64 of 64 bytes>`, the form
+//! Svix's server uses: the 32-byte seed then the 32-byte public key) and
+//! the consumer holds only the public key (`whpk_<base64 of 32 bytes>`),
+//! nothing secret. `v1a,<base64 of the 64-byte signature>` signs the same
+//! `"{id}.{timestamp}.{body}"`. A [`SigningSecret`] is any of the three
+//! forms; signing skips a public key, verifying uses every form.
+//!
 //! [`verify`] is the consumer side. watchpump itself only signs, but it is
 //! here for our tests, for consumer teams written in Rust, and as the
 //! executable statement of what "valid" means.
@@ -70,10 +78,22 @@ pub const MAX_SIGNATURE_ENTRIES: usize = 16;
 /// the spec's range and the size of the HMAC-SHA256 output.
 const GENERATED_SECRET_BYTES: usize = 32;
 
-/// The signature version of the symmetric (HMAC-SHA256) scheme. Other
-/// versions (`v1a` is ed25519) are skipped, as the spec requires, so that a
-/// producer can add new schemes without breaking existing consumers.
+/// The signature version of the symmetric (HMAC-SHA256) scheme. Unknown
+/// versions are skipped, as the spec requires, so that a producer can add
+/// new schemes without breaking existing consumers.
 const SIGNATURE_VERSION: &str = "v1";
+
+/// The signature version of the asymmetric (ed25519) scheme.
+const SIGNATURE_VERSION_ED25519: &str = "v1a";
+
+/// Prefix of an ed25519 secret key (the producer's).
+pub const SECRET_KEY_PREFIX: &str = "whsk_";
+
+/// Prefix of an ed25519 public key (what the consumer holds).
+pub const PUBLIC_KEY_PREFIX: &str = "whpk_";
+
+/// Length of an ed25519 signature.
+const ED25519_SIGNATURE_LEN: usize = 64;
 
 /// Length of an HMAC-SHA256 output.
 const MAC_LEN: usize = 32;
@@ -101,31 +121,63 @@ type HmacSha256 = Hmac<Sha256>;
 /// [`SigningSecret::to_whsec`].
 #[derive(Clone)]
 pub struct SigningSecret {
-    key: Vec<u8>,
+    key: Key,
+}
+
+/// What a [`SigningSecret`] holds.
+#[derive(Clone)]
+enum Key {
+    /// `whsec_`: the HMAC key, shared by both sides.
+    Hmac(Vec<u8>),
+    /// `whsk_`: the producer's ed25519 key pair.
+    Ed25519(Box<ed25519_dalek::SigningKey>),
+    /// `whpk_`: the consumer's ed25519 public key; verifies, never signs.
+    Ed25519Public(ed25519_dalek::VerifyingKey),
 }
 
 impl SigningSecret {
-    /// A fresh secret of 32 bytes from the operating system's CSPRNG.
-    ///
-    /// `OsRng` rather than a user-space generator so that no seeding or
-    /// forking mistake in this process can weaken a key.
+    /// A new random HMAC key ([`GENERATED_SECRET_BYTES`]).
     pub fn generate() -> Self {
         let mut key = vec![0u8; GENERATED_SECRET_BYTES];
         OsRng.fill_bytes(&mut key);
-        Self { key }
+        Self {
+            key: Key::Hmac(key),
+        }
     }
 
-    /// Reads a secret in the spec's `whsec_<base64>` form.
-    ///
-    /// Stricter than the reference libraries on purpose: they also take a
-    /// bare base64 key and silently skip characters that are not base64,
-    /// which turns a truncated or mistyped secret into a different key that
-    /// only fails later, at the consumer. Here the `whsec_` prefix is
-    /// required, the base64 must be valid (padding optional, surrounding
-    /// whitespace ignored), and the key must be 24 to 64 bytes long.
+    /// A new random ed25519 key pair (`v1a`).
+    pub fn generate_ed25519() -> Self {
+        let mut seed = [0u8; ed25519_dalek::SECRET_KEY_LENGTH];
+        OsRng.fill_bytes(&mut seed);
+        Self {
+            key: Key::Ed25519(Box::new(ed25519_dalek::SigningKey::from_bytes(&seed))),
+        }
+    }
+
+    /// Reads `whsec_<base64>` (an HMAC key of [`MIN_SECRET_BYTES`] to
+    /// [`MAX_SECRET_BYTES`]), `whsk_<base64>` (an ed25519 secret key: 64
+    /// bytes, the seed then its public key, as Svix writes it; or the
+    /// 32-byte seed alone) or `whpk_<base64>` (an ed25519 public key, 32
+    /// bytes). Surrounding whitespace is ignored.
     pub fn parse(s: &str) -> Result<Self, SecretError> {
+        let s = s.trim();
+        if let Some(encoded) = s.strip_prefix(SECRET_KEY_PREFIX) {
+            return Self::parse_ed25519_secret(encoded);
+        }
+        if let Some(encoded) = s.strip_prefix(PUBLIC_KEY_PREFIX) {
+            let bytes = LENIENT_BASE64
+                .decode(encoded)
+                .map_err(|_| SecretError::InvalidBase64)?;
+            let bytes: [u8; 32] = bytes
+                .try_into()
+                .map_err(|b: Vec<u8>| SecretError::WrongKeyLength { len: b.len() })?;
+            let key = ed25519_dalek::VerifyingKey::from_bytes(&bytes)
+                .map_err(|_| SecretError::NotAKey)?;
+            return Ok(Self {
+                key: Key::Ed25519Public(key),
+            });
+        }
         let encoded = s
-            .trim()
             .strip_prefix(SECRET_PREFIX)
             .ok_or(SecretError::MissingPrefix)?;
         let key = LENIENT_BASE64
@@ -137,37 +189,131 @@ impl SigningSecret {
         if key.len() > MAX_SECRET_BYTES {
             return Err(SecretError::TooLong { len: key.len() });
         }
-        Ok(Self { key })
+        Ok(Self {
+            key: Key::Hmac(key),
+        })
     }
 
-    /// The secret as `whsec_<base64>`, the form to store and to hand to the
-    /// consumer team (and that [`SigningSecret::parse`] reads back).
+    fn parse_ed25519_secret(encoded: &str) -> Result<Self, SecretError> {
+        let bytes = LENIENT_BASE64
+            .decode(encoded)
+            .map_err(|_| SecretError::InvalidBase64)?;
+        let (seed, public) = match bytes.len() {
+            64 => (&bytes[..32], Some(&bytes[32..])),
+            32 => (&bytes[..], None),
+            len => return Err(SecretError::WrongKeyLength { len }),
+        };
+        let seed: [u8; 32] = seed.try_into().expect("32 bytes");
+        let key = ed25519_dalek::SigningKey::from_bytes(&seed);
+        if public.is_some_and(|p| p != key.verifying_key().as_bytes()) {
+            return Err(SecretError::KeyMismatch);
+        }
+        Ok(Self {
+            key: Key::Ed25519(Box::new(key)),
+        })
+    }
+
+    /// The text form: `whsec_...` for an HMAC key, `whsk_...` (64 bytes)
+    /// for an ed25519 secret key, `whpk_...` for a public key.
     pub fn to_whsec(&self) -> String {
-        let mut out = String::from(SECRET_PREFIX);
-        STANDARD.encode_string(&self.key, &mut out);
+        let (prefix, bytes) = match &self.key {
+            Key::Hmac(key) => (SECRET_PREFIX, key.clone()),
+            Key::Ed25519(key) => (SECRET_KEY_PREFIX, key.to_keypair_bytes().to_vec()),
+            Key::Ed25519Public(key) => (PUBLIC_KEY_PREFIX, key.as_bytes().to_vec()),
+        };
+        let mut out = String::from(prefix);
+        STANDARD.encode_string(bytes, &mut out);
         out
     }
 
-    /// HMAC-SHA256 of `"{msg_id}.{timestamp}.{body}"`, fed in pieces so that
-    /// the body is never copied.
-    fn mac(&self, msg_id: &str, timestamp: i64, body: &[u8]) -> [u8; MAC_LEN] {
-        self.mac_parts(msg_id, timestamp, &[body])
+    /// `whpk_...`: the public key a consumer verifies `v1a` signatures
+    /// with; none for an HMAC key.
+    pub fn public_key(&self) -> Option<String> {
+        let key = match &self.key {
+            Key::Hmac(_) => return None,
+            Key::Ed25519(key) => key.verifying_key(),
+            Key::Ed25519Public(key) => *key,
+        };
+        let mut out = String::from(PUBLIC_KEY_PREFIX);
+        STANDARD.encode_string(key.as_bytes(), &mut out);
+        Some(out)
     }
 
-    /// [`SigningSecret::mac`] of a body sent in parts (the pump's bodies
-    /// share one copy of a change's payload between its deliveries).
-    fn mac_parts(&self, msg_id: &str, timestamp: i64, body: &[&[u8]]) -> [u8; MAC_LEN] {
-        let mut mac =
-            HmacSha256::new_from_slice(&self.key).expect("HMAC accepts keys of any length");
-        mac.update(msg_id.as_bytes());
-        mac.update(b".");
-        mac.update(timestamp.to_string().as_bytes());
-        mac.update(b".");
-        for part in body {
-            mac.update(part);
-        }
-        mac.finalize().into_bytes().into()
+    /// Whether this signs with ed25519 (`v1a`) rather than HMAC (`v1`).
+    pub fn is_ed25519(&self) -> bool {
+        !matches!(self.key, Key::Hmac(_))
     }
+
+    /// The `v1` MAC; none for an ed25519 key.
+    fn mac(&self, msg_id: &str, timestamp: i64, body: &[u8]) -> Option<[u8; MAC_LEN]> {
+        match &self.key {
+            Key::Hmac(key) => Some(hmac_parts(key, msg_id, timestamp, &[body])),
+            _ => None,
+        }
+    }
+
+    /// The ed25519 public key, for verifying `v1a`; none for an HMAC key.
+    fn verifying_key(&self) -> Option<ed25519_dalek::VerifyingKey> {
+        match &self.key {
+            Key::Hmac(_) => None,
+            Key::Ed25519(key) => Some(key.verifying_key()),
+            Key::Ed25519Public(key) => Some(*key),
+        }
+    }
+
+    /// This key's `version,signature` entry; none for a public key.
+    fn signature_entry(
+        &self,
+        msg_id: &str,
+        timestamp: i64,
+        body: &[&[u8]],
+        out: &mut String,
+    ) -> bool {
+        use ed25519_dalek::Signer;
+        match &self.key {
+            Key::Hmac(key) => {
+                out.push_str(SIGNATURE_VERSION);
+                out.push(',');
+                STANDARD.encode_string(hmac_parts(key, msg_id, timestamp, body), out);
+            }
+            Key::Ed25519(key) => {
+                let signature = key.sign(&signed_content(msg_id, timestamp, body));
+                out.push_str(SIGNATURE_VERSION_ED25519);
+                out.push(',');
+                STANDARD.encode_string(signature.to_bytes(), out);
+            }
+            Key::Ed25519Public(_) => return false,
+        }
+        true
+    }
+}
+
+/// `"{id}.{timestamp}.{body}"`, the signed content, in one buffer: ed25519
+/// signs a whole message (the body parts are copied once per signature).
+fn signed_content(msg_id: &str, timestamp: i64, body: &[&[u8]]) -> Vec<u8> {
+    let timestamp = timestamp.to_string();
+    let len = msg_id.len() + timestamp.len() + 2 + body.iter().map(|p| p.len()).sum::<usize>();
+    let mut content = Vec::with_capacity(len);
+    content.extend_from_slice(msg_id.as_bytes());
+    content.push(b'.');
+    content.extend_from_slice(timestamp.as_bytes());
+    content.push(b'.');
+    for part in body {
+        content.extend_from_slice(part);
+    }
+    content
+}
+
+fn hmac_parts(key: &[u8], msg_id: &str, timestamp: i64, body: &[&[u8]]) -> [u8; MAC_LEN] {
+    let mut mac = HmacSha256::new_from_slice(key).expect("HMAC accepts keys of any length");
+    mac.update(msg_id.as_bytes());
+    mac.update(b".");
+    mac.update(timestamp.to_string().as_bytes());
+    mac.update(b".");
+    for part in body {
+        mac.update(part);
+    }
+    mac.finalize().into_bytes().into()
 }
 
 impl fmt::Debug for SigningSecret {
@@ -198,6 +344,12 @@ pub enum SecretError {
     TooShort { len: usize },
     /// The decoded key is longer than [`MAX_SECRET_BYTES`].
     TooLong { len: usize },
+    /// An ed25519 key (`whsk_`, `whpk_`) of the wrong length.
+    WrongKeyLength { len: usize },
+    /// A `whsk_` whose public half is not the seed's public key.
+    KeyMismatch,
+    /// A `whpk_` that is not a point of the curve.
+    NotAKey,
 }
 
 impl fmt::Display for SecretError {
@@ -205,8 +357,8 @@ impl fmt::Display for SecretError {
         match self {
             SecretError::MissingPrefix => write!(
                 f,
-                "signing secret must have the form \"{SECRET_PREFIX}<base64>\" (Standard Webhooks); \
-                 it does not start with \"{SECRET_PREFIX}\""
+                "signing secret must have the form \"{SECRET_PREFIX}<base64>\" (Standard Webhooks), \
+                 or \"{SECRET_KEY_PREFIX}\" / \"{PUBLIC_KEY_PREFIX}\" for ed25519; it starts with none of them"
             ),
             SecretError::InvalidBase64 => write!(
                 f,
@@ -220,6 +372,16 @@ impl fmt::Display for SecretError {
                 f,
                 "signing secret key is {len} bytes; it must be at most {MAX_SECRET_BYTES} bytes"
             ),
+            SecretError::WrongKeyLength { len } => write!(
+                f,
+                "the ed25519 key is {len} bytes; a {SECRET_KEY_PREFIX} secret key is 64 (or a 32-byte \
+                 seed), a {PUBLIC_KEY_PREFIX} public key 32"
+            ),
+            SecretError::KeyMismatch => write!(
+                f,
+                "the {SECRET_KEY_PREFIX} secret key's second half is not the public key of its first"
+            ),
+            SecretError::NotAKey => write!(f, "the {PUBLIC_KEY_PREFIX} key is not an ed25519 public key"),
         }
     }
 }
@@ -257,14 +419,16 @@ pub fn sign_parts(
         "signing a delivery needs at least one secret"
     );
     debug_assert!(!msg_id.contains('.'), "a webhook-id must not contain '.'");
-    let mut out = String::with_capacity(secrets.len() * (SIGNATURE_VERSION.len() + 1 + 44 + 1));
-    for (i, secret) in secrets.iter().enumerate() {
-        if i > 0 {
+    let mut out =
+        String::with_capacity(secrets.len() * (SIGNATURE_VERSION_ED25519.len() + 1 + 88 + 1));
+    for secret in secrets {
+        let mark = out.len();
+        if mark > 0 {
             out.push(' ');
         }
-        out.push_str(SIGNATURE_VERSION);
-        out.push(',');
-        STANDARD.encode_string(secret.mac_parts(msg_id, timestamp, body), &mut out);
+        if !secret.signature_entry(msg_id, timestamp, body, &mut out) {
+            out.truncate(mark);
+        }
     }
     out
 }

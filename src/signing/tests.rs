@@ -426,12 +426,15 @@ fn headers_use_the_decimal_delivery_id() {
 fn generated_secrets_round_trip_through_whsec() {
     let a = SigningSecret::generate();
     let b = SigningSecret::generate();
-    assert_eq!(a.key.len(), GENERATED_SECRET_BYTES);
-    assert_ne!(a.key, b.key);
     let text = a.to_whsec();
+    assert_eq!(
+        STANDARD.decode(&text["whsec_".len()..]).unwrap().len(),
+        GENERATED_SECRET_BYTES
+    );
+    assert_ne!(text, b.to_whsec());
     assert!(text.starts_with("whsec_"));
-    assert_eq!(SigningSecret::parse(&text).unwrap().key, a.key);
-    assert_eq!(text.parse::<SigningSecret>().unwrap().key, a.key);
+    assert_eq!(SigningSecret::parse(&text).unwrap().to_whsec(), text);
+    assert_eq!(text.parse::<SigningSecret>().unwrap().to_whsec(), text);
     assert_eq!(spec_secret().to_whsec(), SPEC_SECRET);
 }
 
@@ -442,9 +445,10 @@ fn parse_refuses_what_is_not_a_whsec_secret() {
         SigningSecret::parse("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").unwrap_err(),
         SecretError::MissingPrefix
     );
+    // whsk_ is the ed25519 form now: 24 bytes is no ed25519 key.
     assert_eq!(
         SigningSecret::parse("whsk_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").unwrap_err(),
-        SecretError::MissingPrefix
+        SecretError::WrongKeyLength { len: 24 }
     );
     assert_eq!(
         SigningSecret::parse("WHSEC_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").unwrap_err(),
@@ -509,4 +513,127 @@ fn error_messages_name_the_headers() {
         .to_string()
         .contains("raw request body"));
     assert!(VerifyError::NoSupportedSignature.to_string().contains("v1"));
+}
+
+#[test]
+fn an_ed25519_key_signs_v1a_and_its_public_key_alone_verifies_it() {
+    let secret = SigningSecret::generate_ed25519();
+    let whsk = secret.to_whsec();
+    assert!(whsk.starts_with("whsk_"));
+    assert_eq!(
+        STANDARD.decode(&whsk[5..]).unwrap().len(),
+        64,
+        "Svix's 64-byte form"
+    );
+    let public = SigningSecret::parse(&secret.public_key().unwrap()).unwrap();
+    assert!(public.to_whsec().starts_with("whpk_"));
+    assert_eq!(STANDARD.decode(&public.to_whsec()[5..]).unwrap().len(), 32);
+    assert_eq!(SigningSecret::parse(&whsk).unwrap().to_whsec(), whsk);
+
+    let h = headers(&[&secret], 42, SPEC_TS, SPEC_BODY);
+    let signature = &h[2].1;
+    assert!(signature.starts_with("v1a,"), "{signature}");
+    assert_eq!(STANDARD.decode(&signature[4..]).unwrap().len(), 64);
+    assert_eq!(
+        verify(
+            &[&public],
+            &h[0].1,
+            &h[1].1,
+            signature,
+            SPEC_BODY,
+            SPEC_TS,
+            300
+        ),
+        Ok(())
+    );
+    assert_eq!(
+        verify(
+            &[&secret],
+            &h[0].1,
+            &h[1].1,
+            signature,
+            SPEC_BODY,
+            SPEC_TS,
+            300
+        ),
+        Ok(())
+    );
+    // Another body, another key, an HMAC secret: refused.
+    assert_eq!(
+        verify(&[&public], &h[0].1, &h[1].1, signature, b"{}", SPEC_TS, 300),
+        Err(VerifyError::NoMatchingSignature)
+    );
+    let other =
+        SigningSecret::parse(&SigningSecret::generate_ed25519().public_key().unwrap()).unwrap();
+    assert_eq!(
+        verify(
+            &[&other],
+            &h[0].1,
+            &h[1].1,
+            signature,
+            SPEC_BODY,
+            SPEC_TS,
+            300
+        ),
+        Err(VerifyError::NoMatchingSignature)
+    );
+    assert_eq!(
+        verify(
+            &[&spec_secret()],
+            &h[0].1,
+            &h[1].1,
+            signature,
+            SPEC_BODY,
+            SPEC_TS,
+            300
+        ),
+        Err(VerifyError::NoSupportedSignature)
+    );
+    // A public key cannot sign: it adds no entry.
+    let h = headers(&[&secret, &public], 42, SPEC_TS, SPEC_BODY);
+    assert_eq!(h[2].1.split(' ').count(), 1);
+}
+
+#[test]
+fn during_a_rotation_v1_and_v1a_entries_sign_side_by_side_and_each_key_verifies_its_own() {
+    let old = spec_secret();
+    let new = SigningSecret::generate_ed25519();
+    let h = headers(&[&new, &old], 42, SPEC_TS, SPEC_BODY);
+    let entries: Vec<&str> = h[2].1.split(' ').collect();
+    assert!(
+        entries[0].starts_with("v1a,") && entries[1].starts_with("v1,"),
+        "{entries:?}"
+    );
+    let public = SigningSecret::parse(&new.public_key().unwrap()).unwrap();
+    for key in [&old, &public] {
+        assert_eq!(
+            verify(&[key], &h[0].1, &h[1].1, &h[2].1, SPEC_BODY, SPEC_TS, 300),
+            Ok(())
+        );
+    }
+}
+
+#[test]
+fn parse_refuses_malformed_ed25519_keys() {
+    let b64 = |n: usize| STANDARD.encode(vec![7u8; n]);
+    assert_eq!(
+        SigningSecret::parse(&format!("whsk_{}", b64(40))).unwrap_err(),
+        SecretError::WrongKeyLength { len: 40 }
+    );
+    assert_eq!(
+        SigningSecret::parse(&format!("whpk_{}", b64(31))).unwrap_err(),
+        SecretError::WrongKeyLength { len: 31 }
+    );
+    // A seed followed by a public key that is not its own.
+    assert_eq!(
+        SigningSecret::parse(&format!("whsk_{}", b64(64))).unwrap_err(),
+        SecretError::KeyMismatch
+    );
+    assert_eq!(
+        SigningSecret::parse("whsk_!!!").unwrap_err(),
+        SecretError::InvalidBase64
+    );
+    // A 32-byte seed alone is accepted and written back in the 64-byte form.
+    let seed = SigningSecret::parse(&format!("whsk_{}", b64(32))).unwrap();
+    assert_eq!(STANDARD.decode(&seed.to_whsec()[5..]).unwrap().len(), 64);
 }

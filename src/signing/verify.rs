@@ -14,7 +14,9 @@ use super::*;
 /// (normally [`DEFAULT_TOLERANCE_SECS`]). It succeeds when the timestamp is
 /// within `tolerance_secs` of `now` in either direction (a negative tolerance
 /// counts as 0) and some `v1` entry among the first [`MAX_SIGNATURE_ENTRIES`]
-/// entries of `signature_header` equals the MAC under any of `secrets`.
+/// entries of `signature_header` equals the MAC under any HMAC key of
+/// `secrets`, or some `v1a` entry is a valid ed25519 signature under any
+/// ed25519 key of them (a `whpk_` public key, or a `whsk_`'s public half).
 ///
 /// * Entries of other versions (`v1a,...`, `v2,...`) and malformed entries
 ///   are skipped, so a producer may add schemes without breaking consumers.
@@ -62,11 +64,15 @@ pub fn verify(
     // in the reference libraries, so " 0042" verifies like "42".
     let expected: Vec<[u8; MAC_LEN]> = secrets
         .iter()
-        .map(|secret| secret.mac(msg_id, timestamp, body))
+        .filter_map(|secret| secret.mac(msg_id, timestamp, body))
         .collect();
+    let public_keys: Vec<ed25519_dalek::VerifyingKey> =
+        secrets.iter().filter_map(|s| s.verifying_key()).collect();
+    // The signed content for v1a, built once, only if a v1a entry comes.
+    let mut content: Option<Vec<u8>> = None;
 
     let mut matched = Choice::from(0);
-    let mut saw_v1 = false;
+    let mut saw_supported = false;
     for entry in signature_header
         .split_ascii_whitespace()
         .take(MAX_SIGNATURE_ENTRIES)
@@ -74,10 +80,32 @@ pub fn verify(
         let Some((version, encoded)) = entry.split_once(',') else {
             continue;
         };
-        if version != SIGNATURE_VERSION {
+        if version == SIGNATURE_VERSION_ED25519 && !public_keys.is_empty() {
+            saw_supported = true;
+            let mut decoded = [0u8; 2 * ED25519_SIGNATURE_LEN];
+            let Ok(ED25519_SIGNATURE_LEN) = LENIENT_BASE64.decode_slice(encoded, &mut decoded)
+            else {
+                continue;
+            };
+            let signature = ed25519_dalek::Signature::from_bytes(
+                decoded[..ED25519_SIGNATURE_LEN]
+                    .try_into()
+                    .expect("64 bytes"),
+            );
+            let content = content.get_or_insert_with(|| signed_content(msg_id, timestamp, &[body]));
+            for key in &public_keys {
+                // A signature is public: no need to compare in constant time.
+                if key.verify_strict(content, &signature).is_ok() {
+                    matched = Choice::from(1);
+                }
+            }
             continue;
         }
-        saw_v1 = true;
+        // v1 is what a consumer with no ed25519 key looks for.
+        if version != SIGNATURE_VERSION || (expected.is_empty() && !public_keys.is_empty()) {
+            continue;
+        }
+        saw_supported = true;
         if encoded.len() > MAX_SIGNATURE_B64_LEN {
             continue;
         }
@@ -95,7 +123,7 @@ pub fn verify(
 
     if bool::from(matched) {
         Ok(())
-    } else if saw_v1 {
+    } else if saw_supported {
         Err(VerifyError::NoMatchingSignature)
     } else {
         Err(VerifyError::NoSupportedSignature)
@@ -155,14 +183,15 @@ impl fmt::Display for VerifyError {
             ),
             VerifyError::NoMatchingSignature => write!(
                 f,
-                "no v1 signature in the {HEADER_SIGNATURE} header matches the signing secret: \
+                "no v1 or v1a signature in the {HEADER_SIGNATURE} header matches the signing secret or key: \
                  check that the configured secret is current (it may have been rotated), and that \
                  the signature is checked over the raw request body, not over re-serialized JSON"
             ),
             VerifyError::NoSupportedSignature => write!(
                 f,
-                "the {HEADER_SIGNATURE} header holds no v1 (HMAC-SHA256) signature among its first \
-                 {MAX_SIGNATURE_ENTRIES} entries"
+                "the {HEADER_SIGNATURE} header holds no signature of the kind the configured key \
+                 verifies (v1, HMAC-SHA256, for a whsec_ secret; v1a, ed25519, for a whpk_ key) among \
+                 its first {MAX_SIGNATURE_ENTRIES} entries"
             ),
         }
     }

@@ -12,6 +12,7 @@ pub mod audit;
 pub mod cap;
 pub mod fanout;
 pub mod filter;
+pub mod pause;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -35,6 +36,9 @@ pub struct Watch {
     pub created_at: DateTime<Utc>,
     pub removed_at: Option<DateTime<Utc>>,
     pub removed_reason: Option<String>,
+    /// Since when the watch is paused (its deliveries wait, held); null
+    /// while they flow ([`pause`]).
+    pub paused_at: Option<DateTime<Utc>>,
 }
 
 /// What a consumer asks to follow.
@@ -167,7 +171,8 @@ async fn check_in_postgres(pool: &PgPool, text: &str) -> Result<()> {
     Ok(())
 }
 
-const COLUMNS: &str = "id, resource, object, filters, created_at, removed_at, removed_reason";
+const COLUMNS: &str =
+    "id, resource, object, filters, created_at, removed_at, removed_reason, paused_at";
 
 /// Creates a watch for `service_id`, or returns the identical live one it
 /// already has (consumers may register again at every start). The bool says

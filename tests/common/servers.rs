@@ -94,9 +94,10 @@ impl WatchesApi {
         let db = TestDb::new().await;
         let (deploy, deploy_token) = db.add_service("deploy", "http://127.0.0.1:9").await;
         let (docs, docs_token) = db.add_service("docs", "http://127.0.0.1:9").await;
-        let app = watchpump::api::app(watchpump::api::AppState {
-            pool: db.pool.clone(),
-        });
+        let app = watchpump::api::app(watchpump::api::AppState::new(
+            db.pool.clone(),
+            &pump_config(),
+        ));
         let addr = serve(app).await;
         WatchesApi {
             db,
@@ -133,12 +134,13 @@ impl AppServer {
         let listener = loopback().await;
         let addr = listener.local_addr().unwrap();
         let settings = watchpump::operator::Settings::new(operator, &pump_config(), addr);
-        let app = watchpump::api::app(watchpump::api::AppState { pool: pool.clone() }).merge(
-            watchpump::operator::router(watchpump::operator::OperatorState {
-                pool: pool.clone(),
-                settings: Arc::new(settings),
-            }),
-        );
+        let app = watchpump::api::app(watchpump::api::AppState::new(pool.clone(), &pump_config()))
+            .merge(watchpump::operator::router(
+                watchpump::operator::OperatorState {
+                    pool: pool.clone(),
+                    settings: Arc::new(settings),
+                },
+            ));
         AppServer {
             addr,
             _server: Served::start(listener, app).await,

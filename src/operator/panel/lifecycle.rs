@@ -28,6 +28,9 @@ pub fn forms(name: &str, base_url: &str) -> String {
 <form class="filters" method="post" action="{url}">
 <label>Base URL <input name="base_url" value="{base}" size="40" required></label>
 <button class="act" type="submit">Move {svc} to this URL</button></form>
+<form class="filters" method="post" action="{rate}">
+<label>Deliveries a second, all pumps together (empty: no limit) <input name="rate" size="6" inputmode="numeric"></label>
+<button class="act" type="submit">Set the rate of {svc}</button></form>
 <form class="filters" method="post" action="{secret}">
 <label>Old secret signs for <input name="overlap" value="{overlap}" size="6"></label>
 <button class="act" type="submit">Rotate the signing secret</button></form>
@@ -38,6 +41,7 @@ pub fn forms(name: &str, base_url: &str) -> String {
 <label>Type <code>{svc}</code> to confirm <input name="confirm" size="16" required></label>
 <button class="act" type="submit">Remove {svc}, its watches and their undelivered deliveries</button></form>"#,
         url = action("url"),
+        rate = action("rate"),
         base = esc(base_url),
         secret = action("rotate-secret"),
         token = action("rotate-token"),
@@ -140,6 +144,42 @@ pub async fn set_url(
     let to = format!(
         "/panel/services/{name}{}",
         html::query(&[("done", "moved".into())])
+    );
+    Ok(Redirect::to(&to).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateForm {
+    rate: String,
+}
+
+/// The most deliveries a second the service gets (issue 20), as
+/// `watchpump services set-rate`; an empty field lifts the limit.
+pub async fn set_rate(
+    _: Session,
+    _: SameOrigin,
+    State(state): State<OperatorState>,
+    Path(name): Path<String>,
+    given: Result<Form<RateForm>, FormRejection>,
+) -> Result<Response, AsHtml> {
+    let Form(given) = given.map_err(HttpError::from)?;
+    let rate = match given.rate.trim() {
+        "" => None,
+        text => {
+            let n: i64 = text.parse().map_err(|_| {
+                HttpError::Invalid(format!(
+                    "The rate is a whole number of deliveries a second, not {text:?}."
+                ))
+            })?;
+            Some(services::rate::check(n).map_err(HttpError::from)?)
+        }
+    };
+    services::rate::set_max(&state.pool, &name, rate).await?;
+    tracing::info!(service = %name, rate = ?rate, "service rate set from the panel");
+    let to = format!(
+        "/panel/services/{name}{}",
+        html::query(&[("done", "rate".into())])
     );
     Ok(Redirect::to(&to).into_response())
 }

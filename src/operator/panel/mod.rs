@@ -42,6 +42,7 @@ pub fn routes() -> Router<OperatorState> {
             post(deliveries::retry_failed),
         )
         .route("/panel/services/{name}/url", post(lifecycle::set_url))
+        .route("/panel/services/{name}/rate", post(lifecycle::set_rate))
         .route(
             "/panel/services/{name}/rotate-secret",
             post(lifecycle::rotate_secret),

@@ -140,6 +140,11 @@ pub async fn service(
         if done == "moved" {
             body.push_str(r#"<p class="note">Moved: deliveries go to the new URL from their next attempt.</p>"#);
         }
+        if done == "rate" {
+            body.push_str(
+                r#"<p class="note">Rate set: the pumps hold it from their next claim.</p>"#,
+            );
+        }
         if done == "requeued" {
             body.push_str(&format!(
                 r#"<p class="note">{} failed deliveries requeued: they are pending and due now.</p>"#,
@@ -163,6 +168,7 @@ pub async fn service(
         html::opt_time(b.last_failed_at),
         html::opt_time(b.last_delivered_at),
     ));
+    body.push_str(&consumer_settings(&state.pool, b.service_id).await?);
     let since = (Utc::now() - chrono::Duration::days(1)).format("%Y-%m-%dT%H:%M");
     body.push_str(&format!(
         r#"<h2>Retry failed deliveries</h2>
@@ -282,4 +288,35 @@ pub async fn watches(
         ));
     }
     Ok(html::page(StatusCode::OK, "Watches", &body, true))
+}
+
+/// What the consumer set or the operator set for it (issue 20): its rate
+/// and its pauses.
+async fn consumer_settings(pool: &sqlx::PgPool, service_id: i64) -> Result<String, AsHtml> {
+    let rates = services::rate::get(pool, service_id).await?;
+    let (paused, paused_watches): (bool, i64) = sqlx::query_as(
+        "select s.paused_at is not null,
+                (select count(*) from watchpump.watches w
+                 where w.service_id = s.id and w.paused_at is not null and w.removed_at is null)
+         from watchpump.services s where s.id = $1",
+    )
+    .bind(service_id)
+    .fetch_one(pool)
+    .await
+    .map_err(HttpError::from)?;
+    let rate = |r: Option<i32>| r.map_or("none".to_string(), |r| format!("{r}/s"));
+    Ok(format!(
+        r#"<dl><dt>Rate</dt><dd>{} (operator's maximum {}, the consumer's own {})</dd>
+<dt>Paused</dt><dd>{}</dd></dl>"#,
+        rate(rates.rate),
+        rate(rates.max_rate),
+        rate(rates.consumer_rate),
+        if paused {
+            "the whole service".to_string()
+        } else if paused_watches > 0 {
+            format!("{paused_watches} watches")
+        } else {
+            "no".to_string()
+        }
+    ))
 }

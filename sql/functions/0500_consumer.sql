@@ -1,0 +1,443 @@
+-- The consumer's own calls (issue 20; src/api/deliveries.rs,
+-- docs/protocol.md "The consumer's own view"). Each takes the calling
+-- service's id and treats another service's delivery or watch as missing
+-- (P0002, a 404 at the API): a service sees only its own.
+
+-- Queue a settled delivery again under the same id (the consumer
+-- de-duplicates by it), as retry() does for the operator, but for any
+-- delivery the service has that was delivered, failed or dropped: GitHub's
+-- "Redeliver". The order rule (0200_pump.sql) holds: a superseded delivery,
+-- or one whose (watch, object) has newer news sent or on its way
+-- (newer_news()), is refused (55000, a 409), as is one still queued.
+-- Recorded as a 'retry' action by p_actor. Returns the state it had.
+create or replace function watchpump.redeliver(p_service_id bigint, p_delivery_id bigint, p_actor text)
+returns text
+language plpgsql as $$
+declare
+    v_state       text;
+    v_error       text;
+    v_by          bigint;
+    v_newer       bigint;
+    v_newer_state text;
+begin
+    select d.state, d.last_error, d.superseded_by into v_state, v_error, v_by
+    from watchpump.settled d
+    where d.id = p_delivery_id and d.service_id = p_service_id
+    for update;
+    if not found then
+        select case when q.lease_until > now() then 'in flight' else 'queued' end into v_state
+        from watchpump.queue q
+        where q.id = p_delivery_id and q.service_id = p_service_id;
+        if not found then
+            raise exception 'watchpump.redeliver: there is no delivery % for this service', p_delivery_id
+                using errcode = 'P0002';
+        end if;
+        raise exception 'watchpump.redeliver: delivery % is % already', p_delivery_id, v_state
+            using errcode = '55000';
+    end if;
+    if v_state = 'superseded' then
+        raise exception 'watchpump.redeliver: delivery % was superseded by delivery %, which carries newer news of the same object',
+            p_delivery_id, v_by
+            using errcode = '55000';
+    end if;
+    select n.delivery_id, n.state into v_newer, v_newer_state
+    from watchpump.newer_news(p_delivery_id) n;
+    if found then
+        raise exception 'watchpump.redeliver: delivery % of the same object, with newer news, was already sent or is on its way (it is %)',
+            v_newer, v_newer_state
+            using errcode = '55000';
+    end if;
+    perform watchpump.requeue(array[p_delivery_id]);
+    insert into watchpump.actions (delivery_id, action, actor, from_state, note)
+    values (p_delivery_id, 'retry', p_actor, v_state, 'redelivery asked for by the consumer');
+    return v_state;
+end
+$$;
+
+-- A ping to one of the service's live watches: a change of kind
+-- 'watchpump.ping' on the object 'watchpump.ping/<watch id>' (never a
+-- producer's object, so it supersedes nothing but an older ping of the same
+-- watch), and one delivery of it to that watch alone, queued like any
+-- other: signed, retried, listed. Never through emit(): no other watch
+-- receives it and strict mode does not apply. Bounded (README, "Bounds"):
+-- at most one ping per watch per p_every; a sooner one is refused with
+-- 54000 (a 429). A removed watch is P0002 (404). Returns the delivery's id.
+create or replace function watchpump.ping(p_service_id bigint, p_watch_id bigint, p_every interval)
+returns bigint
+language plpgsql as $$
+declare
+    v_removed  timestamptz;
+    v_object   text := 'watchpump.ping/' || p_watch_id;
+    v_last     timestamptz;
+    v_sequence bigint;
+    v_payload  jsonb;
+    v_change   bigint;
+    v_id       bigint;
+begin
+    select w.removed_at into v_removed
+    from watchpump.watches w
+    where w.id = p_watch_id and w.service_id = p_service_id
+    for update;
+    if not found then
+        raise exception 'watchpump.ping: there is no watch % for this service', p_watch_id
+            using errcode = 'P0002';
+    elsif v_removed is not null then
+        raise exception 'watchpump.ping: watch % was removed', p_watch_id
+            using errcode = 'P0002';
+    end if;
+    -- The watch's row lock above serialises pings of one watch.
+    select max(d.created_at) into v_last
+    from watchpump.deliveries d
+    where d.watch_id = p_watch_id and d.object = v_object;
+    if v_last > now() - p_every then
+        raise exception 'watchpump.ping: watch % was pinged less than % ago', p_watch_id, p_every
+            using errcode = '54000';
+    end if;
+    insert into watchpump.objects as o (object, last_sequence)
+    values (v_object, 1)
+    on conflict (object) do update set last_sequence = o.last_sequence + 1
+    returning o.last_sequence into v_sequence;
+    v_payload := jsonb_build_object('watch_id', p_watch_id, 'zen', 'pong');
+    insert into watchpump.changes (object, kind, sequence, payload, payload_bytes)
+    values (v_object, 'watchpump.ping', v_sequence, v_payload, octet_length(v_payload::text))
+    returning id into v_change;
+    insert into watchpump.queue (change_id, watch_id, service_id, object, deadline)
+    values (v_change, p_watch_id, p_service_id, v_object, now() + watchpump.delivery_window())
+    returning id into v_id;
+    perform pg_notify('watchpump', '');
+    return v_id;
+end
+$$;
+
+-- PAUSE. A paused watch (watches.paused_at), or every watch of a paused
+-- service (services.paused_at), sends nothing and fails nothing:
+--   - its queued deliveries are held: next_attempt_at and deadline set to
+--     held_until(), so that claim() does not find them due and neither
+--     sweep() nor complete() finds a deadline passed;
+--   - news keeps arriving (emit() is untouched) and keeps superseding: the
+--     older queued deliveries of each held (watch, object) are superseded
+--     by hold_paused(), so what waits stays one delivery per (watch,
+--     object);
+--   - what emit() queued since hold_paused() last ran is due at once, so
+--     claim() also skips paused watches and services (its one pause
+--     condition, 0200_pump.sql);
+--   - resume gives every held delivery a fresh delivery window, due now:
+--     the window restarts at resume. The pump then sends the newest news of
+--     each (watch, object) in the order rule's order.
+-- A delivery already in flight when the pause begins finishes its attempt
+-- (a failed one is then held like the rest).
+
+-- The time a held delivery is "due": far enough to never come, and a real
+-- timestamp (not 'infinity', which clients' date types cannot hold).
+create or replace function watchpump.held_until() returns timestamptz
+language sql immutable as $$
+    select timestamptz '9999-12-31 00:00:00+00'
+$$;
+
+-- Whether deliveries of the watch are held by a pause (of the watch, or of
+-- its service).
+create or replace function watchpump.is_paused(p_watch_id bigint) returns boolean
+language sql stable as $$
+    select exists (
+        select 1 from watchpump.watches w
+        join watchpump.services s on s.id = w.service_id
+        where w.id = p_watch_id and (w.paused_at is not null or s.paused_at is not null)
+    )
+$$;
+
+-- Holds the queued deliveries of paused watches and services, and lets
+-- news supersede among them: called by pause_*() at once and by the
+-- operator's periodic task (src/operator/worker.rs) after that. Bounded:
+-- at most p_max deliveries superseded and p_max held per call (the rest at
+-- the next). Skips, never waits for, what another transaction holds.
+-- Returns (superseded, held).
+create or replace function watchpump.hold_paused(p_max integer)
+returns table (superseded integer, held integer)
+language plpgsql
+set jit = off
+as $$
+declare
+    v_watch_ids  bigint[];
+    v_objects    text[];
+    v_superseded integer := 0;
+    v_held       integer := 0;
+begin
+    -- The (watch, object)s of paused watches with more than one delivery
+    -- queued, under the order rule's lock (claim() takes the same).
+    with paused as (
+        select w.id from watchpump.watches w where w.paused_at is not null
+        union
+        select w.id from watchpump.services s
+        join watchpump.watches w on w.service_id = s.id
+        where s.paused_at is not null
+    ),
+    crowded as (
+        select q.watch_id, q.object
+        from paused p
+        join watchpump.queue q on q.watch_id = p.id
+        group by q.watch_id, q.object
+        having count(*) > 1
+        limit greatest(p_max, 0)
+    )
+    select coalesce(array_agg(c.watch_id), '{}'), coalesce(array_agg(c.object), '{}')
+    into v_watch_ids, v_objects
+    from crowded c
+    where watchpump.stream_lock(c.watch_id, c.object);
+    if cardinality(v_watch_ids) > 0 then
+        select count(*)::integer into v_superseded
+        from watchpump.supersede_older(v_watch_ids, v_objects, p_max);
+    end if;
+
+    with paused as (
+        select w.id from watchpump.watches w where w.paused_at is not null
+        union
+        select w.id from watchpump.services s
+        join watchpump.watches w on w.service_id = s.id
+        where s.paused_at is not null
+    ),
+    due as (
+        select q.id
+        from paused p
+        join watchpump.queue q on q.watch_id = p.id
+        where q.next_attempt_at <> watchpump.held_until()
+          and not coalesce(q.lease_until > now(), false)
+        limit greatest(p_max, 0)
+        for update of q skip locked
+    )
+    update watchpump.queue q
+    set next_attempt_at = watchpump.held_until(), deadline = watchpump.held_until()
+    from due d
+    where q.id = d.id;
+    get diagnostics v_held = row_count;
+    return query select v_superseded, v_held;
+end
+$$;
+
+-- Releases held deliveries of the given watches that no pause holds any
+-- more: due now, with a fresh delivery window. Wakes the pumps.
+create or replace function watchpump.release_held(p_watch_ids bigint[]) returns integer
+language plpgsql as $$
+declare
+    v_count integer;
+begin
+    update watchpump.queue q
+    set next_attempt_at = now(), deadline = now() + watchpump.delivery_window()
+    where q.watch_id = any (p_watch_ids)
+      and q.next_attempt_at = watchpump.held_until()
+      and not watchpump.is_paused(q.watch_id);
+    get diagnostics v_count = row_count;
+    if v_count > 0 then
+        perform pg_notify('watchpump', '');
+    end if;
+    return v_count;
+end
+$$;
+
+-- Pauses (p_paused) or resumes one of the service's live watches. Returns
+-- whether it changed anything: a repeated pause or resume is a no-op.
+-- Another service's watch, or a removed one, is P0002.
+create or replace function watchpump.set_watch_paused(p_service_id bigint, p_watch_id bigint, p_paused boolean)
+returns boolean
+language plpgsql as $$
+declare
+    v_paused_at timestamptz;
+begin
+    select w.paused_at into v_paused_at
+    from watchpump.watches w
+    where w.id = p_watch_id and w.service_id = p_service_id and w.removed_at is null
+    for update;
+    if not found then
+        raise exception 'watchpump.set_watch_paused: there is no live watch % for this service', p_watch_id
+            using errcode = 'P0002';
+    end if;
+    if (v_paused_at is not null) = p_paused then
+        return false;
+    end if;
+    update watchpump.watches set paused_at = case when p_paused then now() end where id = p_watch_id;
+    if p_paused then
+        perform watchpump.hold_paused(10000);
+    else
+        perform watchpump.release_held(array[p_watch_id]);
+    end if;
+    return true;
+end
+$$;
+
+-- Pauses or resumes every watch of a live service (its own pauses of
+-- single watches stay). Returns whether it changed anything. An unknown
+-- service is P0002.
+create or replace function watchpump.set_service_paused(p_service_id bigint, p_paused boolean)
+returns boolean
+language plpgsql as $$
+declare
+    v_paused_at timestamptz;
+    v_watch_ids bigint[];
+begin
+    select s.paused_at into v_paused_at
+    from watchpump.services s
+    where s.id = p_service_id and s.removed_at is null
+    for update;
+    if not found then
+        raise exception 'watchpump.set_service_paused: there is no service %', p_service_id
+            using errcode = 'P0002';
+    end if;
+    if (v_paused_at is not null) = p_paused then
+        return false;
+    end if;
+    update watchpump.services set paused_at = case when p_paused then now() end where id = p_service_id;
+    if p_paused then
+        perform watchpump.hold_paused(10000);
+    else
+        select coalesce(array_agg(w.id), '{}') into v_watch_ids
+        from watchpump.watches w where w.service_id = p_service_id;
+        perform watchpump.release_held(v_watch_ids);
+    end if;
+    return true;
+end
+$$;
+
+-- RATE. A service's rate (services.max_rate, consumer_rate: the lower
+-- holds) is a token bucket in rate_buckets, shared by every pump: it fills
+-- at `rate` tokens a second up to a burst of rate / 20 (at least 1), and
+-- each delivery claimed takes a token. The burst is small on purpose: in
+-- any second a consumer gets at most rate + burst deliveries (50/s: at
+-- most 52, tests/consumer_rate.rs). The pump takes tokens in one call
+-- before its claim (src/pump/rate.rs) and claims at most the granted count
+-- per service (claim()'s per-service free slots: claim() is unchanged),
+-- then gives back what it did not use. A delivery without a token waits in
+-- the queue: the rate holds deliveries, never drops them.
+
+-- The rate that holds for a service: the lower of the two, null for none.
+create or replace function watchpump.effective_rate(p_max_rate integer, p_consumer_rate integer)
+returns integer
+language sql immutable as $$
+    select least(coalesce(p_max_rate, p_consumer_rate), coalesce(p_consumer_rate, p_max_rate))
+$$;
+
+create or replace function watchpump.rate_burst(p_rate integer) returns double precision
+language sql immutable as $$
+    select greatest(1, p_rate / 20.0)::double precision
+$$;
+
+-- Takes tokens for a claim: for each rate-limited live service, at most
+-- the pump's free slots for it (p_wanted, or p_default for a service it
+-- has not listed). Returns only rate-limited services, each with what it
+-- may claim now; services without a rate are not listed (their slots
+-- stand). One row lock per limited service, held for this statement only.
+create or replace function watchpump.take_tokens(p_service_ids bigint[], p_wanted integer[], p_default integer)
+returns table (service_id bigint, granted integer)
+language plpgsql
+set jit = off
+as $$
+declare
+    v_now timestamptz := clock_timestamp();
+begin
+    insert into watchpump.rate_buckets as b (service_id, tokens, refilled_at)
+    select s.id, watchpump.rate_burst(watchpump.effective_rate(s.max_rate, s.consumer_rate)), v_now
+    from watchpump.services s
+    where s.removed_at is null and (s.max_rate is not null or s.consumer_rate is not null)
+    on conflict do nothing;
+
+    -- Each SET expression reads the same (newest, once locked) row: a
+    -- concurrent pump's take is seen, and time since refilled_at is
+    -- counted once (refilled_at never goes back).
+    return query
+    with limited as (
+        select s.id, watchpump.effective_rate(s.max_rate, s.consumer_rate) as rate,
+               greatest(coalesce(u.wanted, p_default), 0) as wanted
+        from watchpump.services s
+        left join unnest(p_service_ids, p_wanted) as u (id, wanted) on u.id = s.id
+        where s.removed_at is null and (s.max_rate is not null or s.consumer_rate is not null)
+    )
+    update watchpump.rate_buckets b
+    set granted = least(l.wanted, floor(least(watchpump.rate_burst(l.rate),
+                          b.tokens + l.rate * greatest(0, extract(epoch from v_now - b.refilled_at)))))::integer,
+        tokens = least(watchpump.rate_burst(l.rate),
+                       b.tokens + l.rate * greatest(0, extract(epoch from v_now - b.refilled_at)))
+                 - least(l.wanted, floor(least(watchpump.rate_burst(l.rate),
+                          b.tokens + l.rate * greatest(0, extract(epoch from v_now - b.refilled_at))))),
+        refilled_at = greatest(b.refilled_at, v_now)
+    from limited l
+    where b.service_id = l.id
+    returning b.service_id, b.granted;
+end
+$$;
+
+-- Gives back tokens a claim took but did not use (its services had fewer
+-- deliveries due), up to the burst.
+create or replace function watchpump.give_back_tokens(p_service_ids bigint[], p_unused integer[])
+returns void
+language sql as $$
+    update watchpump.rate_buckets b
+    set tokens = least(watchpump.rate_burst(watchpump.effective_rate(s.max_rate, s.consumer_rate)),
+                       b.tokens + u.unused)
+    from unnest(p_service_ids, p_unused) as u (id, unused)
+    join watchpump.services s on s.id = u.id
+    where b.service_id = u.id and u.unused > 0
+      and (s.max_rate is not null or s.consumer_rate is not null)
+$$;
+
+-- The operator sets a service's maximum rate (null: none). The consumer's
+-- own rate, if higher, is lowered to it. An unknown service is P0002, a
+-- rate below 1 is 22023.
+create or replace function watchpump.set_max_rate(p_service text, p_rate integer)
+returns void
+language plpgsql as $$
+begin
+    if p_rate is not null and p_rate < 1 then
+        raise exception 'watchpump.set_max_rate: a rate is a whole number of deliveries a second, at least 1, not %', p_rate
+            using errcode = '22023';
+    end if;
+    update watchpump.services
+    set max_rate = p_rate, consumer_rate = least(consumer_rate, p_rate)
+    where name = p_service and removed_at is null;
+    if not found then
+        raise exception 'watchpump.set_max_rate: there is no service %', p_service using errcode = 'P0002';
+    end if;
+end
+$$;
+
+-- The consumer sets its own rate (null: none but the operator's); it may
+-- only lower what the operator allows (22023 otherwise).
+create or replace function watchpump.set_consumer_rate(p_service_id bigint, p_rate integer)
+returns table (rate integer, max_rate integer, consumer_rate integer)
+language plpgsql as $$
+declare
+    v_max integer;
+begin
+    if p_rate is not null and p_rate < 1 then
+        raise exception 'watchpump.set_consumer_rate: a rate is a whole number of deliveries a second, at least 1, not %', p_rate
+            using errcode = '22023';
+    end if;
+    select s.max_rate into v_max from watchpump.services s where s.id = p_service_id for update;
+    if p_rate > v_max then
+        raise exception 'watchpump.set_consumer_rate: the producer allows this service at most % deliveries a second; a consumer may only lower it', v_max
+            using errcode = '22023';
+    end if;
+    update watchpump.services s set consumer_rate = p_rate where s.id = p_service_id;
+    return query
+    select watchpump.effective_rate(s.max_rate, s.consumer_rate), s.max_rate, s.consumer_rate
+    from watchpump.services s where s.id = p_service_id;
+end
+$$;
+
+-- Per live service, how many of its live watches a pause holds (all of
+-- them while the service is paused), and the rate that holds for it (null:
+-- none): the gauges watchpump_paused_watches and watchpump_rate_limit
+-- (src/metrics/backlog.rs). Reads watches through watches_paused and
+-- watches_service only.
+create or replace function watchpump.consumer_gauges()
+returns table (service text, paused_watches bigint, rate integer)
+language sql stable as $$
+    select s.name,
+           case when s.paused_at is not null
+                then (select count(*) from watchpump.watches w
+                      where w.service_id = s.id and w.removed_at is null)
+                else (select count(*) from watchpump.watches w
+                      where w.service_id = s.id and w.paused_at is not null and w.removed_at is null)
+           end,
+           watchpump.effective_rate(s.max_rate, s.consumer_rate)
+    from watchpump.services s
+    where s.removed_at is null
+    order by s.name
+$$;

@@ -1,0 +1,241 @@
+//! `/api/v1/deliveries`: a consumer service reads its own deliveries (what
+//! was sent, what it answered) and asks for one again, without a ticket to
+//! the producer's operators (issue 20). Another service's delivery is 404,
+//! as if it did not exist.
+//!
+//! Read through the operator's views (`watchpump.delivery_log`,
+//! `watchpump.attempts`, `watchpump.message()`), whose names and columns
+//! stay stable however the history tables underneath are stored; each page
+//! is a keyset on the delivery id with the service's id as a literal, so
+//! that the planner uses the per-service index of the history
+//! (`settled (service_id, id)`) and never counts or offsets.
+
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::Json;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use sqlx::{PgPool, Postgres, QueryBuilder};
+
+use crate::api::{auth::Caller, AppState};
+use crate::delivery::{Message, State as DeliveryState};
+use crate::error::{Error, Result};
+use crate::http::HttpError;
+
+/// Entries on a page when `limit` is not given.
+const DEFAULT_PAGE: i64 = 100;
+/// Most entries on one page: one page is one index range scan of at most
+/// this many rows (and as many `last_action` look-ups); asking for more is
+/// a 400 (tests/consumer_deliveries.rs).
+pub const MAX_PAGE: i64 = 1000;
+
+/// One delivery as its consumer lists it.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct Entry {
+    pub id: i64,
+    pub watch_id: i64,
+    pub object: String,
+    pub kind: String,
+    pub change_id: i64,
+    pub sequence: i64,
+    #[sqlx(try_from = "String")]
+    pub state: DeliveryState,
+    /// Attempts made so far (a claim counts the attempt it starts).
+    pub attempts: i32,
+    pub created_at: DateTime<Utc>,
+    pub next_attempt_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
+    /// The status of the last answer; null before any, or when the last
+    /// attempt got none.
+    pub last_status: Option<i32>,
+    pub last_error: Option<String>,
+    pub superseded_by: Option<i64>,
+}
+
+const ENTRY_COLUMNS: &str = "delivery_id as id, watch_id, object, kind, change_id, sequence, \
+     state, attempts, created_at, next_attempt_at, finished_at, last_status, last_error, \
+     superseded_by";
+
+/// One attempt, or a run of identical failed attempts folded into one row
+/// (`attempt` to `last_attempt`, `repeats` of them, `statuses` counting the
+/// answers: `{"503": 4, "no answer": 2}`).
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct Attempt {
+    pub attempt: i32,
+    pub last_attempt: i32,
+    pub repeats: i32,
+    pub started_at: DateTime<Utc>,
+    pub last_started_at: Option<DateTime<Utc>>,
+    pub duration_ms: f64,
+    /// The (last) answer's status; null when there was no answer.
+    pub status: Option<i32>,
+    pub error: Option<String>,
+    pub response_head: Option<String>,
+    pub statuses: Option<Value>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    watch_id: Option<i64>,
+    /// An exact object, or a prefix ending in '/'.
+    object: Option<String>,
+    state: Option<DeliveryState>,
+    /// Created at or after (RFC 3339).
+    since: Option<DateTime<Utc>>,
+    /// The `next_after` of the previous page: entries older than it.
+    after: Option<i64>,
+    limit: Option<i64>,
+}
+
+/// `{"deliveries": [...], "next_after": <id or null>}`, newest first; pass
+/// `next_after` as `after` for the next (older) page.
+pub async fn list(
+    State(state): State<AppState>,
+    Caller(service): Caller,
+    query: Result<Query<ListQuery>, QueryRejection>,
+) -> Result<Json<Value>, HttpError> {
+    let Query(q) = query?;
+    let limit = q.limit.unwrap_or(DEFAULT_PAGE);
+    if !(1..=MAX_PAGE).contains(&limit) {
+        return Err(HttpError::BadRequest(format!(
+            "limit must be 1 to {MAX_PAGE}"
+        )));
+    }
+    if let Some(object) = &q.object {
+        crate::watches::check_object(object).map_err(HttpError::from)?;
+    }
+    // One more than asked for: a cursor only when something follows.
+    let mut page = entries(&state.pool, service.id, &q, limit + 1).await?;
+    let more = page.len() as i64 > limit;
+    page.truncate(limit as usize);
+    let next_after = more.then(|| page.last().map(|d| d.id)).flatten();
+    Ok(Json(state.mask_json(
+        json!({ "deliveries": page, "next_after": next_after }),
+    )))
+}
+
+/// The entry, the body as sent (at its last attempt, or as it will be sent
+/// at its first) and its attempts, folded runs shown as such.
+pub async fn show(
+    State(state): State<AppState>,
+    Caller(service): Caller,
+    id: Result<Path<i64>, PathRejection>,
+) -> Result<Json<Value>, HttpError> {
+    let id = delivery_id(id)?;
+    let entry = entry(&state.pool, service.id, id)
+        .await?
+        .ok_or_else(|| no_such_delivery(id))?;
+    let body = sent_body(&state.pool, id, &state.producer).await?;
+    let attempts = attempts(&state.pool, id).await?;
+    let mut shown = serde_json::to_value(&entry).map_err(|e| Error::Invalid(e.to_string()))?;
+    shown["body"] = body;
+    shown["attempts"] = json!(attempts);
+    Ok(Json(state.mask_json(shown)))
+}
+
+/// Queues the delivery again under the same id: 202, or 409 where the
+/// order rule forbids it (`watchpump.redeliver()`).
+pub async fn redeliver(
+    State(state): State<AppState>,
+    Caller(service): Caller,
+    id: Result<Path<i64>, PathRejection>,
+) -> Result<(StatusCode, Json<Value>), HttpError> {
+    let id = delivery_id(id)?;
+    let previous: String = sqlx::query_scalar("select watchpump.redeliver($1, $2, $3)")
+        .bind(service.id)
+        .bind(id)
+        .bind(format!("consumer {}", service.name))
+        .fetch_one(&state.pool)
+        .await
+        .map_err(Error::raised)?;
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({"delivery_id": id, "previous_state": previous, "state": "pending"})),
+    ))
+}
+
+/// One page of the service's deliveries, newest first. The service's id
+/// and the state are literals in the statement (an id from the database,
+/// a word of [`DeliveryState`]): the planner sees how rare the service is
+/// and which index fits, with any plan cache.
+async fn entries(pool: &PgPool, service_id: i64, q: &ListQuery, limit: i64) -> Result<Vec<Entry>> {
+    let mut sql: QueryBuilder<Postgres> = QueryBuilder::new(format!(
+        "select {ENTRY_COLUMNS} from watchpump.delivery_log where service_id = {service_id}"
+    ));
+    if let Some(watch_id) = q.watch_id {
+        sql.push(" and watch_id = ").push_bind(watch_id);
+    }
+    match q.object.as_deref() {
+        Some(prefix) if prefix.ends_with('/') => {
+            sql.push(" and starts_with(object, ")
+                .push_bind(prefix.to_string())
+                .push(")");
+        }
+        Some(object) => {
+            sql.push(" and object = ").push_bind(object.to_string());
+        }
+        None => {}
+    }
+    if let Some(state) = q.state {
+        sql.push(format!(" and state = '{}'", state.as_str()));
+    }
+    if let Some(since) = q.since {
+        sql.push(" and created_at >= ").push_bind(since);
+    }
+    if let Some(after) = q.after {
+        sql.push(" and delivery_id < ").push_bind(after);
+    }
+    sql.push(format!(" order by delivery_id desc limit {limit}"));
+    Ok(sql.build_query_as().fetch_all(pool).await?)
+}
+
+async fn entry(pool: &PgPool, service_id: i64, id: i64) -> Result<Option<Entry>> {
+    Ok(sqlx::query_as(&format!(
+        "select {ENTRY_COLUMNS} from watchpump.delivery_log
+         where delivery_id = $1 and service_id = $2"
+    ))
+    .bind(id)
+    .bind(service_id)
+    .fetch_optional(pool)
+    .await?)
+}
+
+/// The body exactly as the pump sends it (`watchpump.message()` and
+/// [`Message::body`]), as JSON; null if its change was pruned.
+async fn sent_body(pool: &PgPool, id: i64, producer: &str) -> Result<Value> {
+    let message: Option<Message> = sqlx::query_as(
+        "select delivery_id, change_id, watch_id, attempt, resource, object, kind, sequence,
+                occurred_at, payload from watchpump.message($1)",
+    )
+    .bind(id)
+    .fetch_optional(pool)
+    .await?;
+    match message {
+        Some(m) => serde_json::from_slice(&m.body(producer))
+            .map_err(|e| Error::Invalid(format!("a delivery body is not JSON: {e}"))),
+        None => Ok(Value::Null),
+    }
+}
+
+async fn attempts(pool: &PgPool, delivery_id: i64) -> Result<Vec<Attempt>> {
+    Ok(sqlx::query_as(
+        "select attempt, attempt + repeats - 1 as last_attempt, repeats, started_at,
+                last_started_at, duration_ms, status, error, response_head, statuses
+         from watchpump.attempts where delivery_id = $1 order by attempt, id",
+    )
+    .bind(delivery_id)
+    .fetch_all(pool)
+    .await?)
+}
+
+fn delivery_id(id: Result<Path<i64>, PathRejection>) -> Result<i64, HttpError> {
+    id.map(|Path(id)| id)
+        .map_err(|_| HttpError::NotFound("no such delivery: ids are integers".into()))
+}
+
+fn no_such_delivery(id: i64) -> HttpError {
+    HttpError::NotFound(format!("no delivery {id} for this service"))
+}

@@ -1,0 +1,297 @@
+//! Pause and resume (issue 20): a watch paused through the API, a service
+//! paused from the CLI. Against the real pump, the operator's periodic task
+//! and a real consumer on loopback: nothing is sent and nothing fails while
+//! paused, however long; news keeps superseding; resume sends the newest
+//! news of each object.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+
+const LONG: Duration = Duration::from_secs(20);
+
+/// The API on loopback, a service `deploy` with a consumer, the pump and
+/// the operator's periodic task (every 100 ms) running.
+struct Setup {
+    db: TestDb,
+    http: reqwest::Client,
+    base: String,
+    consumer: Receiver,
+    deploy_id: i64,
+    token: String,
+    docs_token: String,
+    _pump: RunningPump,
+}
+
+impl Setup {
+    async fn start() -> Setup {
+        let db = TestDb::new().await;
+        let consumer = Receiver::start().await;
+        let (deploy, token) = db.add_service("deploy", &consumer.base_url()).await;
+        let (_, docs_token) = db.add_service("docs", "http://127.0.0.1:9").await;
+        let app = watchpump::api::app(watchpump::api::AppState::new(
+            db.pool.clone(),
+            &pump_config(),
+        ));
+        let addr = serve(app).await;
+        let mut operator = operator_config();
+        operator.operator_interval_ms = 100;
+        let worker = watchpump::operator::worker::Worker::new(
+            db.pool.clone(),
+            operator,
+            &pump_config(),
+            "http://127.0.0.1:9/panel",
+        )
+        .unwrap();
+        tokio::spawn(worker.run(std::future::pending()));
+        Setup {
+            _pump: RunningPump::start(&db.pool, pump_config()),
+            http: reqwest::Client::new(),
+            base: format!("http://{addr}"),
+            consumer,
+            deploy_id: deploy.id,
+            token,
+            docs_token,
+            db,
+        }
+    }
+
+    async fn post(&self, path: &str, token: &str) -> (StatusCode, Value) {
+        let resp = self
+            .http
+            .request(Method::POST, format!("{}{path}", self.base))
+            .bearer_auth(token)
+            .send()
+            .await
+            .unwrap();
+        (resp.status(), resp.json().await.unwrap())
+    }
+
+    async fn states(&self) -> Vec<(String, i64)> {
+        sqlx::query_as(
+            "select state, count(*) from watchpump.deliveries group by state order by state",
+        )
+        .fetch_all(&self.db.pool)
+        .await
+        .unwrap()
+    }
+}
+
+fn cli(db: &TestDb, args: &[&str]) -> (i32, String, String) {
+    let out = watchpump_cli(Some(&db.url)).args(args).output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn a_pause_longer_than_the_delivery_window_sends_and_fails_nothing_and_resume_sends_the_newest_news(
+) {
+    let s = Setup::start().await;
+    let watch = s.db.add_watch(s.deploy_id, "app", "acme/web/", all()).await;
+    let pause = format!("/api/v1/watches/{}/pause", watch.id);
+    let resume = format!("/api/v1/watches/{}/resume", watch.id);
+
+    let (status, body) = s.post(&pause, &s.token).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        body,
+        json!({"watch_id": watch.id, "paused": true, "changed": true})
+    );
+    let (status, body) = s.post(&pause, &s.token).await;
+    assert_eq!(status, StatusCode::OK, "a repeated pause is 200");
+    assert_eq!(body["changed"], false);
+
+    // News of two objects, each retried for 2 s only: without the pause,
+    // the sweep (deadlines every 2 s here) would fail what was not sent.
+    for n in 1..=3 {
+        emit_with_window(&s.db, "acme/web/main", "push", json!({"n": n}), "2 seconds").await;
+    }
+    for n in 1..=2 {
+        emit_with_window(&s.db, "acme/web/dev", "push", json!({"n": n}), "2 seconds").await;
+    }
+    let paused: (bool, i64) = sqlx::query_as(
+        "select paused, paused_watches from watchpump.backlog where service = 'deploy'",
+    )
+    .fetch_one(&s.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        paused,
+        (false, 1),
+        "the backlog view shows the paused watch"
+    );
+    tokio::time::sleep(Duration::from_secs(5)).await;
+
+    assert_eq!(s.consumer.count(), 0, "nothing is sent while paused");
+    assert_eq!(
+        s.states().await,
+        vec![("pending".into(), 2), ("superseded".into(), 3)],
+        "nothing failed; one delivery waits per object"
+    );
+
+    let (status, body) = s.post(&resume, &s.token).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["changed"], true);
+    let received = s.consumer.wait_for(2, LONG).await;
+    let mut newest: Vec<(String, i64)> = received
+        .iter()
+        .map(|r| {
+            (
+                r.body["object"].as_str().unwrap().to_string(),
+                r.body["payload"]["n"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    newest.sort();
+    assert_eq!(
+        newest,
+        vec![("acme/web/dev".into(), 2), ("acme/web/main".into(), 3)],
+        "the newest news of each object"
+    );
+    for _ in 0..100 {
+        if s.db.count_state("delivered").await == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        s.states().await,
+        vec![("delivered".into(), 2), ("superseded".into(), 3)]
+    );
+    let (status, body) = s.post(&resume, &s.token).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["changed"], false);
+}
+
+#[tokio::test]
+async fn pausing_another_services_watch_a_removed_one_or_no_id_is_404_and_changes_nothing() {
+    let s = Setup::start().await;
+    let watch = s.db.add_watch(s.deploy_id, "app", "acme/web/", all()).await;
+    let (status, _) = s
+        .post(
+            &format!("/api/v1/watches/{}/pause", watch.id),
+            &s.docs_token,
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, _) = s.post("/api/v1/watches/x/pause", &s.token).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let paused: Option<chrono::DateTime<chrono::Utc>> =
+        sqlx::query_scalar("select paused_at from watchpump.watches where id = $1")
+            .bind(watch.id)
+            .fetch_one(&s.db.pool)
+            .await
+            .unwrap();
+    assert_eq!(paused, None);
+    let removed =
+        s.db.add_watch(s.deploy_id, "other", "acme/docs/", all())
+            .await;
+    watchpump::watches::remove(&s.db.pool, s.deploy_id, removed.id, "test")
+        .await
+        .unwrap();
+    let (status, _) = s
+        .post(&format!("/api/v1/watches/{}/pause", removed.id), &s.token)
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn the_cli_pauses_and_resumes_a_service_and_a_watch() {
+    let s = Setup::start().await;
+    let watch = s.db.add_watch(s.deploy_id, "app", "acme/web/", all()).await;
+
+    let (code, out, err) = cli(&s.db, &["services", "pause", "deploy"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("paused"), "{out}");
+    let (code, out, _) = cli(&s.db, &["services", "pause", "deploy"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("already"), "{out}");
+    s.db.emit("acme/web/main", "push", json!({"n": 1})).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(s.consumer.count(), 0, "nothing is sent to a paused service");
+    let paused: bool =
+        sqlx::query_scalar("select paused from watchpump.backlog where service = 'deploy'")
+            .fetch_one(&s.db.pool)
+            .await
+            .unwrap();
+    assert!(paused);
+
+    // A watch paused on its own stays paused when its service resumes.
+    let id = watch.id.to_string();
+    let (code, _, err) = cli(&s.db, &["watches", "pause", &id, "--service", "deploy"]);
+    assert_eq!(code, 0, "{err}");
+    let (code, out, _) = cli(&s.db, &["services", "resume", "deploy"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("resumed"), "{out}");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(s.consumer.count(), 0, "the watch is still paused");
+    let (code, _, err) = cli(&s.db, &["watches", "resume", &id, "--service", "deploy"]);
+    assert_eq!(code, 0, "{err}");
+    s.consumer.wait_for(1, LONG).await;
+
+    // Bad input: a message and a non-zero exit.
+    for args in [
+        &["services", "pause", "nobody"][..],
+        &["watches", "pause", &id, "--service", "docs"],
+        &["watches", "pause", "x", "--service", "deploy"],
+        &["watches", "pause", &id],
+    ] {
+        let (code, _, err) = cli(&s.db, args);
+        assert_ne!(code, 0, "{args:?}");
+        assert!(!err.trim().is_empty(), "{args:?}");
+    }
+    let paused: Option<chrono::DateTime<chrono::Utc>> =
+        sqlx::query_scalar("select paused_at from watchpump.watches where id = $1")
+            .bind(watch.id)
+            .fetch_one(&s.db.pool)
+            .await
+            .unwrap();
+    assert_eq!(paused, None);
+}
+
+#[tokio::test]
+async fn the_paused_watches_gauge_counts_a_paused_watch_and_every_watch_of_a_paused_service() {
+    let exporter = free_addr();
+    watchpump::metrics::install(exporter).expect("install the exporter");
+    let db = TestDb::new().await;
+    let (deploy, _) = db.add_service("deploy", "http://127.0.0.1:9").await;
+    let (docs, _) = db.add_service("docs", "http://127.0.0.1:9").await;
+    let first = db.add_watch(deploy.id, "a", "acme/a/", all()).await;
+    db.add_watch(deploy.id, "b", "acme/b/", all()).await;
+    for n in 0..3 {
+        db.add_watch(docs.id, "d", &format!("acme/d{n}/"), all())
+            .await;
+    }
+    let mut collector = watchpump::metrics::backlog::Collector::new(&db.pool);
+    let gauge = |scrape: &common::prometheus::Scrape, service: &str| {
+        scrape.sum("watchpump_paused_watches", &[("service", service)])
+    };
+
+    collector.step().await;
+    let scrape = common::prometheus::Scrape::fetch(exporter).await;
+    assert_eq!(
+        (gauge(&scrape, "deploy"), gauge(&scrape, "docs")),
+        (0.0, 0.0)
+    );
+
+    watchpump::watches::pause::set_watch(&db.pool, deploy.id, first.id, true)
+        .await
+        .unwrap();
+    watchpump::watches::pause::set_service(&db.pool, docs.id, true)
+        .await
+        .unwrap();
+    collector.step().await;
+    let scrape = common::prometheus::Scrape::fetch(exporter).await;
+    assert_eq!(
+        (gauge(&scrape, "deploy"), gauge(&scrape, "docs")),
+        (1.0, 3.0)
+    );
+    collector.close().await;
+}

@@ -1,0 +1,222 @@
+//! The rate a consumer can take (issue 20): set by the operator (CLI, admin
+//! API), lowered by the consumer (`PUT /api/v1/rate`), and held by every
+//! pump together, in PostgreSQL. Against the real pumps and a real consumer
+//! on loopback.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+
+fn cli(db: &TestDb, args: &[&str]) -> (i32, String, String) {
+    let out = watchpump_cli(Some(&db.url)).args(args).output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The most arrivals within any one second.
+fn busiest_second(received: &[Received]) -> usize {
+    let mut at: Vec<_> = received.iter().map(|r| r.at).collect();
+    at.sort();
+    let mut most = 0;
+    let mut start = 0;
+    for end in 0..at.len() {
+        while at[end].duration_since(at[start]) >= Duration::from_secs(1) {
+            start += 1;
+        }
+        most = most.max(end - start + 1);
+    }
+    most
+}
+
+#[tokio::test]
+async fn three_pumps_together_hold_a_rate_of_50_a_second_through_a_20_second_burst() {
+    const CHANGES: usize = 1000;
+    let db = TestDb::new().await;
+    let consumer = Receiver::start().await;
+    let (deploy, _) = db.add_service("deploy", &consumer.base_url()).await;
+    db.add_watch(deploy.id, "app", "acme/", all()).await;
+    let (code, out, err) = cli(&db, &["services", "set-rate", "deploy", "50"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("at most 50"), "{out}");
+
+    // A backlog of 1,000 objects' news at once: 20 s at 50 a second.
+    sqlx::query("select watchpump.emit('acme/o' || i, 'push', '{}') from generate_series(1, $1) i")
+        .bind(CHANGES as i32)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let pumps: Vec<RunningPump> = (0..3)
+        .map(|_| RunningPump::start(&db.pool, pump_config()))
+        .collect();
+    let received = consumer.wait_for(CHANGES, Duration::from_secs(90)).await;
+    for pump in pumps {
+        pump.stop().await.unwrap();
+    }
+
+    let busiest = busiest_second(&received);
+    println!("busiest second: {busiest} deliveries (limit 50, 3 pumps)");
+    assert!(busiest <= 55, "{busiest} deliveries within one second");
+    assert_eq!(
+        db.count_state("delivered").await,
+        CHANGES as i64,
+        "held, never dropped"
+    );
+    let first = received.iter().map(|r| r.at).min().unwrap();
+    let last = received.iter().map(|r| r.at).max().unwrap();
+    println!("1000 deliveries over {:?}", last - first);
+}
+
+#[tokio::test]
+async fn the_consumer_lowers_its_rate_and_bad_rates_are_422_changing_nothing() {
+    let db = TestDb::new().await;
+    let (_, token) = db.add_service("deploy", "http://127.0.0.1:9").await;
+    let server = AppServer::start(&db.pool, &operator_config()).await;
+    let http = reqwest::Client::new();
+    let put = |body: Value| {
+        http.put(server.url("/api/v1/rate"))
+            .bearer_auth(&token)
+            .json(&body)
+            .send()
+    };
+
+    // The operator allows 50 (admin API); the consumer may go lower only.
+    let resp = http
+        .put(server.url("/api/v1/admin/services/deploy/rate"))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&json!({"rate": 50}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let resp = put(json!({"rate": 20})).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let rates: Value = resp.json().await.unwrap();
+    assert_eq!(
+        rates,
+        json!({"rate": 20, "max_rate": 50, "consumer_rate": 20})
+    );
+    let rate: Option<i32> =
+        sqlx::query_scalar("select rate from watchpump.backlog where service = 'deploy'")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(rate, Some(20), "the backlog view shows the rate");
+
+    for bad in [
+        json!({"rate": 0}),
+        json!({"rate": -5}),
+        json!({"rate": "fast"}),
+        json!({"rate": 2.5}),
+        json!({"rate": null}),
+        json!({}),
+        json!({"rate": 51}),
+        json!({"rate": 20, "burst": 3}),
+    ] {
+        let resp = put(bad.clone()).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::UNPROCESSABLE_ENTITY, "{bad}");
+        let body: Value = resp.json().await.unwrap();
+        assert_eq!(body["error"]["code"], "invalid", "{bad}");
+    }
+    let resp = http
+        .get(server.url("/api/v1/rate"))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    let rates: Value = resp.json().await.unwrap();
+    assert_eq!(rates["rate"], 20, "nothing changed");
+
+    // The operator lowers the maximum below the consumer's own: both follow.
+    let (code, _, err) = cli(&db, &["services", "set-rate", "deploy", "10"]);
+    assert_eq!(code, 0, "{err}");
+    let resp = http
+        .delete(server.url("/api/v1/rate"))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    let rates: Value = resp.json().await.unwrap();
+    assert_eq!(
+        rates,
+        json!({"rate": 10, "max_rate": 10, "consumer_rate": null})
+    );
+
+    for args in [
+        &["services", "set-rate", "deploy", "0"][..],
+        &["services", "set-rate", "deploy", "-3"],
+        &["services", "set-rate", "deploy", "fast"],
+        &["services", "set-rate", "nobody", "5"],
+    ] {
+        let (code, _, err) = cli(&db, args);
+        assert_ne!(code, 0, "{args:?}");
+        assert!(!err.trim().is_empty(), "{args:?}");
+    }
+    let resp = http
+        .put(server.url("/api/v1/admin/services/deploy/rate"))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&json!({"rate": 0}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    let max: Option<i32> =
+        sqlx::query_scalar("select max_rate from watchpump.services where name = 'deploy'")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(max, Some(10), "nothing changed");
+    let (code, out, _) = cli(&db, &["services", "set-rate", "deploy", "none"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("no rate limit"), "{out}");
+}
+
+#[tokio::test]
+async fn the_panel_sets_a_services_rate_and_shows_it_with_its_pauses() {
+    let db = TestDb::new().await;
+    let (deploy, _) = db.add_service("deploy", "http://127.0.0.1:9").await;
+    let watch = db.add_watch(deploy.id, "app", "acme/", all()).await;
+    watchpump::watches::pause::set_watch(&db.pool, deploy.id, watch.id, true)
+        .await
+        .unwrap();
+    let server = AppServer::start(&db.pool, &operator_config()).await;
+    let cookie = server.log_in().await;
+    let post = |rate: &str| {
+        panel_client()
+            .post(server.url("/panel/services/deploy/rate"))
+            .header("origin", server.origin())
+            .header("cookie", cookie.clone())
+            .form(&[("rate", rate.to_string())])
+            .send()
+    };
+
+    let resp = post("25").await.unwrap();
+    assert_eq!(resp.status(), 303);
+    let page = server.panel_get("/panel/services/deploy").await;
+    assert!(page.contains("25/s"), "the page shows the rate");
+    assert!(page.contains("1 watches"), "and the paused watch");
+    for bad in ["0", "fast", "-1"] {
+        let resp = post(bad).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::UNPROCESSABLE_ENTITY, "{bad}");
+    }
+    let max: Option<i32> =
+        sqlx::query_scalar("select max_rate from watchpump.services where name = 'deploy'")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(max, Some(25));
+    let resp = post("").await.unwrap();
+    assert_eq!(resp.status(), 303);
+    let max: Option<i32> =
+        sqlx::query_scalar("select max_rate from watchpump.services where name = 'deploy'")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(max, None, "an empty rate lifts the limit");
+}
