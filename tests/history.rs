@@ -311,7 +311,9 @@ async fn digest(pool: &sqlx::PgPool, table: &str) -> (i64, String) {
     let row = match table {
         "actions" => "(t.id, t.delivery_id, t.at, t.action, t.actor, t.from_state, t.note)",
         // v2's columns: later migrations add columns (0009's trace context).
-        "changes" => "(t.id, t.object, t.kind, t.sequence, t.payload, t.occurred_at, t.payload_bytes)",
+        "changes" => {
+            "(t.id, t.object, t.kind, t.sequence, t.payload, t.occurred_at, t.payload_bytes)"
+        }
         _ => "t",
     };
     sqlx::query_as(&format!(
