@@ -1,32 +1,37 @@
 #!/usr/bin/env bash
-# Pumps as separate hosts, for the chaos suite's partition fault
-# (`make chaos FAULTS=partition`): a network namespace per host with an
-# address of its own, joined to this machine by a veth pair on a bridge
-# (10.231.0.1/24 here, 10.231.0.11, .12, ... the hosts). The pumps reach
-# PostgreSQL through HAProxy on 10.231.0.1 and the consumers, which listen
-# on 10.231.0.1 too. Partitions are nftables drop rules on this machine's
-# side, matching the host's address: its packets vanish on the way (no
-# refusal, and no local error in the host's own stack, which a drop rule in
-# its namespace's output chain would give), as in a real partition. Nothing
-# leaves this machine: the bridge has no other port.
+# Pumps as separate hosts, all on loopback, for the chaos suite's partition
+# fault (`make chaos FAULTS=partition`). Host H is a loopback source address
+# of its own, 127.0.0.(10+H) (all of 127/8 is local on Linux), that its pump
+# sends its deliveries from (WATCHPUMP_SOURCE_ADDRESS), and a HAProxy front
+# port of its own that its pump reaches PostgreSQL through. Partitions are
+# nftables drop rules on `lo` (the input and output hooks see loopback
+# packets): cut from the database, the host's front port is dropped both
+# ways; cut from its consumers, packets from its source address to the
+# consumer ports and back are dropped. Packets vanish (no refusal, no reset),
+# as in a real partition. Nothing but loopback is used.
 #
-#   scripts/chaos-net.sh up    DIR HOSTS FRONT_PORT PG_PORT
-#   scripts/chaos-net.sh cut   DIR HOST PORT...   (HOST 1..HOSTS; drops its
-#                                                  traffic to and from those
-#                                                  ports on 10.231.0.1)
+#   scripts/chaos-net.sh up    DIR PG_PORT FRONT_PORT...  (one front port
+#                                                  per host, host 1 first)
+#   scripts/chaos-net.sh cut-db        DIR HOST FRONT_PORT
+#   scripts/chaos-net.sh cut-consumers DIR HOST PORT...
 #   scripts/chaos-net.sh heal  DIR HOST
 #   scripts/chaos-net.sh down  DIR               (removes all of it)
+#   scripts/chaos-net.sh source HOST             (prints the host's address)
 set -euo pipefail
 
-cmd=${1:?usage: chaos-net.sh up|cut|heal|down DIR ...}
-dir=${2:?directory}
+cmd=${1:?usage: chaos-net.sh up|cut-db|cut-consumers|heal|down|source ...}
 PREFIX=wpchaos
-BRIDGE=$PREFIX-br
-GATEWAY=10.231.0.1
+
+source_of() { echo "127.0.0.$((10 + $1))"; }
+
+if [ "$cmd" = source ]; then
+  source_of "${2:?HOST}"
+  exit 0
+fi
+dir=${2:?directory}
 
 install() {
   local want=()
-  command -v ip >/dev/null || want+=(iproute2)
   command -v nft >/dev/null || [ -x /usr/sbin/nft ] || want+=(nftables)
   command -v haproxy >/dev/null || [ -x /usr/sbin/haproxy ] || want+=(haproxy)
   if [ ${#want[@]} -gt 0 ]; then
@@ -36,30 +41,29 @@ install() {
   fi
 }
 
-ns() { echo "$PREFIX-h$1"; }
 NFT=$(type -P nft || echo /usr/sbin/nft)
 nft() { "$NFT" "$@"; }
-# One table per cut host on this machine, removed to heal.
+# One table per cut host, removed to heal.
 table() { echo "${PREFIX}_h$1"; }
+new_table() {
+  local t
+  t=$(table "$1")
+  nft add table inet "$t"
+  nft "add chain inet $t in { type filter hook input priority 0; }"
+  nft "add chain inet $t out { type filter hook output priority 0; }"
+  echo "$t"
+}
 
 case "$cmd" in
   up)
     install
-    hosts=${3:?HOSTS} front=${4:?FRONT_PORT} pg=${5:?PG_PORT}
+    pg=${3:?PG_PORT}
+    shift 3
+    [ $# -gt 0 ] || { echo "chaos-net: up needs a front port per host" >&2; exit 2; }
     "$0" down "$dir" 2>/dev/null || true
     mkdir -p "$dir"
-    ip link add "$BRIDGE" type bridge
-    ip addr add "$GATEWAY/24" dev "$BRIDGE"
-    ip link set "$BRIDGE" up
-    for h in $(seq "$hosts"); do
-      ip netns add "$(ns "$h")"
-      ip link add "$PREFIX-$h-a" type veth peer name "$PREFIX-$h-b" netns "$(ns "$h")"
-      ip link set "$PREFIX-$h-a" master "$BRIDGE" up
-      ip -n "$(ns "$h")" addr add "10.231.0.$((10 + h))/24" dev "$PREFIX-$h-b"
-      ip -n "$(ns "$h")" link set "$PREFIX-$h-b" up
-      ip -n "$(ns "$h")" link set lo up
-    done
-    cat >"$dir/haproxy.cfg" <<CFG
+    {
+      cat <<CFG
 global
     maxconn 2000
 
@@ -68,26 +72,39 @@ defaults
     timeout connect 2s
     timeout client 1h
     timeout server 1h
+CFG
+      h=0
+      for front in "$@"; do
+        h=$((h + 1))
+        cat <<CFG
 
-# The database as the hosts see it.
-listen postgres
-    bind $GATEWAY:$front
+# The database as host $h sees it: a port of its own, to cut it alone.
+listen postgres_h$h
+    bind 127.0.0.1:$front
     server pg 127.0.0.1:$pg
 CFG
+      done
+    } >"$dir/haproxy.cfg"
     "$(command -v haproxy || echo /usr/sbin/haproxy)" -f "$dir/haproxy.cfg" -D -p "$dir/haproxy.pid" >&2
-    echo "$GATEWAY"
     ;;
-  cut)
+  cut-db)
+    host=${3:?HOST} front=${4:?FRONT_PORT}
+    t=$(new_table "$host")
+    for chain in in out; do
+      nft add rule inet "$t" "$chain" tcp dport "$front" drop
+      nft add rule inet "$t" "$chain" tcp sport "$front" drop
+    done
+    ;;
+  cut-consumers)
     host=${3:?HOST}
     shift 3
     ports=$(IFS=,; echo "$*")
-    addr="10.231.0.$((10 + host))"
-    t=$(table "$host")
-    nft add table inet "$t"
-    nft "add chain inet $t in { type filter hook input priority 0; }"
-    nft "add chain inet $t out { type filter hook output priority 0; }"
-    nft add rule inet "$t" in ip saddr "$addr" ip daddr "$GATEWAY" tcp dport "{ $ports }" drop
-    nft add rule inet "$t" out ip saddr "$GATEWAY" ip daddr "$addr" tcp sport "{ $ports }" drop
+    addr=$(source_of "$host")
+    t=$(new_table "$host")
+    for chain in in out; do
+      nft add rule inet "$t" "$chain" ip saddr "$addr" tcp dport "{ $ports }" drop
+      nft add rule inet "$t" "$chain" ip daddr "$addr" tcp sport "{ $ports }" drop
+    done
     ;;
   heal)
     host=${3:?HOST}
@@ -98,14 +115,10 @@ CFG
     for t in $(nft list tables 2>/dev/null | awk '{print $3}' | grep "^${PREFIX}_h" || true); do
       nft delete table inet "$t"
     done
-    for n in $(ip netns list 2>/dev/null | awk '{print $1}' | grep "^$PREFIX-h" || true); do
-      ip netns del "$n"
-    done
-    ip link del "$BRIDGE" 2>/dev/null || true
     rm -rf "$dir"
     ;;
   *)
-    echo "usage: chaos-net.sh up|cut|heal|down DIR ..." >&2
+    echo "usage: chaos-net.sh up|cut-db|cut-consumers|heal|down|source ..." >&2
     exit 2
     ;;
 esac

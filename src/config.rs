@@ -1,7 +1,7 @@
 //! Configuration: every knob is a flag with an environment variable, and its
 //! doc comment here is what `watchpump <command> --help` prints.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
@@ -266,6 +266,14 @@ pub struct PumpConfig {
     #[arg(long, env = "WATCHPUMP_CONNECT_TIMEOUT_MS", default_value_t = 2000)]
     pub connect_timeout_ms: u64,
 
+    /// The local address deliveries (and operator notifications) are sent
+    /// from: one of this host's addresses, for a host with several (a
+    /// consumer's firewall that admits one of them, a route per address);
+    /// unset, the system picks. Checked at start: it must be an address of
+    /// this host, not unspecified or multicast.
+    #[arg(long, env = "WATCHPUMP_SOURCE_ADDRESS", value_parser = parse_source_address)]
+    pub source_address: Option<IpAddr>,
+
     /// Time allowed for a whole delivery request, answer included.
     #[arg(long, env = "WATCHPUMP_REQUEST_TIMEOUT_MS", default_value_t = 10_000)]
     pub request_timeout_ms: u64,
@@ -503,4 +511,22 @@ impl PumpConfig {
         }
         Ok(())
     }
+}
+
+/// `WATCHPUMP_SOURCE_ADDRESS`: an address, and one of this host's (a socket
+/// bound to it here, briefly), so that a mistyped one stops the pump at
+/// start rather than failing every delivery with "address not available".
+fn parse_source_address(value: &str) -> Result<IpAddr, String> {
+    let ip: IpAddr = value
+        .trim()
+        .parse()
+        .map_err(|_| format!("{value:?} is not an IP address"))?;
+    if ip.is_unspecified() || ip.is_multicast() {
+        return Err(format!(
+            "{ip} is unspecified or multicast; name one of this host's addresses (or leave it unset)"
+        ));
+    }
+    std::net::TcpListener::bind((ip, 0))
+        .map_err(|e| format!("{ip} is not an address of this host: {e}"))?;
+    Ok(ip)
 }

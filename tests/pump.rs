@@ -132,3 +132,95 @@ async fn a_410_drops_the_watch_and_every_other_delivery_it_had_queued() {
             .unwrap();
     assert_eq!(queued, 0, "a removed watch gets no new deliveries");
 }
+
+/// `WATCHPUMP_SOURCE_ADDRESS`: deliveries leave from the address it names
+/// (one of this host's; all of 127/8 is on Linux's loopback), as the
+/// consumer sees the connection's peer.
+#[tokio::test]
+async fn a_pump_with_a_source_address_sends_from_it() {
+    use axum::extract::ConnectInfo;
+    use std::net::{IpAddr, SocketAddr};
+    use std::sync::{Arc, Mutex};
+
+    let db = TestDb::new().await;
+    let peers = Arc::new(Mutex::new(Vec::<SocketAddr>::new()));
+    let seen = peers.clone();
+    let app = axum::Router::new().route(
+        "/{*path}",
+        axum::routing::post(move |ConnectInfo(peer): ConnectInfo<SocketAddr>| {
+            let seen = seen.clone();
+            async move {
+                seen.lock().unwrap().push(peer);
+                "recorded"
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+    });
+    let (service, _) = db.add_service("deploy", &format!("http://{addr}")).await;
+    db.add_watch(service.id, "app", OBJECT, all()).await;
+    let change = db.emit(OBJECT, "push", json!({"n": 1})).await;
+    let id = delivery_of(&db, change).await;
+    let source: IpAddr = "127.0.0.11".parse().unwrap();
+    let mut cfg = pump_config();
+    cfg.source_address = Some(source);
+    let pump = Pump::new(db.pool.clone(), cfg).expect("valid pump config");
+
+    let step = pump.step().await.unwrap();
+
+    assert_eq!(step.settled, vec![(id, State::Delivered)]);
+    let peers = peers.lock().unwrap().clone();
+    assert_eq!(peers.len(), 1);
+    assert_eq!(
+        peers[0].ip(),
+        source,
+        "the consumer sees the source address"
+    );
+    server.abort();
+}
+
+/// `WATCHPUMP_SOURCE_ADDRESS` must be one of this host's addresses, checked
+/// when the setting is read, with a message naming what is wrong.
+#[test]
+fn a_source_address_that_is_not_this_hosts_is_refused_at_start() {
+    use clap::Parser;
+    #[derive(Parser)]
+    struct Only {
+        #[command(flatten)]
+        pump: watchpump::config::PumpConfig,
+    }
+    let parse = |value: &str| {
+        Only::try_parse_from([
+            "watchpump",
+            "--producer",
+            "git",
+            "--producer-token",
+            "t",
+            "--source-address",
+            value,
+        ])
+        .map(|o| o.pump.source_address)
+        .map_err(|e| e.to_string())
+    };
+    assert_eq!(
+        parse("127.0.0.12").unwrap(),
+        Some("127.0.0.12".parse().unwrap())
+    );
+    for (value, says) in [
+        ("not-an-address", "is not an IP address"),
+        ("0.0.0.0", "unspecified or multicast"),
+        ("224.0.0.1", "unspecified or multicast"),
+        // TEST-NET-1 (RFC 5737): never this host's; only bound, never sent to.
+        ("192.0.2.1", "is not an address of this host"),
+    ] {
+        let err = parse(value).expect_err(value);
+        assert!(err.contains(says), "{value}: {err}");
+    }
+}

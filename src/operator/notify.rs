@@ -169,6 +169,7 @@ impl Notifier {
     pub fn new(notify_url: Option<String>, pump: &PumpConfig, panel_url: &str) -> Result<Self> {
         let client = reqwest::Client::builder()
             .connect_timeout(pump.connect_timeout())
+            .local_address(pump.source_address)
             .timeout(pump.request_timeout())
             .redirect(reqwest::redirect::Policy::none())
             .user_agent(concat!("watchpump/", env!("CARGO_PKG_VERSION")))

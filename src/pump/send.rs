@@ -68,6 +68,7 @@ impl Sender {
             .no_proxy()
             .connector_layer(resolver.connect_guard())
             .connect_timeout(cfg.connect_timeout())
+            .local_address(cfg.source_address)
             .timeout(cfg.request_timeout())
             .redirect(reqwest::redirect::Policy::none())
             .pool_max_idle_per_host(cfg.service_concurrency as usize)

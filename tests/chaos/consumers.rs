@@ -90,13 +90,11 @@ pub struct Consumers {
 }
 
 impl Consumers {
-    /// Consumers listening on `ip` (loopback, or the partition fault's
-    /// gateway).
+    /// Consumers listening on loopback.
     pub async fn start(
         behaviours: &[Behaviour],
         request_timeout: Duration,
         seed: u64,
-        ip: std::net::IpAddr,
     ) -> Consumers {
         let log = Arc::new(Mutex::new(Vec::new()));
         let mut services = Vec::new();
@@ -108,7 +106,9 @@ impl Consumers {
                 rng: Mutex::new(StdRng::seed_from_u64(seed ^ ((i as u64 + 1) * 0x9e37_79b9))),
                 log: log.clone(),
             });
-            let listener = tokio::net::TcpListener::bind((ip, 0)).await.unwrap();
+            let listener = tokio::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0))
+                .await
+                .unwrap();
             let addr = listener.local_addr().unwrap();
             let server = serve(listener, shared.clone());
             if behaviour == Behaviour::Flaps {

@@ -55,8 +55,8 @@ pub enum Faults {
     Restarts,
     /// Two failovers between a primary and a standby behind HAProxy.
     Failover { synchronous: bool },
-    /// Restarts, and each pump a host of its own (a network namespace),
-    /// cut off from the database or from its consumers now and then.
+    /// Restarts, and each pump a host of its own (a loopback source
+    /// address and a database port of its own: tests/chaos/net.rs), cut off from the database or from its consumers now and then.
     Partition,
 }
 
@@ -325,29 +325,28 @@ async fn run_async(settings: Settings) -> Summary {
         ],
         settings.request_timeout,
         settings.seed,
-        match net {
-            Some(_) => net::GATEWAY.parse().unwrap(),
-            None => std::net::Ipv4Addr::LOCALHOST.into(),
-        },
     )
     .await;
     let watches = register(&pool, &consumers, &settings, &mut rng).await;
 
-    // The pumps' way to the database: through the gateway from their hosts.
-    let (pump_url, hosts) = match &net {
-        Some(net) => (
-            url.replacen(
-                &format!("127.0.0.1:{}", cluster.port()),
-                &format!("{}:{}", net::GATEWAY, net.front_port),
-                1,
-            ),
-            net.hosts.clone(),
-        ),
-        None => (url.clone(), Vec::new()),
+    // The pumps' way to the database: with the partition fault, each
+    // host's own front port, and its own source address for deliveries.
+    let hosts = match &net {
+        Some(net) => net
+            .hosts
+            .iter()
+            .map(|h| pumps::Host {
+                url: url.replacen(
+                    &format!("127.0.0.1:{}", cluster.port()),
+                    &format!("127.0.0.1:{}", h.front_port),
+                    1,
+                ),
+                source: Some(h.source.clone()),
+            })
+            .collect(),
+        None => Vec::new(),
     };
-    let pumps = Arc::new(tokio::sync::Mutex::new(Pumps::new(
-        &pump_url, &settings, hosts,
-    )));
+    let pumps = Arc::new(tokio::sync::Mutex::new(Pumps::new(&url, &settings, hosts)));
     pumps.lock().await.start(settings.pumps);
 
     // The chaos, until the producers are done.
@@ -493,7 +492,7 @@ async fn register(
             pool,
             &format!("{}-{i}", consumer.behaviour.name()),
             &format!("http://{}", consumer.addr),
-            &watchpump::destinations::Destinations::parse("127.0.0.0/8,::1,10.231.0.1").unwrap(),
+            &watchpump::destinations::Destinations::parse("127.0.0.0/8,::1").unwrap(),
         )
         .await
         .unwrap()
@@ -701,10 +700,9 @@ async fn partition_hosts(
         round += 1;
         let hold = Duration::from_millis(rng.gen_range(3000..6000));
         let (n, ports) = (net.clone(), consumer_ports.clone());
-        let front = net.front_port;
         tokio::task::spawn_blocking(move || {
-            n.cut(a, &[front]);
-            n.cut(b, &ports);
+            n.cut_from_database(a);
+            n.cut_from_consumers(b, &ports);
         })
         .await
         .unwrap();

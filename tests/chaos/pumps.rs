@@ -9,22 +9,30 @@ use rand::Rng;
 
 use crate::Settings;
 
-/// The chaos consumers listen on loopback (or, with the partition fault,
-/// on the hosts' gateway), which serve refuses by default.
-const ALLOWED: &str = "127.0.0.0/8,::1,10.231.0.1";
+/// The chaos consumers listen on loopback, which serve refuses by default.
+const ALLOWED: &str = "127.0.0.0/8,::1";
+
+/// Where a pump runs, with the partition fault (tests/chaos/net.rs).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Host {
+    /// The database through this host's own front port.
+    pub url: String,
+    /// Its deliveries' source address (`WATCHPUMP_SOURCE_ADDRESS`).
+    pub source: Option<String>,
+}
 
 struct Running {
     name: String,
     child: Child,
-    /// The network namespace it runs in (the partition fault's hosts).
-    host: Option<String>,
+    /// The host it runs as (the partition fault's).
+    host: Option<Host>,
 }
 
 pub struct Pumps {
     url: String,
-    /// Network namespaces to run the pumps in, one pump each; empty: this
-    /// machine's network.
-    hosts: Vec<String>,
+    /// Hosts to run the pumps as, one pump each; empty: all alike, on
+    /// `url`.
+    hosts: Vec<Host>,
     settings: Settings,
     running: Vec<Running>,
     started: usize,
@@ -41,7 +49,7 @@ fn log_dir() -> std::path::PathBuf {
 }
 
 impl Pumps {
-    pub fn new(url: &str, settings: &Settings, hosts: Vec<String>) -> Pumps {
+    pub fn new(url: &str, settings: &Settings, hosts: Vec<Host>) -> Pumps {
         for old in std::fs::read_dir(log_dir()).unwrap().flatten() {
             let _ = std::fs::remove_file(old.path());
         }
@@ -73,17 +81,14 @@ impl Pumps {
             .iter()
             .find(|h| !self.running.iter().any(|r| r.host.as_ref() == Some(*h)))
             .cloned();
-        let mut command = match &host {
-            Some(ns) => {
-                let mut c = Command::new("ip");
-                c.args(["netns", "exec", ns, env!("CARGO_BIN_EXE_watchpump")]);
-                c
-            }
-            None => Command::new(env!("CARGO_BIN_EXE_watchpump")),
-        };
+        let mut command = Command::new(env!("CARGO_BIN_EXE_watchpump"));
+        let url = host.as_ref().map_or(&self.url, |h| &h.url);
+        if let Some(source) = host.as_ref().and_then(|h| h.source.as_ref()) {
+            command.env("WATCHPUMP_SOURCE_ADDRESS", source);
+        }
         let child = command
             .arg("serve")
-            .env("DATABASE_URL", &self.url)
+            .env("DATABASE_URL", url)
             .env("WATCHPUMP_ALLOWED_DESTINATIONS", ALLOWED)
             .env("WATCHPUMP_LISTEN", "127.0.0.1:0")
             .env("WATCHPUMP_METRICS_LISTEN", "off")
