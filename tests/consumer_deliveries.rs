@@ -322,6 +322,17 @@ async fn redeliver_sends_a_delivered_delivery_again_under_its_id_and_refuses_old
         shown["attempts"][0]["attempt"], 2,
         "the newest attempt is kept"
     );
+    // The first delivery's event stays in the history, as after an
+    // operator's retry: delivered, the redelivery, delivered again.
+    let events: Vec<String> = sqlx::query_scalar(
+        "select event from watchpump.delivery_history where delivery_id = $1 order by at, seq",
+    )
+    .bind(first)
+    .fetch_all(&s.db.pool)
+    .await
+    .unwrap();
+    let delivered = events.iter().filter(|e| *e == "delivered").count();
+    assert_eq!(delivered, 2, "{events:?}");
 
     // Newer news of the object was sent: the older one is 409, and stays.
     let second = delivery_of(&s.db, s.db.emit(OBJECT, "push", json!({"n": 2})).await).await;

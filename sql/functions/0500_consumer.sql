@@ -19,8 +19,9 @@ declare
     v_by          bigint;
     v_newer       bigint;
     v_newer_state text;
+    v_ended_at    timestamptz;
 begin
-    select d.state, d.last_error, d.superseded_by into v_state, v_error, v_by
+    select d.state, d.last_error, d.superseded_by, d.finished_at into v_state, v_error, v_by, v_ended_at
     from watchpump.settled d
     where d.id = p_delivery_id and d.service_id = p_service_id
     for update;
@@ -48,8 +49,11 @@ begin
             using errcode = '55000';
     end if;
     perform watchpump.requeue(array[p_delivery_id]);
-    insert into watchpump.actions (delivery_id, action, actor, from_state, note)
-    values (p_delivery_id, 'retry', p_actor, v_state, 'redelivery asked for by the consumer');
+    -- As retry() (0300_operator.sql): the ended event stays in
+    -- delivery_history after the delivery is queued again.
+    insert into watchpump.actions (delivery_id, action, actor, from_state, note, ended_at, ended_detail)
+    values (p_delivery_id, 'retry', p_actor, v_state, 'redelivery asked for by the consumer',
+            v_ended_at, v_error);
     return v_state;
 end
 $$;
