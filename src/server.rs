@@ -23,9 +23,49 @@ use crate::{edge, metrics, operator, schema, services};
 /// Opens a pool on `database_url` with `size` connections. One connection
 /// is made first, so that a bad URL or a refused connection says why at
 /// once (a pool only reports that it timed out waiting, after 10 s).
+///
+/// For the CLI's one-shot commands: they fail at once. `serve` waits for a
+/// database that is not there yet ([`connect_waiting`]).
 pub async fn connect(database_url: &str, size: u32) -> Result<PgPool> {
+    connect_waiting(database_url, size, Duration::ZERO).await
+}
+
+/// [`connect`], but a database that is down, restarting or failing over
+/// (connection refused or reset, "the database system is starting up") is
+/// tried again every half second for up to `patience`, with a warning
+/// that says why each time. A pump started during a PostgreSQL restart or
+/// a failover (by a supervisor, or by hand) then starts when the database
+/// is back instead of exiting. A bad URL, a wrong password or a missing
+/// database fail at once: waiting does not cure them.
+pub async fn connect_waiting(database_url: &str, size: u32, patience: Duration) -> Result<PgPool> {
     let shown = crate::redact::mask_database_url(database_url);
-    let options: PgConnectOptions = database_url
+    let options = parse_database_url(database_url, &shown)?;
+    let started = tokio::time::Instant::now();
+    loop {
+        match open_pool(&options, size).await {
+            Ok(pool) => return Ok(pool),
+            Err(e) if is_gone(&e) && started.elapsed() < patience => {
+                tracing::warn!(
+                    error = %cause(&e),
+                    database = %shown,
+                    waited_s = started.elapsed().as_secs(),
+                    patience_s = patience.as_secs(),
+                    "cannot connect to the database yet; trying again"
+                );
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => {
+                return Err(Error::Connect(format!(
+                    "cannot connect to the database at {shown} (DATABASE_URL): {}",
+                    cause(&e)
+                )))
+            }
+        }
+    }
+}
+
+fn parse_database_url(database_url: &str, shown: &str) -> Result<PgConnectOptions> {
+    database_url
         .strip_prefix("postgres://")
         .or_else(|| database_url.strip_prefix("postgresql://"))
         .ok_or_else(|| {
@@ -38,23 +78,28 @@ pub async fn connect(database_url: &str, size: u32) -> Result<PgPool> {
             database_url.parse().map_err(|e| {
                 Error::Config(format!("DATABASE_URL {shown:?} is not a valid URL: {e}"))
             })
-        })?;
-    let first = PgConnection::connect_with(&options).await.map_err(|e| {
-        Error::Connect(format!(
-            "cannot connect to the database at {shown} (DATABASE_URL): {}",
-            cause(&e)
-        ))
-    })?;
-    let _ = first.close().await;
-    Ok(PgPoolOptions::new()
-        .max_connections(size)
-        .acquire_timeout(std::time::Duration::from_secs(10))
-        .connect_with(options)
-        .await?)
+        })
 }
 
-/// How long start-up keeps trying after the database went away under it.
-const START_UP_PATIENCE: Duration = Duration::from_secs(30);
+/// One connection first (its error says why), then the pool.
+async fn open_pool(
+    options: &PgConnectOptions,
+    size: u32,
+) -> std::result::Result<PgPool, sqlx::Error> {
+    let first = PgConnection::connect_with(options).await?;
+    let _ = first.close().await;
+    PgPoolOptions::new()
+        .max_connections(size)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect_with(options.clone())
+        .await
+}
+
+/// How long start-up waits for the database: to answer at all
+/// ([`connect_waiting`]), and again if it goes away during the migration.
+/// Long enough for a fast restart or a failover (the chaos suite's take
+/// 1–10 s), short enough that a database that is really gone is reported.
+pub const START_UP_PATIENCE: Duration = Duration::from_secs(30);
 
 /// Migrates the schema and reads the registered services. The database
 /// answered a moment ago ([`connect`]); if it goes away now (a restart, a
@@ -125,7 +170,7 @@ pub async fn serve(
     let metrics_addr = metrics_addr(&cfg)?;
     let soft_limit = open_file_limit();
     // One connection more than asked for: the listener keeps one for itself.
-    let pool = connect(database_url, cfg.db_pool.max(2) + 1).await?;
+    let pool = connect_waiting(database_url, cfg.db_pool.max(2) + 1, START_UP_PATIENCE).await?;
     let services = prepare_database(&pool).await?;
     let budget = budget(&cfg, soft_limit, metrics_addr.is_some());
     let metrics = match (metrics_addr, budget.metrics) {

@@ -1,0 +1,145 @@
+//! `serve` started while its database is down (a restart, a failover, a
+//! host booting in the wrong order) waits for it and starts when it is
+//! back; a database that waiting cannot cure is reported at once.
+//!
+//! A project-local cluster of its own (`target/pg-late`), because this
+//! test stops and starts it.
+
+mod common;
+
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+fn dev_postgres(args: &[&str]) -> String {
+    let out = Command::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/scripts/dev-postgres.sh"
+    ))
+    .args(args)
+    .output()
+    .expect("run scripts/dev-postgres.sh");
+    assert!(
+        out.status.success(),
+        "dev-postgres.sh {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+/// Stops the cluster when the test ends, however it ends.
+struct StopOnDrop;
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        let _ = Command::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/scripts/dev-postgres.sh"
+        ))
+        .args(["stop", "pg-late"])
+        .output();
+    }
+}
+
+#[tokio::test]
+async fn serve_started_before_its_database_waits_for_it_and_then_runs() {
+    let port = free_port().to_string();
+    let _stop = StopOnDrop;
+    // Created once (initdb), then stopped: the database is "down".
+    let url = dev_postgres(&["start", "pg-late", &port, "off"]);
+    dev_postgres(&["stop", "pg-late"]);
+
+    let mut child = KillOnDrop(
+        watchpump_cli(Some(&url))
+            .arg("serve")
+            .env("WATCHPUMP_LISTEN", "127.0.0.1:0")
+            .env("WATCHPUMP_METRICS_LISTEN", "off")
+            .env("WATCHPUMP_PRODUCER", PRODUCER)
+            .env("WATCHPUMP_PRODUCER_TOKEN", PRODUCER_TOKEN)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    // Down for a while: serve keeps trying and does not exit.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        child.0.try_wait().unwrap().is_none(),
+        "serve exited while its database was down instead of waiting for it"
+    );
+
+    dev_postgres(&["start", "pg-late", &port, "off"]);
+    let pool = watchpump::server::connect(&url, 1).await.unwrap();
+    // Up again: serve connects, migrates and runs.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let migrated: Option<String> =
+            sqlx::query_scalar("select to_regclass('watchpump.settings')::text")
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        if migrated.is_some() {
+            break;
+        }
+        assert!(
+            child.0.try_wait().unwrap().is_none(),
+            "serve exited although its database came back"
+        );
+        assert!(
+            Instant::now() < deadline,
+            "serve did not migrate the database within 60 s of its start"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(child.0.try_wait().unwrap().is_none(), "serve is running");
+    pool.close().await;
+    child.0.kill().unwrap();
+    child.0.wait().unwrap();
+    let mut logs = String::new();
+    child
+        .0
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut logs)
+        .unwrap();
+    assert!(
+        logs.contains("cannot connect to the database yet; trying again")
+            && logs.contains("Connection refused"),
+        "each wait is logged with its cause:\n{logs}"
+    );
+}
+
+#[tokio::test]
+async fn serve_with_a_database_that_does_not_exist_exits_at_once_saying_so() {
+    let admin = cluster_url();
+    let missing = format!(
+        "{}/wp_t_never_created_{:08x}",
+        admin.rsplit_once('/').unwrap().0,
+        rand::random::<u32>()
+    );
+    let out = watchpump_cli(Some(&missing))
+        .arg("serve")
+        .env("WATCHPUMP_LISTEN", "127.0.0.1:0")
+        .env("WATCHPUMP_METRICS_LISTEN", "off")
+        .env("WATCHPUMP_PRODUCER", PRODUCER)
+        .env("WATCHPUMP_PRODUCER_TOKEN", PRODUCER_TOKEN)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "serve must fail: {stderr}");
+    assert!(
+        stderr.contains("does not exist"),
+        "the error names the cause: {stderr}"
+    );
+    assert!(
+        !stderr.contains("trying again"),
+        "a missing database is not waited for, waiting cannot cure it: {stderr}"
+    );
+}
