@@ -157,6 +157,13 @@ defaults
     timeout connect 2s
     timeout client 1h
     timeout server 1h
+    # Keepalives toward the pumps: a pump cut off from the front is noticed
+    # in about 11 s and its session (with a leader's advisory lock) closed
+    # on the server, as docs/scaling.md asks of a proxy in production.
+    option clitcpka
+    clitcpka-idle 5s
+    clitcpka-intvl 2s
+    clitcpka-cnt 3
 
 # No health checks: the suite switches the front itself (as Patroni's REST
 # check would), server by server, through the runtime API.

@@ -72,6 +72,13 @@ defaults
     timeout connect 2s
     timeout client 1h
     timeout server 1h
+    # Keepalives toward the pumps: a pump cut off from the front is noticed
+    # in about 11 s and its session (with a leader's advisory lock) closed
+    # on the server, as docs/scaling.md asks of a proxy in production.
+    option clitcpka
+    clitcpka-idle 5s
+    clitcpka-intvl 2s
+    clitcpka-cnt 3
 CFG
       h=0
       for front in "$@"; do
