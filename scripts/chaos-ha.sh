@@ -8,8 +8,10 @@
 #       fresh clusters a (primary) and b (standby, streaming from a;
 #       synchronous when `on`), HAProxy on 127.0.0.1:PORT_FRONT sending
 #       every connection to the primary; prints the front's URL last
-#   scripts/chaos-ha.sh failover DIR
-#       stops the primary with `-m immediate` (a crash), promotes the
+#   scripts/chaos-ha.sh failover DIR [LAG_MS]
+#       freezes the primary's WAL sender for LAG_MS (SIGSTOP: a standby
+#       fallen behind, as over a slow or congested link; 0 or absent: none),
+#       then stops the primary with `-m immediate` (a crash), promotes the
 #       standby, and switches HAProxy to it through its runtime API (the old
 #       primary's sessions are shut down); the new primary commits without a
 #       standby until `rebuild` (as Patroni does without synchronous_mode_strict)
@@ -179,6 +181,21 @@ CFG
   failover)
     old=$(cat "$dir/primary")
     new=$([ "$old" = a ] && echo b || echo a)
+    lag_ms=${3:-0}
+    if [ "$lag_ms" -gt 0 ]; then
+      # The primary's WAL sender is frozen (SIGSTOP), so the standby falls
+      # behind. Asynchronous: the primary commits on, and what it commits
+      # now the standby never gets. Synchronous: commits wait for the
+      # standby, and the crash leaves them in doubt (never acknowledged).
+      # The sender is then killed where it stands (SIGKILL reaches a stopped
+      # process): resumed, it would send what it held before dying.
+      sender=$(sql "$old" "select pid from pg_stat_replication" | head -1 || true)
+      if [ -n "$sender" ]; then
+        kill -STOP "$sender"
+        sleep "$(printf '%d.%03d' $((lag_ms / 1000)) $((lag_ms % 1000)))"
+        kill -KILL "$sender"
+      fi
+    fi
     pgctl "$old" -m immediate -w stop >&2
     pgctl "$new" -w -t 120 promote >&2
     # Alone until rebuilt: committing must not wait for a standby.

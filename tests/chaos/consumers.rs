@@ -57,6 +57,9 @@ pub struct Request {
     pub object: String,
     pub delivery_id: i64,
     pub change_id: i64,
+    /// The payload's `key` (tests/chaos/producers.rs): the change the
+    /// request is of, even where a failover made its id ambiguous.
+    pub key: String,
     pub sequence: i64,
     pub attempt: i64,
     /// The answer, or 0 when the pump went away before it.
@@ -231,6 +234,7 @@ async fn receive(State(shared): State<Arc<Shared>>, body: Bytes) -> StatusCode {
             object: d["object"].as_str().unwrap_or("").to_string(),
             delivery_id: field("delivery_id"),
             change_id: field("change_id"),
+            key: d["payload"]["key"].as_str().unwrap_or("").to_string(),
             sequence: field("sequence"),
             attempt: field("attempt"),
             status: 0,

@@ -57,11 +57,12 @@ impl HaPair {
         }
     }
 
-    /// Crashes the primary, promotes the standby, switches the front.
-    /// Returns how long that took.
-    pub fn fail_over(&self) -> std::time::Duration {
+    /// Freezes the primary's WAL sender for `lag` (a standby fallen
+    /// behind), crashes the primary, promotes the standby, switches the
+    /// front. Returns how long that took, the lag included.
+    pub fn fail_over(&self, lag: std::time::Duration) -> std::time::Duration {
         let started = Instant::now();
-        run(&["failover", &self.dir]);
+        run(&["failover", &self.dir, &lag.as_millis().to_string()]);
         started.elapsed()
     }
 

@@ -99,6 +99,10 @@ pub struct Settings {
     pub lease: Duration,
     /// How long the pumps get to drain the queue once consumers are healthy.
     pub settle_limit: Duration,
+    /// Failover: how long the primary's WAL sender is frozen before each
+    /// crash of the primary (what an asynchronous standby then loses, and
+    /// what a synchronous one makes producers wait for).
+    pub standby_lag: Duration,
 }
 
 impl Settings {
@@ -126,6 +130,9 @@ impl Settings {
             request_timeout: Duration::from_millis(1000),
             lease: Duration::from_millis(2500),
             settle_limit: Duration::from_secs(120),
+            standby_lag: Duration::from_millis(
+                env_number("WATCHPUMP_CHAOS_STANDBY_LAG_MS").unwrap_or(1000),
+            ),
         }
     }
 
@@ -237,6 +244,7 @@ fn run(settings: Settings) {
 #[derive(Debug)]
 pub struct Summary {
     pub faults: Faults,
+    pub standby_lag: Duration,
     pub seed: u64,
     pub transactions: usize,
     pub committed_changes: usize,
@@ -254,6 +262,9 @@ pub struct Summary {
     pub lost: usize,
     pub sent_then_lost: usize,
     pub overlaps_across_async_failover: usize,
+    /// Failover: the lost changes' acknowledgements, seconds after the
+    /// standby froze (earliest, latest).
+    pub lost_window: Option<(f64, f64)>,
     /// Partition: times a host was cut off from the database, and from its
     /// consumers.
     pub partitions: (usize, usize),
@@ -269,6 +280,8 @@ pub struct Summary {
 /// primary took, and the first delivery of a change emitted after it.
 #[derive(Debug, Clone)]
 pub struct Failover {
+    /// When the primary's WAL sender froze (the failover began).
+    pub lag_from: DateTime<Utc>,
     pub promoted_at: DateTime<Utc>,
     pub took: Duration,
     pub rebuilt_in: Duration,
@@ -299,11 +312,15 @@ impl Summary {
                 })
                 .collect();
             line.push_str(&format!(
-                "; failover ({}): {} failovers [{}]; {} committed changes lost, {} requests of lost changes, {} overlaps across an asynchronous failover",
+                "; failover ({}, standby {} ms behind): {} failovers [{}]; {} committed changes lost{}, {} requests of lost changes, {} overlaps across an asynchronous failover",
                 if synchronous { "synchronous" } else { "asynchronous" },
+                self.standby_lag.as_millis(),
                 self.failovers.len(),
                 each.join("; "),
                 self.lost,
+                self.lost_window.map_or(String::new(), |(lo, hi)| format!(
+                    " (acknowledged {lo:.2} to {hi:.2} s after the standby froze)"
+                )),
                 self.sent_then_lost,
                 self.overlaps_across_async_failover
             ));
@@ -457,6 +474,7 @@ async fn run_async(settings: Settings) -> Summary {
     consumers.heal();
     let mut summary = Summary {
         faults: settings.faults,
+        standby_lag: settings.standby_lag,
         seed: settings.seed,
         transactions: ledger.transactions,
         listener_kills,
@@ -474,6 +492,7 @@ async fn run_async(settings: Settings) -> Summary {
         phases: (0.0, 0.0, 0.0),
         violations: Vec::new(),
         lost: 0,
+        lost_window: None,
         sent_then_lost: 0,
         overlaps_across_async_failover: 0,
         partitions,
@@ -502,7 +521,7 @@ async fn run_async(settings: Settings) -> Summary {
     summary.committed_changes = ledger.committed.len();
     summary.rolled_back_changes = ledger.rolled_back.len();
     summary.in_doubt = ledger.in_doubt_count;
-    let requests = consumers.requests();
+    let (ledger, requests) = producers::disambiguate(&pool, ledger, consumers.requests()).await;
     summary.requests = requests.len();
     let failovers = verdict::Failovers {
         synchronous: match settings.faults {
@@ -510,6 +529,7 @@ async fn run_async(settings: Settings) -> Summary {
             Faults::Restarts | Faults::Partition => None,
         },
         promoted_at: summary.failovers.iter().map(|f| f.promoted_at).collect(),
+        lag_from: summary.failovers.iter().map(|f| f.lag_from).collect(),
     };
     let judged = verdict::judge(&pool, &ledger, &watches, &requests, &failovers).await;
     summary.deliveries = judged.deliveries;
@@ -517,6 +537,7 @@ async fn run_async(settings: Settings) -> Summary {
     summary.lost = judged.lost;
     summary.sent_then_lost = judged.sent_then_lost;
     summary.overlaps_across_async_failover = judged.overlaps_across_async_failover;
+    summary.lost_window = judged.lost_window;
     for f in &mut summary.failovers {
         f.first_delivery_after = first_delivery_after(f.promoted_at, &ledger, &requests);
     }
@@ -713,7 +734,9 @@ async fn fail_over_twice(
         }
         let held = pumps.lock().await;
         let pair = ha.clone();
-        let took = tokio::task::spawn_blocking(move || pair.fail_over())
+        let lag_from = Utc::now();
+        let lag = settings.standby_lag;
+        let took = tokio::task::spawn_blocking(move || pair.fail_over(lag))
             .await
             .unwrap();
         let promoted_at = Utc::now();
@@ -723,6 +746,7 @@ async fn fail_over_twice(
             .await
             .unwrap();
         failovers.push(Failover {
+            lag_from,
             promoted_at,
             took,
             rebuilt_in,

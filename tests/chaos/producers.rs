@@ -18,10 +18,16 @@ use crate::Settings;
 #[derive(Debug, Clone)]
 pub struct Change {
     pub id: i64,
+    /// Unique in the run (producer.transaction.position), carried in the
+    /// payload as `key`: an id is not, after a failover that lost commits.
+    pub key: String,
     pub object: String,
     pub kind: String,
     /// When it was emitted (its transaction began earlier).
     pub at: chrono::DateTime<chrono::Utc>,
+    /// When its commit returned (or failed): after a failover to a standby
+    /// that lagged, the changes lost must be ones acknowledged late.
+    pub acked: chrono::DateTime<chrono::Utc>,
 }
 
 #[derive(Debug, Default)]
@@ -49,15 +55,9 @@ impl Ledger {
     pub async fn resolve_in_doubt(mut self, pool: &PgPool) -> Ledger {
         self.in_doubt_count = self.in_doubt.len();
         self.in_doubt_ids = self.in_doubt.iter().map(|c| c.id).collect();
-        let ids: Vec<i64> = self.in_doubt.iter().map(|c| c.id).collect();
-        let found: Vec<i64> =
-            sqlx::query_scalar("select id from watchpump.changes where id = any($1)")
-                .bind(&ids)
-                .fetch_all(pool)
-                .await
-                .unwrap();
+        let found = present(pool, &self.in_doubt).await;
         for change in std::mem::take(&mut self.in_doubt) {
-            if found.contains(&change.id) {
+            if found.contains(&change.key) {
                 self.committed.push(change);
             } else {
                 self.rolled_back.push(change);
@@ -66,6 +66,56 @@ impl Ledger {
         self.committed.sort_by_key(|c| c.id);
         self
     }
+}
+
+/// The keys of `changes` that the database has. After a failover that lost
+/// commits, the new primary hands a lost change's id to a new change (the
+/// lost WAL held the sequence's advance): only the key tells them apart.
+pub async fn present(pool: &PgPool, changes: &[Change]) -> std::collections::HashSet<String> {
+    let ids: Vec<i64> = changes.iter().map(|c| c.id).collect();
+    let rows: Vec<(i64, Option<String>)> = sqlx::query_as(
+        "select id, payload->>'key' from watchpump.changes where id = any($1)",
+    )
+    .bind(&ids)
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    let rows: std::collections::HashMap<i64, Option<String>> = rows.into_iter().collect();
+    changes
+        .iter()
+        .filter(|c| rows.get(&c.id).is_some_and(|k| k.as_deref() == Some(&c.key)))
+        .map(|c| c.key.clone())
+        .collect()
+}
+
+/// Makes change ids unambiguous again after a failover that lost commits:
+/// a change the database does not have (rolled back, or lost) gets its id
+/// negated in the ledger, and every request is matched to its change by
+/// the payload's key, not by its id (which a new change may now carry).
+pub async fn disambiguate(
+    pool: &PgPool,
+    mut ledger: Ledger,
+    mut requests: Vec<crate::consumers::Request>,
+) -> (Ledger, Vec<crate::consumers::Request>) {
+    let mut all = ledger.committed.clone();
+    all.extend(ledger.rolled_back.iter().cloned());
+    let present = present(pool, &all).await;
+    let mut ids = std::collections::HashMap::new();
+    for c in ledger.committed.iter_mut().chain(ledger.rolled_back.iter_mut()) {
+        if !present.contains(&c.key) && c.id > 0 {
+            if ledger.in_doubt_ids.contains(&c.id) {
+                ledger.in_doubt_ids.insert(-c.id);
+            }
+            c.id = -c.id;
+        }
+        ids.insert(c.key.clone(), c.id);
+    }
+    for r in &mut requests {
+        if let Some(id) = ids.get(&r.key) {
+            r.change_id = *id;
+        }
+    }
+    (ledger, requests)
 }
 
 /// Runs `settings.producers` producers until `settings.transactions` have
@@ -80,7 +130,7 @@ pub async fn run(
     for p in 0..settings.producers {
         let (pool, settings, progress) = (pool.clone(), settings.clone(), progress.clone());
         tasks.push(tokio::spawn(async move {
-            produce(&pool, &settings, &progress, seed ^ (p as u64 + 1)).await
+            produce(&pool, &settings, &progress, p, seed ^ (p as u64 + 1)).await
         }));
     }
     let mut ledger = Ledger::default();
@@ -90,7 +140,13 @@ pub async fn run(
     ledger
 }
 
-async fn produce(pool: &PgPool, settings: &Settings, progress: &AtomicUsize, seed: u64) -> Ledger {
+async fn produce(
+    pool: &PgPool,
+    settings: &Settings,
+    progress: &AtomicUsize,
+    producer: usize,
+    seed: u64,
+) -> Ledger {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut ledger = Ledger::default();
     while progress.fetch_add(1, Ordering::SeqCst) < settings.transactions {
@@ -104,20 +160,23 @@ async fn produce(pool: &PgPool, settings: &Settings, progress: &AtomicUsize, see
         };
         let mut changes = Vec::new();
         let mut failed = false;
-        for _ in 0..rng.gen_range(1..=3) {
+        for position in 0..rng.gen_range(1..=3) {
             let object = crate::random_object(&mut rng, settings);
             let kind = match rng.gen_range(0..10) {
                 0 => "tag",
                 1 => "merge_request",
                 _ => "push",
             };
-            let payload = json!({"n": ledger.transactions, "paths": ["src/main.rs"]});
+            let key = format!("{producer}.{}.{position}", ledger.transactions);
+            let payload = json!({"n": ledger.transactions, "key": key, "paths": ["src/main.rs"]});
             match watchpump::emit(&mut tx, &object, kind, &payload).await {
                 Ok(id) => changes.push(Change {
                     id,
+                    key,
                     object,
                     kind: kind.to_string(),
                     at: chrono::Utc::now(),
+                    acked: chrono::Utc::now(),
                 }),
                 Err(_) => {
                     failed = true;
@@ -133,7 +192,12 @@ async fn produce(pool: &PgPool, settings: &Settings, progress: &AtomicUsize, see
             let _ = tx.rollback().await;
             ledger.rolled_back.extend(changes);
         } else {
-            match tx.commit().await {
+            let result = tx.commit().await;
+            let acked = chrono::Utc::now();
+            for c in &mut changes {
+                c.acked = acked;
+            }
+            match result {
                 Ok(()) => ledger.committed.extend(changes),
                 Err(_) => ledger.in_doubt.extend(changes),
             }
