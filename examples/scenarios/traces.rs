@@ -82,7 +82,7 @@ pub async fn traces(b: Bench) -> Outcome {
         for mode in &modes {
             let bin = match (mode.baseline, &baseline) {
                 (true, Some(bin)) => bin.clone(),
-                _ => concat!(env!("CARGO_MANIFEST_DIR"), "/target/release/watchpump").to_string(),
+                _ => this_build().to_string(),
             };
             let before = spans.load(Ordering::Relaxed);
             let bulk = bulk_one(&admin, &bin, *mode, &endpoint).await;
@@ -137,9 +137,44 @@ async fn fresh(admin: &str, bin: &str) -> (PgPool, String) {
 async fn setup(admin: &str, bin: &str, consumer: &Consumer) -> Bench {
     let (pool, url) = fresh(admin, bin).await;
     let b = Bench { pool, url };
-    let services = b.services(consumer).await;
-    b.watch(services[0], "acme/").await;
+    let service = if bin == this_build() {
+        b.services(consumer).await[0]
+    } else {
+        // The baseline's schema may predate this build's service columns:
+        // its own CLI registers the service.
+        let status = Command::new(bin)
+            .args(["services", "add", "svc0", "--json", "--base-url"])
+            .arg(format!("http://{}", consumer.addrs[0]))
+            .args(["--allowed-destinations", "127.0.0.0/8,::1"])
+            .env("DATABASE_URL", &b.url)
+            .env("RUST_LOG", "warn")
+            .stdout(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        assert!(status.success(), "{bin} services add");
+        let service: i64 =
+            sqlx::query_scalar("select id from watchpump.services where name = 'svc0'")
+                .fetch_one(&b.pool)
+                .await
+                .unwrap();
+        // And a plain watch on `acme/`, written as that schema's insert.
+        sqlx::query(
+            "insert into watchpump.watches (service_id, resource, object, kinds, filters)
+             values ($1, 'r', 'acme/', null, '{}')",
+        )
+        .bind(service)
+        .execute(&b.pool)
+        .await
+        .unwrap();
+        return b;
+    };
+    b.watch(service, "acme/").await;
     b
+}
+
+/// This build's release binary (`make bench` builds it).
+fn this_build() -> &'static str {
+    concat!(env!("CARGO_MANIFEST_DIR"), "/target/release/watchpump")
 }
 
 fn pump_env(mode: Mode, endpoint: &str) -> Vec<(&'static str, String)> {
@@ -248,7 +283,7 @@ async fn trickle(admin: &str, bin: &str, mode: Mode, endpoint: &str) -> (f64, f6
 /// The pump process: this build through [`Bench::pump`], or the baseline
 /// binary with the same settings.
 fn pump_process(b: &Bench, bin: &str, env: &[(&str, &str)]) -> super::PumpProcess {
-    if bin == concat!(env!("CARGO_MANIFEST_DIR"), "/target/release/watchpump") {
+    if bin == this_build() {
         return b.pump(env);
     }
     let mut cmd = Command::new(bin);
