@@ -206,7 +206,10 @@ fn attempt_span(c: &Claimed, target: &Target) -> ClientSpan {
         attrs.extend([
             KeyValue::new("http.request.method", "POST"),
             KeyValue::new("url.full", redacted_url(url)),
-            KeyValue::new("server.address", url.host_str().unwrap_or_default().to_string()),
+            KeyValue::new(
+                "server.address",
+                url.host_str().unwrap_or_default().to_string(),
+            ),
             KeyValue::new(
                 "server.port",
                 i64::from(url.port_or_known_default().unwrap_or_default()),

@@ -84,9 +84,11 @@ impl ClientSpan {
     /// An event `name` with `attributes` (and the `level` and `target` a
     /// `tracing` event in a traced span carries), if the span is kept.
     pub fn add_event(&mut self, name: &'static str, attributes: Vec<KeyValue>) {
-        let Some(span) = self.0.as_mut().filter(|s| {
-            opentelemetry::trace::Span::is_recording(*s)
-        }) else {
+        let Some(span) = self
+            .0
+            .as_mut()
+            .filter(|s| opentelemetry::trace::Span::is_recording(*s))
+        else {
             return;
         };
         let mut attrs = Vec::with_capacity(attributes.len() + 2);
