@@ -203,8 +203,14 @@ impl Bench {
         let child = cmd
             .spawn()
             .expect("target/release/watchpump (make bench builds it)");
-        // WATCHPUMP_BENCH_PERF=1: a CPU profile of the pump process,
-        // target/bench/pump-<pid>.perf (read with `perf report -i`).
+        PumpProcess::profiled(child)
+    }
+}
+
+impl PumpProcess {
+    /// `child`, with WATCHPUMP_BENCH_PERF=1 a CPU profile of it,
+    /// target/bench/pump-<pid>.perf (read with `perf report -i`).
+    fn profiled(child: Child) -> PumpProcess {
         let perf = std::env::var_os("WATCHPUMP_BENCH_PERF").map(|_| {
             Command::new("perf")
                 .args(["record", "-e", "cpu-clock", "-F", "1999", "-g", "-p"])

@@ -119,7 +119,19 @@ fn init_logs(format: &str) -> std::result::Result<Option<telemetry::Telemetry>, 
             .boxed()
     } else {
         let colours = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
-        logs.with_ansi(colours).boxed()
+        let logs = logs.with_ansi(colours);
+        // With traces on, the text lines stay as they are with traces off:
+        // the spans made only for traces are kept from this layer, which
+        // would otherwise format every field of each of them (the JSON
+        // layer sees them, for their trace id).
+        if telemetry.is_some() {
+            logs.with_filter(tracing_subscriber::filter::filter_fn(|m| {
+                m.target() != telemetry::TARGET
+            }))
+            .boxed()
+        } else {
+            logs.boxed()
+        }
     };
     let traces = telemetry.as_ref().map(|t| t.layer());
     tracing_subscriber::registry()

@@ -38,59 +38,55 @@ const BULK: usize = 20_000;
 const RATE: u64 = 200;
 const SECONDS: u64 = 20;
 
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 struct Mode {
-    name: &'static str,
+    name: String,
     /// The share of producer traceparents sampled; None: no context, no
     /// endpoint.
     sampled: Option<f64>,
-    baseline: bool,
+    /// The binary, if not this build's.
+    baseline: Option<String>,
 }
 
 pub async fn traces(b: Bench) -> Outcome {
     let admin = std::env::var("WATCHPUMP_BENCH_DATABASE_URL").unwrap();
-    let baseline = std::env::var("WATCHPUMP_BENCH_BASELINE_BIN").ok();
+    // One baseline binary, or several: `name=path,name=path` (a bare path
+    // is named "today").
+    let baselines = std::env::var("WATCHPUMP_BENCH_BASELINE_BIN").unwrap_or_default();
     let spans = Arc::new(AtomicUsize::new(0));
     let endpoint = collector(spans.clone()).await;
     let mut modes = Vec::new();
-    if baseline.is_some() {
+    for entry in baselines.split(',').filter(|e| !e.trim().is_empty()) {
+        let (name, bin) = entry.split_once('=').unwrap_or(("today", entry));
         modes.push(Mode {
-            name: "today",
+            name: name.trim().to_string(),
             sampled: None,
-            baseline: true,
+            baseline: Some(bin.trim().to_string()),
         });
     }
-    modes.push(Mode {
-        name: "off",
-        sampled: None,
-        baseline: false,
-    });
-    modes.push(Mode {
-        name: "on 100%",
-        sampled: Some(1.0),
-        baseline: false,
-    });
-    modes.push(Mode {
-        name: "on 1%",
-        sampled: Some(0.01),
-        baseline: false,
-    });
+    for (name, sampled) in [("off", None), ("on 100%", Some(1.0)), ("on 1%", Some(0.01))] {
+        modes.push(Mode {
+            name: name.to_string(),
+            sampled,
+            baseline: None,
+        });
+    }
     drop(b);
     let mut lines = Vec::new();
     let mut results = Vec::new();
     for round in 1..=2 {
         for mode in &modes {
-            let bin = match (mode.baseline, &baseline) {
-                (true, Some(bin)) => bin.clone(),
-                _ => concat!(env!("CARGO_MANIFEST_DIR"), "/target/release/watchpump").to_string(),
-            };
+            let bin = mode
+                .baseline
+                .clone()
+                .unwrap_or_else(|| this_build().to_string());
             let before = spans.load(Ordering::Relaxed);
-            let bulk = bulk_one(&admin, &bin, *mode, &endpoint).await;
-            let trickle = trickle(&admin, &bin, *mode, &endpoint).await;
+            let bulk = bulk_one(&admin, &bin, mode, &endpoint).await;
+            let trickle = trickle(&admin, &bin, mode, &endpoint).await;
             tokio::time::sleep(Duration::from_secs(6)).await; // the last export
             let exported = spans.load(Ordering::Relaxed) - before;
             let line = format!(
-                "round {round} {:<8} bulk-1 {:>6.0}/s, {:>3.0} µs CPU/delivery | trickle p50 {:.2} ms, p99 {:.2} ms | {exported} spans at the collector",
+                "round {round} {:<10} bulk-1 {:>6.0}/s, {:>3.0} µs CPU/delivery | trickle p50 {:.2} ms, p99 {:.2} ms | {exported} spans at the collector",
                 mode.name, bulk.0, bulk.1, trickle.0, trickle.1
             );
             println!("  {line}");
@@ -137,12 +133,47 @@ async fn fresh(admin: &str, bin: &str) -> (PgPool, String) {
 async fn setup(admin: &str, bin: &str, consumer: &Consumer) -> Bench {
     let (pool, url) = fresh(admin, bin).await;
     let b = Bench { pool, url };
-    let services = b.services(consumer).await;
-    b.watch(services[0], "acme/").await;
+    let service = if bin == this_build() {
+        b.services(consumer).await[0]
+    } else {
+        // The baseline's schema may predate this build's service columns:
+        // its own CLI registers the service.
+        let status = Command::new(bin)
+            .args(["services", "add", "svc0", "--json", "--base-url"])
+            .arg(format!("http://{}", consumer.addrs[0]))
+            .args(["--allowed-destinations", "127.0.0.0/8,::1"])
+            .env("DATABASE_URL", &b.url)
+            .env("RUST_LOG", "warn")
+            .stdout(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        assert!(status.success(), "{bin} services add");
+        let service: i64 =
+            sqlx::query_scalar("select id from watchpump.services where name = 'svc0'")
+                .fetch_one(&b.pool)
+                .await
+                .unwrap();
+        // And a plain watch on `acme/`, written as that schema's insert.
+        sqlx::query(
+            "insert into watchpump.watches (service_id, resource, object, kinds, filters)
+             values ($1, 'r', 'acme/', null, '{}')",
+        )
+        .bind(service)
+        .execute(&b.pool)
+        .await
+        .unwrap();
+        return b;
+    };
+    b.watch(service, "acme/").await;
     b
 }
 
-fn pump_env(mode: Mode, endpoint: &str) -> Vec<(&'static str, String)> {
+/// This build's release binary (`make bench` builds it).
+fn this_build() -> &'static str {
+    concat!(env!("CARGO_MANIFEST_DIR"), "/target/release/watchpump")
+}
+
+fn pump_env(mode: &Mode, endpoint: &str) -> Vec<(&'static str, String)> {
     match mode.sampled {
         None => vec![],
         Some(ratio) => vec![
@@ -164,7 +195,7 @@ fn traceparent(ratio: f64) -> String {
     )
 }
 
-async fn emit(conn: &mut sqlx::PgConnection, object: &str, mode: Mode) -> i64 {
+async fn emit(conn: &mut sqlx::PgConnection, object: &str, mode: &Mode) -> i64 {
     let payload = json!({"after": "9f2c1e", "paths": ["src/main.rs"]});
     match mode.sampled {
         None => watchpump::emit(conn, object, "push", &payload)
@@ -185,7 +216,7 @@ async fn emit(conn: &mut sqlx::PgConnection, object: &str, mode: Mode) -> i64 {
 
 /// Deliveries per second from the pump's start to the last arrival, and the
 /// pump's CPU µs per delivery.
-async fn bulk_one(admin: &str, bin: &str, mode: Mode, endpoint: &str) -> (f64, f64) {
+async fn bulk_one(admin: &str, bin: &str, mode: &Mode, endpoint: &str) -> (f64, f64) {
     let consumer = Consumer::start(1).await;
     let b = setup(admin, bin, &consumer).await;
     let mut tx = b.pool.begin().await.unwrap();
@@ -208,7 +239,7 @@ async fn bulk_one(admin: &str, bin: &str, mode: Mode, endpoint: &str) -> (f64, f
 }
 
 /// Commit-to-arrival p50 and p99 at 200 changes a second.
-async fn trickle(admin: &str, bin: &str, mode: Mode, endpoint: &str) -> (f64, f64) {
+async fn trickle(admin: &str, bin: &str, mode: &Mode, endpoint: &str) -> (f64, f64) {
     let consumer = Consumer::start(1).await;
     let b = setup(admin, bin, &consumer).await;
     let env = pump_env(mode, endpoint);
@@ -248,7 +279,7 @@ async fn trickle(admin: &str, bin: &str, mode: Mode, endpoint: &str) -> (f64, f6
 /// The pump process: this build through [`Bench::pump`], or the baseline
 /// binary with the same settings.
 fn pump_process(b: &Bench, bin: &str, env: &[(&str, &str)]) -> super::PumpProcess {
-    if bin == concat!(env!("CARGO_MANIFEST_DIR"), "/target/release/watchpump") {
+    if bin == this_build() {
         return b.pump(env);
     }
     let mut cmd = Command::new(bin);
@@ -261,10 +292,7 @@ fn pump_process(b: &Bench, bin: &str, env: &[(&str, &str)]) -> super::PumpProces
         .env("WATCHPUMP_PRODUCER_TOKEN", super::PRODUCER_TOKEN)
         .env("RUST_LOG", "warn")
         .stdout(std::process::Stdio::null());
-    super::PumpProcess {
-        child: cmd.spawn().unwrap(),
-        perf: None,
-    }
+    super::PumpProcess::profiled(cmd.spawn().unwrap())
 }
 
 /// An OTLP/HTTP collector on loopback that decodes each request and counts

@@ -11,16 +11,15 @@ use std::time::Duration;
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use hyper::body::{Frame, SizeHint};
-use tracing::field::Empty;
-use tracing::Instrument;
+use opentelemetry::KeyValue;
 
 use crate::config::PumpConfig;
 use crate::delivery::outcome::{AttemptResult, Failure, Finished};
 use crate::delivery::request::{self, Target};
 use crate::delivery::{BodyParts, Claimed};
 use crate::retry::{self, RetryPolicy};
+use crate::telemetry::attempt::ClientSpan;
 use crate::telemetry::context::TraceParent;
-use crate::telemetry::{self, TARGET};
 
 /// How the error of an attempt that never reached the consumer (it could not
 /// connect) begins: `watchpump.complete()` holds the (watch, object) after
@@ -97,9 +96,9 @@ impl Sender {
         let clock = std::time::Instant::now();
         let request = self.prepare(&claimed, &target, started);
         let request = with_trace_context(request, &span, claimed.trace.as_ref());
-        let answer = self.call(request).instrument(span.clone()).await;
+        let answer = self.call(request).await;
         let duration = clock.elapsed();
-        end_attempt_span(&span, &answer);
+        end_attempt_span(span, &answer);
         let attempt = claimed.message.attempt;
         let (result, error, response_head) = match answer {
             Ok(answer) => {
@@ -197,32 +196,37 @@ impl Sender {
 /// The attempt's CLIENT span, after the OpenTelemetry HTTP client
 /// conventions (README, "Traces"): a child of the producer's span that
 /// emitted the change, or a trace of its own when the change has no
-/// context. Disabled, and free, when traces are off.
-fn attempt_span(c: &Claimed, target: &Target) -> tracing::Span {
+/// context. Nothing when traces are off; no attribute is made when the
+/// sampler drops it (an unsampled producer context, say) (see
+/// [`ClientSpan`] for why it is not a `tracing` span).
+fn attempt_span(c: &Claimed, target: &Target) -> ClientSpan {
     let m = &c.message;
-    let url = &target.url;
-    let span = tracing::info_span!(target: TARGET, parent: None, "POST",
-        otel.kind = "client",
-        otel.status_code = Empty,
-        "http.request.method" = "POST",
-        "url.full" = %redacted_url(url),
-        "server.address" = url.host_str().unwrap_or_default(),
-        "server.port" = url.port_or_known_default().unwrap_or_default(),
-        "http.request.resend_count" = i64::from(m.attempt - 1),
-        "http.response.status_code" = Empty,
-        "error.type" = Empty,
-        "watchpump.delivery_id" = m.delivery_id,
-        "watchpump.watch_id" = m.watch_id,
-        "watchpump.object" = %m.object,
-        "watchpump.sequence" = m.sequence,
-        "watchpump.service" = %target.destination.name,
-    );
-    if let Some(parent) = &c.trace {
-        telemetry::set_parent(&span, parent);
-    }
+    let mut span = ClientSpan::start("POST", c.trace.as_ref(), |attrs| {
+        let url = &target.url;
+        attrs.extend([
+            KeyValue::new("http.request.method", "POST"),
+            KeyValue::new("url.full", redacted_url(url)),
+            KeyValue::new(
+                "server.address",
+                url.host_str().unwrap_or_default().to_string(),
+            ),
+            KeyValue::new(
+                "server.port",
+                i64::from(url.port_or_known_default().unwrap_or_default()),
+            ),
+            KeyValue::new("http.request.resend_count", i64::from(m.attempt - 1)),
+            KeyValue::new("watchpump.delivery_id", m.delivery_id),
+            KeyValue::new("watchpump.watch_id", m.watch_id),
+            KeyValue::new("watchpump.object", m.object.clone()),
+            KeyValue::new("watchpump.sequence", m.sequence),
+            KeyValue::new("watchpump.service", target.destination.name.clone()),
+        ]);
+    });
     if let Some(lost) = &c.expired_lease_of {
-        tracing::info!(target: TARGET, parent: &span, pump = %lost,
-            "sent again: the lease of the pump that held this delivery ran out");
+        span.add_event(
+            "sent again: the lease of the pump that held this delivery ran out",
+            vec![KeyValue::new("pump", lost.to_string())],
+        );
     }
     span
 }
@@ -233,10 +237,10 @@ fn attempt_span(c: &Claimed, target: &Target) -> tracing::Span {
 /// context as the change keeps it. Not signed (docs/protocol.md).
 fn with_trace_context(
     request: reqwest::RequestBuilder,
-    span: &tracing::Span,
+    span: &ClientSpan,
     change: Option<&TraceParent>,
 ) -> reqwest::RequestBuilder {
-    let own = telemetry::of(span);
+    let own = span.context();
     let Some(context) = own.as_ref().or(change) else {
         return request;
     };
@@ -247,24 +251,26 @@ fn with_trace_context(
     }
 }
 
-/// What the consumer answered, on the span: its status, and status error
-/// on a non-2xx answer or a transport failure; a 410 says the delivery is
-/// dropped with its watch.
-fn end_attempt_span(span: &tracing::Span, answer: &Result<Answer, reqwest::Error>) {
-    if span.is_disabled() {
+/// What the consumer answered, on the span, which ends here: its status,
+/// and status error on a non-2xx answer or a transport failure; a 410 says
+/// the delivery is dropped with its watch.
+fn end_attempt_span(mut span: ClientSpan, answer: &Result<Answer, reqwest::Error>) {
+    if !span.is_recording() {
         return;
     }
     match answer {
         Ok(a) => {
             let code = a.status.as_u16();
-            span.record("http.response.status_code", code);
+            span.set_attribute(KeyValue::new("http.response.status_code", i64::from(code)));
             if !a.status.is_success() {
-                span.record("error.type", code.to_string().as_str());
-                span.record("otel.status_code", "ERROR");
+                span.set_attribute(KeyValue::new("error.type", code.to_string()));
+                span.set_error();
             }
             if code == 410 {
-                tracing::info!(target: TARGET, parent: span,
-                    "delivery dropped: the consumer answered 410 Gone, its watch is removed");
+                span.add_event(
+                    "delivery dropped: the consumer answered 410 Gone, its watch is removed",
+                    Vec::new(),
+                );
             }
         }
         Err(e) => {
@@ -273,14 +279,18 @@ fn end_attempt_span(span: &tracing::Span, answer: &Result<Answer, reqwest::Error
             } else {
                 "connect_error"
             };
-            span.record("error.type", kind);
-            span.record("otel.status_code", "ERROR");
+            span.set_attribute(KeyValue::new("error.type", kind));
+            span.set_error();
         }
     }
+    span.end();
 }
 
 /// `url.full` as the conventions want it: no credentials, no query values.
 fn redacted_url(url: &reqwest::Url) -> String {
+    if url.username().is_empty() && url.password().is_none() && url.query().is_none() {
+        return url.as_str().to_string();
+    }
     let mut url = url.clone();
     if !url.username().is_empty() || url.password().is_some() {
         let _ = url.set_username("REDACTED");

@@ -15,11 +15,12 @@
 //! `a_collector_down_or_hanging_does_not_slow_deliveries`).
 
 use std::sync::mpsc as std_mpsc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
 use opentelemetry_sdk::trace::{SpanData, SpanExporter, SpanProcessor};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Notify};
 
 use crate::metrics as m;
 
@@ -57,17 +58,42 @@ enum Control {
     Flush(std_mpsc::Sender<()>),
 }
 
-/// A [`SpanProcessor`] that queues sampled spans for [`export_loop`].
-#[derive(Debug)]
-pub struct QueueProcessor {
-    spans: mpsc::Sender<SpanData>,
-    control: mpsc::UnboundedSender<Control>,
-}
-
 impl std::fmt::Debug for Control {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("Flush")
     }
+}
+
+/// The spans ended and not yet exported. A plain vector under a lock
+/// rather than a channel: a span ended costs a push, and wakes the export
+/// thread only when a batch is full (a channel woke it for every span, a
+/// futex call and a context switch per delivery on the pump's cores).
+#[derive(Debug)]
+struct Queue {
+    spans: Mutex<Vec<SpanData>>,
+    /// A batch is full.
+    full: Notify,
+    settings: QueueSettings,
+}
+
+impl Queue {
+    /// At most a batch of the oldest spans queued.
+    fn take_batch(&self) -> Vec<SpanData> {
+        let mut spans = self.spans.lock().unwrap();
+        let max = self.settings.max_batch_size;
+        if spans.len() <= max {
+            std::mem::replace(&mut *spans, Vec::with_capacity(max))
+        } else {
+            spans.drain(..max).collect()
+        }
+    }
+}
+
+/// A [`SpanProcessor`] that queues sampled spans for [`export_loop`].
+#[derive(Debug)]
+pub struct QueueProcessor {
+    queue: Arc<Queue>,
+    control: mpsc::UnboundedSender<Control>,
 }
 
 impl QueueProcessor {
@@ -76,17 +102,22 @@ impl QueueProcessor {
     where
         E: SpanExporter + 'static,
     {
-        let (spans, spans_rx) = mpsc::channel(settings.max_queue_size);
+        let queue = Arc::new(Queue {
+            spans: Mutex::new(Vec::with_capacity(settings.max_batch_size)),
+            full: Notify::new(),
+            settings,
+        });
         let (control, control_rx) = mpsc::unbounded_channel();
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
+        let exported = queue.clone();
         std::thread::Builder::new()
             .name("watchpump-otlp".into())
             .spawn(move || {
-                runtime.block_on(export_loop(exporter, spans_rx, control_rx, settings));
+                runtime.block_on(export_loop(exporter, exported, control_rx));
             })?;
-        Ok(QueueProcessor { spans, control })
+        Ok(QueueProcessor { queue, control })
     }
 
     fn flush_within(&self, timeout: Duration) -> OTelSdkResult {
@@ -106,8 +137,18 @@ impl SpanProcessor for QueueProcessor {
         if !span.span_context.is_sampled() {
             return;
         }
-        if self.spans.try_send(span).is_err() {
+        let settings = &self.queue.settings;
+        let mut spans = self.queue.spans.lock().unwrap();
+        if spans.len() >= settings.max_queue_size {
+            drop(spans);
             metrics::counter!(m::TRACE_SPANS_DROPPED).increment(1);
+            return;
+        }
+        spans.push(span);
+        let full = spans.len() == settings.max_batch_size;
+        drop(spans);
+        if full {
+            self.queue.full.notify_one();
         }
     }
 
@@ -120,62 +161,43 @@ impl SpanProcessor for QueueProcessor {
     }
 }
 
-/// Collects spans into batches (full, or [`QueueSettings::schedule_delay`]
-/// after the first) and exports each; ends when the processor is dropped.
+/// Exports what is queued, a batch at a time, when a batch is full, every
+/// [`QueueSettings::schedule_delay`], and when flushed; ends (after a last
+/// export) when the processor is dropped.
 async fn export_loop<E: SpanExporter>(
     exporter: E,
-    mut spans: mpsc::Receiver<SpanData>,
+    queue: Arc<Queue>,
     mut control: mpsc::UnboundedReceiver<Control>,
-    settings: QueueSettings,
 ) {
-    let mut batch: Vec<SpanData> = Vec::with_capacity(settings.max_batch_size);
-    let mut deadline: Option<tokio::time::Instant> = None;
+    let mut tick = tokio::time::interval(queue.settings.schedule_delay);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        let wait = async {
-            match deadline {
-                Some(at) => tokio::time::sleep_until(at).await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            span = spans.recv() => match span {
-                Some(span) => {
-                    batch.push(span);
-                    deadline.get_or_insert_with(|| tokio::time::Instant::now() + settings.schedule_delay);
-                    if batch.len() >= settings.max_batch_size {
-                        export(&exporter, &mut batch).await;
-                        deadline = None;
-                    }
-                }
-                None => {
-                    export(&exporter, &mut batch).await;
-                    return;
-                }
+        let done = tokio::select! {
+            () = queue.full.notified() => None,
+            _ = tick.tick() => None,
+            control = control.recv() => match control {
+                Some(Control::Flush(done)) => Some(Some(done)),
+                None => Some(None),
             },
-            () = wait => {
-                export(&exporter, &mut batch).await;
-                deadline = None;
+        };
+        loop {
+            let batch = queue.take_batch();
+            if batch.is_empty() {
+                break;
             }
-            Some(Control::Flush(done)) = control.recv() => {
-                while let Ok(span) = spans.try_recv() {
-                    batch.push(span);
-                    if batch.len() >= settings.max_batch_size {
-                        export(&exporter, &mut batch).await;
-                    }
-                }
-                export(&exporter, &mut batch).await;
-                deadline = None;
-                let _ = done.send(());
+            export(&exporter, batch).await;
+        }
+        match done {
+            None => {}
+            Some(Some(flushed)) => {
+                let _ = flushed.send(());
             }
+            Some(None) => return,
         }
     }
 }
 
-async fn export<E: SpanExporter>(exporter: &E, batch: &mut Vec<SpanData>) {
-    if batch.is_empty() {
-        return;
-    }
-    let spans = std::mem::take(batch);
+async fn export<E: SpanExporter>(exporter: &E, spans: Vec<SpanData>) {
     let count = spans.len() as u64;
     let result = tokio::time::timeout(EXPORT_TIMEOUT, exporter.export(spans)).await;
     match result {

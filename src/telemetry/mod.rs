@@ -11,8 +11,13 @@
 //!
 //! Spans are made with `tracing` at the target [`TARGET`]. With no
 //! endpoint set, the log filter turns that target off, so a span costs a
-//! disabled callsite check and nothing more.
+//! disabled callsite check and nothing more. The one span per delivery,
+//! the attempt's, is made with the SDK's tracer directly ([`attempt`]):
+//! with traces off it costs a look-up, with traces on the sampler decides
+//! before anything is described.
 
+#[cfg(feature = "producer")]
+pub mod attempt;
 pub mod context;
 #[cfg(feature = "producer")]
 pub mod export;
@@ -75,6 +80,20 @@ mod producer {
         "OTEL_TRACES_SAMPLER_ARG",
         "OTEL_SDK_DISABLED",
     ];
+
+    /// A layer that does nothing but carry the tracer, where the attempt
+    /// spans find it ([`tracer`]): the dispatcher that has it is the one
+    /// whose spans are exported, in `serve` (global) as in a test (one
+    /// thread's).
+    pub struct TracerLayer(SdkTracer);
+
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for TracerLayer {}
+
+    /// The tracer of the current dispatcher's traces layer: `None`, and
+    /// nothing else done, when traces are off.
+    pub fn tracer() -> Option<SdkTracer> {
+        tracing::dispatcher::get_default(|d| d.downcast_ref::<TracerLayer>().map(|t| t.0.clone()))
+    }
 
     /// The tracer and its exporter, when traces are on. Dropping it
     /// without [`Telemetry::shutdown`] loses the spans still queued.
@@ -148,16 +167,26 @@ mod producer {
             Ok(Telemetry { provider, tracer })
         }
 
-        /// The `tracing` layer that turns spans into OpenTelemetry spans.
-        pub fn layer<S>(&self) -> tracing_opentelemetry::OpenTelemetryLayer<S, SdkTracer>
+        /// The `tracing` layer that turns spans into OpenTelemetry spans,
+        /// and that lends its tracer to the attempt spans
+        /// ([`tracer`](super::tracer)).
+        pub fn layer<S>(
+            &self,
+        ) -> tracing_subscriber::layer::Layered<
+            TracerLayer,
+            tracing_opentelemetry::OpenTelemetryLayer<S, SdkTracer>,
+            S,
+        >
         where
             S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
         {
+            use tracing_subscriber::Layer;
             tracing_opentelemetry::layer()
                 .with_tracer(self.tracer.clone())
                 .with_tracked_inactivity(false)
                 .with_threads(false)
                 .with_location(false)
+                .and_then(TracerLayer(self.tracer.clone()))
         }
 
         /// Exports every span ended so far (tests call it before reading
