@@ -277,11 +277,24 @@ pub fn page_query<'a>(
             q.push(" union all ");
         }
         first = false;
-        q.push(format!(
-            "(select d.id, d.created_at from watchpump.{table} d where true{state_condition}"
-        ));
-        push_conditions(&mut q, filter, service_id);
-        q.push(format!(" order by d.id desc limit {limit})"));
+        if narrow_window(filter) {
+            // Every row of the window through the index on created_at,
+            // then the newest ids: `offset 0` keeps the planner from
+            // walking the id index instead (it guesses the window's rows
+            // are spread over the day, where they lie together: 270 ms).
+            q.push(format!(
+                "(select w.id, w.created_at from (select d.id, d.created_at \
+                 from watchpump.{table} d where true{state_condition}"
+            ));
+            push_conditions(&mut q, filter, service_id);
+            q.push(format!(" offset 0) w order by w.id desc limit {limit})"));
+        } else {
+            q.push(format!(
+                "(select d.id, d.created_at from watchpump.{table} d where true{state_condition}"
+            ));
+            push_conditions(&mut q, filter, service_id);
+            q.push(format!(" order by d.id desc limit {limit})"));
+        }
     }
     q.push(format!(
         ") u order by u.id desc limit {limit}) \
@@ -291,6 +304,21 @@ pub fn page_query<'a>(
          order by p.id desc"
     ));
     q
+}
+
+/// The widest time window (`since` to `until`) whose page reads every
+/// delivery in it through the history's index on `created_at` (about
+/// 24,000 rows an hour at 5 M deliveries of history: 12-25 ms on the
+/// 2-core bench host). A wider or open window walks the id index newest
+/// first and stops after the page, which reads at most the newer rows of
+/// the window's last day (a day partition): cheaper than reading a wide
+/// window whole, dearer for a narrow window deep in a busy day (40-270 ms
+/// for an hour at 5 M). Either way the cost is bounded by a day of
+/// deliveries, not by the history. tests/history.rs checks both plans.
+pub const NARROW_WINDOW: chrono::Duration = chrono::Duration::hours(2);
+
+fn narrow_window(filter: &DeliveryFilter) -> bool {
+    matches!((filter.since, filter.until), (Some(since), Some(until)) if until - since <= NARROW_WINDOW)
 }
 
 /// The filter's conditions on a table of deliveries aliased `d`.
