@@ -83,10 +83,6 @@ async fn one_size(b: &Bench, size: i64) -> serde_json::Value {
 
     // bulk-1, with pg_stat_statements from a clean slate.
     let total = 20_000;
-    sqlx::query("select pg_stat_statements_reset()")
-        .execute(&b.pool)
-        .await
-        .unwrap();
     let emit = Instant::now();
     let mut tx = b.pool.begin().await.unwrap();
     for n in 0..total {
@@ -101,6 +97,7 @@ async fn one_size(b: &Bench, size: i64) -> serde_json::Value {
     }
     tx.commit().await.unwrap();
     let emit_s = emit.elapsed().as_secs_f64();
+    b.db_time_reset().await;
     let listen = free_addr();
     let metrics = free_addr();
     let start = Instant::now();
@@ -132,13 +129,7 @@ async fn one_size(b: &Bench, size: i64) -> serde_json::Value {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let cpu = pump.cpu_seconds();
-    let db_ms: f64 = sqlx::query_scalar(
-        "select coalesce(sum(total_exec_time), 0)::float8 from pg_stat_statements
-         where query ~ 'watchpump\\.(claim|complete|settle)\\('",
-    )
-    .fetch_one(&b.pool)
-    .await
-    .unwrap();
+    let db_us = b.db_us_per_delivery(total).await;
 
     // Reads, through the pump's own HTTP server.
     let http = reqwest::Client::new();
@@ -199,7 +190,7 @@ async fn one_size(b: &Bench, size: i64) -> serde_json::Value {
         "history": size, "fill_s": fill_s, "complete": all,
         "bulk_per_s": total as f64 / elapsed, "bulk_s": elapsed, "emit_s": emit_s,
         "pump_cpu_us": cpu * 1e6 / total as f64,
-        "db_us_per_delivery": db_ms * 1000.0 / total as f64,
+        "db_us_per_delivery": db_us,
         "panel_p50_ms": panel_p50, "admin_p50_ms": admin_p50, "failed_p50_ms": failed_p50,
         "metrics_p50_ms": metrics_p50,
         "retention_s": retention_s, "retired_rows": retired,
