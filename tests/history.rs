@@ -848,3 +848,33 @@ async fn every_page_is_a_bounded_index_scan_at_300_000_deliveries() {
         assert_bounded(what, &plan(&db, &sql).await, &days);
     }
 }
+
+/// A page looks each delivery's change up in the change's day only when
+/// the delivery was created at its change's time (emit()); one created
+/// later (a ping's, a moment after its change) still finds its change.
+#[tokio::test]
+async fn a_delivery_created_after_its_change_still_shows_its_change() {
+    let db = TestDb::new().await;
+    let (deploy, _) = db.add_service("deploy", "http://127.0.0.1:9").await;
+    db.add_watch(deploy.id, "app", "acme/", all()).await;
+    db.emit("acme/web", "push", json!({})).await;
+    let moved = sqlx::query(
+        "update watchpump.queue set created_at = created_at + interval '2 days' where object = 'acme/web'",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap()
+    .rows_affected();
+    assert_eq!(moved, 1);
+    let rows = watchpump::operator::store::deliveries(
+        &db.pool,
+        &watchpump::operator::store::DeliveryFilter::default(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(
+        (rows[0].object.as_str(), rows[0].kind.as_str()),
+        ("acme/web", "push")
+    );
+}
