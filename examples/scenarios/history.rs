@@ -135,7 +135,7 @@ async fn one_size(b: &Bench, size: i64) -> serde_json::Value {
     let http = reqwest::Client::new();
     let base = format!("http://{listen}");
     let bearer = format!("Bearer {ADMIN_TOKEN}");
-    let cookie = panel_login(&http, &base).await;
+    let cookie = panel_login(&base).await;
     let admin_p50 = p50_ms(|| async {
         http.get(format!("{base}/api/v1/admin/deliveries?limit=50"))
             .header("authorization", &bearer)
@@ -268,7 +268,14 @@ async fn fill_history(b: &Bench, size: i64) {
 }
 
 /// A panel session's cookie, or none if the log-in was refused.
-async fn panel_login(http: &reqwest::Client, base: &str) -> Option<String> {
+async fn panel_login(base: &str) -> Option<String> {
+    // The cookie comes on the log-in's redirect: not followed, or the
+    // answer read would be the page it leads to, without it (the panel's
+    // column was empty in the first runs).
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .ok()?;
     let r = http
         .post(format!("{base}/panel/login"))
         .header("origin", base)
