@@ -7,27 +7,6 @@
 -- allows it) -> 409, 22023 / 22004 (bad argument) -> 422.
 
 
--- A delivery's change, looked up in the one day partition of `changes`
--- that holds it. A delivery is created at its change's time (emit()), so
--- `p_created_at` names the change's day and the first branch reads one
--- partition (pruned at run time, once per delivery); a delivery created
--- later than its change (a ping) finds it in the second branch, which
--- probes every day, and runs only when the first found nothing (LIMIT 1
--- stops the Append). Written as a lateral subquery with LIMIT so that the
--- planner cannot turn it into a join that hashes the whole of `changes`
--- (it did: 2 s for a page of 50 at 1 M rows). Inlined into its callers.
-create or replace function watchpump.change_of(p_change_id bigint, p_created_at timestamptz)
-returns table (kind text, sequence bigint, object text, occurred_at timestamptz)
-language sql stable as $$
-    select x.kind, x.sequence, x.object, x.occurred_at
-    from (select c.kind, c.sequence, c.object, c.occurred_at from watchpump.changes c
-          where c.id = p_change_id and c.occurred_at = p_created_at
-          union all
-          select c.kind, c.sequence, c.object, c.occurred_at from watchpump.changes c
-          where c.id = p_change_id) x
-    limit 1
-$$;
-
 -- Every delivery, queued or settled, with the columns the single table of
 -- before had (0004_storage_v2.sql): what operators' own queries read.
 -- `state` of a queued delivery is 'in_flight' while its lease runs and
@@ -164,7 +143,25 @@ select d.id as delivery_id,
 from watchpump.deliveries d
 join watchpump.services s on s.id = d.service_id
 join watchpump.watches w on w.id = d.watch_id
-cross join lateral watchpump.change_of(d.change_id, d.created_at) c
+cross join lateral (
+    -- The delivery's change, in the one day of `changes` that holds it. A
+    -- delivery is created at its change's time (emit()), so `created_at`
+    -- names the change's day and the first branch reads one partition
+    -- (pruned at run time, once per delivery); a delivery created later
+    -- than its change (a ping's) finds it in the second branch, which
+    -- probes every day and runs only when the first found nothing (LIMIT 1
+    -- stops the Append). A lateral subquery with LIMIT, so that the planner
+    -- cannot make it a join that hashes the whole of `changes` (it did: 2 s
+    -- for a page of 50 at 1 M rows). Written out here rather than as a
+    -- function: the views' readers may not read `changes` themselves.
+    select x.kind, x.sequence, x.object
+    from (select ch.kind, ch.sequence, ch.object from watchpump.changes ch
+          where ch.id = d.change_id and ch.occurred_at = d.created_at
+          union all
+          select ch.kind, ch.sequence, ch.object from watchpump.changes ch
+          where ch.id = d.change_id) x
+    limit 1
+) c
 left join lateral (
     select x.action || ' by ' || x.actor || ' at '
            || to_char(x.at at time zone 'UTC', 'YYYY-MM-DD HH24:MI:SS') || ' UTC' as last_action
@@ -202,7 +199,16 @@ select d.id as delivery_id, d.created_at as at, 0 as seq, 'created' as event,
        format('change %s (%s of %s, sequence %s) for watch %s', d.change_id, c.kind, c.object,
               c.sequence, d.watch_id) as detail
 from watchpump.deliveries d
-cross join lateral watchpump.change_of(d.change_id, d.created_at) c
+cross join lateral (
+    -- As in delivery_log: the change in its day.
+    select x.kind, x.sequence, x.object
+    from (select ch.kind, ch.sequence, ch.object from watchpump.changes ch
+          where ch.id = d.change_id and ch.occurred_at = d.created_at
+          union all
+          select ch.kind, ch.sequence, ch.object from watchpump.changes ch
+          where ch.id = d.change_id) x
+    limit 1
+) c
 union all
 select a.delivery_id, a.started_at, 1,
        'attempt ' || a.attempt || case when a.repeats > 1

@@ -3,8 +3,8 @@
 --
 -- changes
 --   (id)                  a delivery's change: delivery_log and
---                         delivery_history (watchpump.change_of()), message(),
---                         claim()
+--                         delivery_history (a lateral lookup in the
+--                         change's day), message(), claim()
 -- settled
 --   (id)                  every page newest first, a delivery by id (the
 --                         panel, the admin API, retry(), redeliver()), what

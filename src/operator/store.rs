@@ -244,7 +244,7 @@ pub async fn deliveries(pool: &PgPool, filter: &DeliveryFilter) -> Result<Vec<De
 /// view was planned as a parallel Gather Merge at 1 M rows: 30 ms of worker
 /// start-up for a 2 ms read). Each page row carries its delivery's
 /// `created_at`, the history's partition key, so that each lookup reads one
-/// day of `settled` and one of `changes` (`watchpump.change_of()`), pruned
+/// day of `settled` and one of `changes` (the view's lateral lookup), pruned
 /// at run time, rather than probing every day.
 pub fn page_query<'a>(
     prefix: &str,
