@@ -132,6 +132,31 @@ impl Bench {
         Bench { pool, url }
     }
 
+    /// Starts counting database time afresh ([`Bench::db_us_per_delivery`]).
+    async fn db_time_reset(&self) {
+        sqlx::query("select pg_stat_statements_reset()")
+            .execute(&self.pool)
+            .await
+            .unwrap();
+    }
+
+    /// PostgreSQL's execution time in `claim()` and `complete()` (which
+    /// settles, so `settle()` is inside it) since [`Bench::db_time_reset`],
+    /// in this scenario's database, per delivery, in µs: the issue's
+    /// "database time per delivery", from pg_stat_statements (loaded by the
+    /// bench cluster only: scripts/dev-postgres.sh).
+    async fn db_us_per_delivery(&self, deliveries: usize) -> f64 {
+        let ms: f64 = sqlx::query_scalar(
+            "select coalesce(sum(s.total_exec_time), 0)::float8 from pg_stat_statements s
+             where s.dbid = (select oid from pg_database where datname = current_database())
+               and s.query ~ 'watchpump\\.(claim|complete|settle)\\('",
+        )
+        .fetch_one(&self.pool)
+        .await
+        .unwrap();
+        ms * 1000.0 / deliveries.max(1) as f64
+    }
+
     /// Registers `n` consumer services pointing at `consumer`'s listeners.
     async fn services(&self, consumer: &Consumer) -> Vec<i64> {
         let mut ids = Vec::new();
@@ -437,6 +462,7 @@ async fn bulk_one(b: Bench) -> Outcome {
         .unwrap();
     }
     tx.commit().await.unwrap();
+    b.db_time_reset().await;
     let start = Instant::now();
     let extra: Vec<(String, String)> = std::env::var("WATCHPUMP_BENCH_PUMP_ENV")
         .ok()
@@ -461,15 +487,17 @@ async fn bulk_one(b: Bench) -> Outcome {
     }
     let (cpu, rss) = (pump.cpu_seconds(), pump.peak_rss_mib());
     pump.stop();
+    let db_us = b.db_us_per_delivery(total).await;
     let rate = total as f64 / elapsed;
     let cpu_us = cpu * 1e6 / total as f64;
     Outcome {
         line: format!(
-            "{total} deliveries, 1 service: {rate:.0} deliveries/s from pump start to last arrival ({elapsed:.2} s), pump CPU {cpu_us:.0} µs/delivery, peak RSS {rss:.1} MiB{}",
+            "{total} deliveries, 1 service: {rate:.0} deliveries/s from pump start to last arrival ({elapsed:.2} s), pump CPU {cpu_us:.0} µs/delivery, DB {db_us:.1} µs/delivery (claim + complete), peak RSS {rss:.1} MiB{}",
             if all { "" } else { " INCOMPLETE" }
         ),
         json: json!({"deliveries": total, "services": 1, "seconds": elapsed, "deliveries_per_s": rate,
-                     "pump_cpu_s": cpu, "pump_cpu_us_per_delivery": cpu_us, "pump_peak_rss_mib": rss}),
+                     "pump_cpu_s": cpu, "pump_cpu_us_per_delivery": cpu_us, "pump_peak_rss_mib": rss,
+                     "db_us_per_delivery": db_us}),
     }
 }
 
@@ -498,6 +526,7 @@ async fn bulk(b: Bench) -> Outcome {
     }
     let total = changes * 10;
     assert_eq!(b.count("pending").await as usize, total);
+    b.db_time_reset().await;
     let start = Instant::now();
     let pump = b.pump(&[]);
     let all = consumer.wait_for(total, Duration::from_secs(120)).await;
@@ -509,14 +538,16 @@ async fn bulk(b: Bench) -> Outcome {
     let all_marked = start.elapsed().as_secs_f64();
     let (cpu, rss) = (pump.cpu_seconds(), pump.peak_rss_mib());
     pump.stop();
+    let db_us = b.db_us_per_delivery(total).await;
     let rate = total as f64 / elapsed;
     Outcome {
         line: format!(
-            "{total} deliveries, 10 services: {rate:.0} deliveries/s (all received in {elapsed:.2} s, all marked delivered in {all_marked:.2} s), pump CPU {cpu:.2} s, peak RSS {rss:.1} MiB{}",
+            "{total} deliveries, 10 services: {rate:.0} deliveries/s (all received in {elapsed:.2} s, all marked delivered in {all_marked:.2} s), pump CPU {cpu:.2} s, DB {db_us:.1} µs/delivery (claim + complete), peak RSS {rss:.1} MiB{}",
             if all { "" } else { " INCOMPLETE" }
         ),
         json: json!({"deliveries": total, "services": 10, "seconds_to_receive": elapsed, "seconds_to_mark": all_marked,
-                     "deliveries_per_s": rate, "pump_cpu_s": cpu, "pump_peak_rss_mib": rss}),
+                     "deliveries_per_s": rate, "pump_cpu_s": cpu, "pump_peak_rss_mib": rss,
+                     "db_us_per_delivery": db_us}),
     }
 }
 

@@ -137,9 +137,14 @@ CONF
        && [ "$(sed -n 4p "$data/postmaster.pid" 2>/dev/null)" != "$port" ]; then
       as_owner "$bindir/pg_ctl" -D "$data" -m fast -w stop >&2
     fi
+    # pg_stat_statements for the bench's figures (database time per
+    # delivery), in the bench's cluster only: watchpump needs no extension
+    # in the producer's database, and the tests must show it.
+    preload=""
+    [ "$name" = pg-bench ] && preload="-c shared_preload_libraries=pg_stat_statements"
     if ! as_owner "$bindir/pg_ctl" -D "$data" status >/dev/null 2>&1; then
       as_owner "$bindir/pg_ctl" -D "$data" -l "$data/server.log" -w -t 60 \
-        -o "-p $port -c fsync=$fsync -c synchronous_commit=$fsync -c track_commit_timestamp=on -c shared_preload_libraries=pg_stat_statements" start >&2 \
+        -o "-p $port -c fsync=$fsync -c synchronous_commit=$fsync -c track_commit_timestamp=on $preload" start >&2 \
         || { tail -20 "$data/server.log" >&2; echo "dev-postgres: $name did not start on port $port; $(setting) moves it" >&2; exit 1; }
     fi
     echo "postgres://postgres@127.0.0.1:$port/postgres"

@@ -83,10 +83,6 @@ async fn one_size(b: &Bench, size: i64) -> serde_json::Value {
 
     // bulk-1, with pg_stat_statements from a clean slate.
     let total = 20_000;
-    sqlx::query("select pg_stat_statements_reset()")
-        .execute(&b.pool)
-        .await
-        .unwrap();
     let emit = Instant::now();
     let mut tx = b.pool.begin().await.unwrap();
     for n in 0..total {
@@ -101,6 +97,7 @@ async fn one_size(b: &Bench, size: i64) -> serde_json::Value {
     }
     tx.commit().await.unwrap();
     let emit_s = emit.elapsed().as_secs_f64();
+    b.db_time_reset().await;
     let listen = free_addr();
     let metrics = free_addr();
     let start = Instant::now();
@@ -132,19 +129,13 @@ async fn one_size(b: &Bench, size: i64) -> serde_json::Value {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let cpu = pump.cpu_seconds();
-    let db_ms: f64 = sqlx::query_scalar(
-        "select coalesce(sum(total_exec_time), 0)::float8 from pg_stat_statements
-         where query ~ 'watchpump\\.(claim|complete|settle)\\('",
-    )
-    .fetch_one(&b.pool)
-    .await
-    .unwrap();
+    let db_us = b.db_us_per_delivery(total).await;
 
     // Reads, through the pump's own HTTP server.
     let http = reqwest::Client::new();
     let base = format!("http://{listen}");
     let bearer = format!("Bearer {ADMIN_TOKEN}");
-    let cookie = panel_login(&http, &base).await;
+    let cookie = panel_login(&base).await;
     let admin_p50 = p50_ms(|| async {
         http.get(format!("{base}/api/v1/admin/deliveries?limit=50"))
             .header("authorization", &bearer)
@@ -199,7 +190,7 @@ async fn one_size(b: &Bench, size: i64) -> serde_json::Value {
         "history": size, "fill_s": fill_s, "complete": all,
         "bulk_per_s": total as f64 / elapsed, "bulk_s": elapsed, "emit_s": emit_s,
         "pump_cpu_us": cpu * 1e6 / total as f64,
-        "db_us_per_delivery": db_ms * 1000.0 / total as f64,
+        "db_us_per_delivery": db_us,
         "panel_p50_ms": panel_p50, "admin_p50_ms": admin_p50, "failed_p50_ms": failed_p50,
         "metrics_p50_ms": metrics_p50,
         "retention_s": retention_s, "retired_rows": retired,
@@ -227,7 +218,8 @@ async fn fill_history(b: &Bench, size: i64) {
     .await
     .unwrap();
     let per_day = size / DAYS;
-    for day in 1..=DAYS {
+    // Oldest day first: ids grow with time, as the pump's do.
+    for day in (1..=DAYS).rev() {
         sqlx::raw_sql(&format!(
             "set synchronous_commit = off;
              with day as (select date_trunc('day', now() at time zone 'UTC') at time zone 'UTC'
@@ -276,7 +268,14 @@ async fn fill_history(b: &Bench, size: i64) {
 }
 
 /// A panel session's cookie, or none if the log-in was refused.
-async fn panel_login(http: &reqwest::Client, base: &str) -> Option<String> {
+async fn panel_login(base: &str) -> Option<String> {
+    // The cookie comes on the log-in's redirect: not followed, or the
+    // answer read would be the page it leads to, without it (the panel's
+    // column was empty in the first runs).
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .ok()?;
     let r = http
         .post(format!("{base}/panel/login"))
         .header("origin", base)

@@ -525,7 +525,9 @@ begin
             statuses = coalesce(a.statuses, '{}')
                        || jsonb_build_object(p.answer, coalesce((a.statuses ->> p.answer)::integer, 0) + 1)
         from previous p
-        where a.id = p.id
+        -- By delivery first: attempt_log's index is (delivery_id, attempt)
+        -- (it has none on id alone: 0013_history_indexes.sql).
+        where a.delivery_id = p.delivery_id and a.id = p.id
         returning a.delivery_id
     ),
     appended as (
