@@ -154,6 +154,7 @@ impl Bench {
             resource: "r".into(),
             object: object.into(),
             filters: Default::default(),
+            resync: false,
         };
         watchpump::watches::create(&self.pool, service_id, &new)
             .await
@@ -523,6 +524,7 @@ async fn fanout(b: Bench) -> Outcome {
             resource: format!("r{i}"),
             object: "acme/web/refs/heads/main".into(),
             filters: Default::default(),
+            resync: false,
         };
         watchpump::watches::create(&b.pool, services[i % 10], &new)
             .await

@@ -523,6 +523,7 @@ async fn register(
                     kinds: kinds.clone(),
                     match_path: None,
                 },
+                resync: false,
             };
             let (watch, _) = watchpump::watches::create(pool, service.id, &new)
                 .await
