@@ -63,8 +63,12 @@ impl Setup {
     }
 
     async fn resync(&self, watch_id: i64) -> (StatusCode, Value) {
-        self.post(&format!("/api/v1/watches/{watch_id}/resync"), &self.token, None)
-            .await
+        self.post(
+            &format!("/api/v1/watches/{watch_id}/resync"),
+            &self.token,
+            None,
+        )
+        .await
     }
 
     /// Waits until no resync runs and nothing is queued.
@@ -139,10 +143,9 @@ async fn a_resync_sends_the_newest_matching_change_of_each_object_in_order_with_
         s.db.emit(o, "tag", json!({"n": 3})).await;
     }
     s.db.emit("acme/api/x", "push", json!({"n": 1})).await;
-    let watch = s
-        .db
-        .add_watch(s.deploy_id, "app", "acme/web/", kinds(&["push"]))
-        .await;
+    let watch =
+        s.db.add_watch(s.deploy_id, "app", "acme/web/", kinds(&["push"]))
+            .await;
 
     // A producer racing the resync: pushes to the first half of the objects.
     let racer = {
@@ -174,10 +177,17 @@ async fn a_resync_sends_the_newest_matching_change_of_each_object_in_order_with_
     for (i, o) in objects.iter().enumerate() {
         let got = &seen[o];
         assert_in_order(o, got);
-        assert!(got.iter().all(|d| d.3 == "push"), "{o}: pushes only: {got:?}");
+        assert!(
+            got.iter().all(|d| d.3 == "push"),
+            "{o}: pushes only: {got:?}"
+        );
         let (id, sequence) = newest(&s.db, o, "push").await;
         let last = got.last().unwrap();
-        assert_eq!((last.2, last.0), (id, sequence), "{o} ends at its newest push");
+        assert_eq!(
+            (last.2, last.0),
+            (id, sequence),
+            "{o} ends at its newest push"
+        );
         if i >= 20 {
             // Untouched by the racer: exactly its newest push, replayed,
             // with the change's own id and sequence (the tag on top of it
@@ -194,13 +204,12 @@ async fn a_resync_sends_the_newest_matching_change_of_each_object_in_order_with_
         .collect();
     assert!(replayed.len() >= 20);
     for body in &replayed {
-        let (object, kind, sequence): (String, String, i64) = sqlx::query_as(
-            "select object, kind, sequence from watchpump.changes where id = $1",
-        )
-        .bind(body["change_id"].as_i64().unwrap())
-        .fetch_one(&s.db.pool)
-        .await
-        .unwrap();
+        let (object, kind, sequence): (String, String, i64) =
+            sqlx::query_as("select object, kind, sequence from watchpump.changes where id = $1")
+                .bind(body["change_id"].as_i64().unwrap())
+                .fetch_one(&s.db.pool)
+                .await
+                .unwrap();
         assert_eq!(
             (object.as_str(), kind.as_str(), sequence),
             (
@@ -229,7 +238,11 @@ async fn a_newer_live_change_supersedes_a_queued_replay_with_a_higher_delivery_i
     s.db.emit("acme/web/a", "push", json!({"n": 1})).await;
     let watch = s.db.add_watch(s.deploy_id, "app", "acme/web/", all()).await;
     let (status, _) = s
-        .post(&format!("/api/v1/watches/{}/pause", watch.id), &s.token, None)
+        .post(
+            &format!("/api/v1/watches/{}/pause", watch.id),
+            &s.token,
+            None,
+        )
         .await;
     assert_eq!(status, StatusCode::OK);
     let mut live = s.db.pool.begin().await.unwrap();
@@ -253,10 +266,22 @@ async fn a_newer_live_change_supersedes_a_queued_replay_with_a_higher_delivery_i
             .await
             .unwrap();
     assert_eq!(queued.len(), 2, "{queued:?}");
-    assert_eq!((queued[0].1, queued[0].2), (2, false), "live, lower id: {queued:?}");
-    assert_eq!((queued[1].1, queued[1].2), (1, true), "replay, higher id: {queued:?}");
+    assert_eq!(
+        (queued[0].1, queued[0].2),
+        (2, false),
+        "live, lower id: {queued:?}"
+    );
+    assert_eq!(
+        (queued[1].1, queued[1].2),
+        (1, true),
+        "replay, higher id: {queued:?}"
+    );
     let (status, _) = s
-        .post(&format!("/api/v1/watches/{}/resume", watch.id), &s.token, None)
+        .post(
+            &format!("/api/v1/watches/{}/resume", watch.id),
+            &s.token,
+            None,
+        )
         .await;
     assert_eq!(status, StatusCode::OK);
     s.settle().await;
@@ -280,7 +305,8 @@ async fn a_newer_live_change_supersedes_a_queued_replay_with_a_higher_delivery_i
 async fn a_resync_goes_through_at_most_max_objects_and_one_runs_at_a_time() {
     let s = Setup::start(5).await;
     for i in 0..12 {
-        s.db.emit(&format!("acme/web/o{i:02}"), "push", json!({})).await;
+        s.db.emit(&format!("acme/web/o{i:02}"), "push", json!({}))
+            .await;
     }
     let watch = s.db.add_watch(s.deploy_id, "app", "acme/web/", all()).await;
 
@@ -308,7 +334,10 @@ async fn a_resync_goes_through_at_most_max_objects_and_one_runs_at_a_time() {
 
     let (status, body) = s.resync(watch.id).await;
     assert_eq!(status, StatusCode::ACCEPTED, "{body}");
-    assert_eq!((body["objects"].clone(), body["truncated"].clone()), (json!(5), json!(true)));
+    assert_eq!(
+        (body["objects"].clone(), body["truncated"].clone()),
+        (json!(5), json!(true))
+    );
     s.settle().await;
     let got: Vec<String> = s
         .consumer
@@ -422,7 +451,10 @@ async fn a_resync_after_pruning_says_where_history_begins_and_replays_nothing_pr
         history_from, today_ends,
         "history now begins where the retired day ended: {body}"
     );
-    assert_eq!(body["objects"], 1, "the object is covered, its history gone");
+    assert_eq!(
+        body["objects"], 1,
+        "the object is covered, its history gone"
+    );
     s.settle().await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(s.consumer.count(), 0, "nothing retained to replay");
@@ -434,17 +466,33 @@ async fn the_cli_resyncs_a_watch_and_refuses_another_services() {
     s.db.emit("acme/web/a", "push", json!({})).await;
     let watch = s.db.add_watch(s.deploy_id, "app", "acme/web/", all()).await;
     let out = watchpump_cli(Some(&s.db.url))
-        .args(["watches", "resync", "--service", "deploy", &watch.id.to_string()])
+        .args([
+            "watches",
+            "resync",
+            "--service",
+            "deploy",
+            &watch.id.to_string(),
+        ])
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout} {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(stdout.contains("1 object"), "{stdout}");
     s.consumer.wait_for(1, LONG).await;
     assert_eq!(s.consumer.received()[0].body["replay"], true);
 
     let out = watchpump_cli(Some(&s.db.url))
-        .args(["watches", "resync", "--service", "docs", &watch.id.to_string()])
+        .args([
+            "watches",
+            "resync",
+            "--service",
+            "docs",
+            &watch.id.to_string(),
+        ])
         .output()
         .unwrap();
     assert!(!out.status.success());
