@@ -47,7 +47,7 @@ pub struct Done {
 /// one, is [`Error::NotFound`]; a watch with a resync running is a database
 /// error with SQLSTATE 54000 (the API's 429; [`is_running`]).
 pub async fn start(pool: &PgPool, service_id: i64, watch_id: i64, max: u32) -> Result<Started> {
-    sqlx::query_as(
+    let started: Result<Started> = sqlx::query_as(
         "select $2::bigint as watch_id, objects, truncated, history_from
          from watchpump.resync_start($1, $2, $3)",
     )
@@ -56,7 +56,17 @@ pub async fn start(pool: &PgPool, service_id: i64, watch_id: i64, max: u32) -> R
     .bind(i32::try_from(max).unwrap_or(i32::MAX))
     .fetch_one(pool)
     .await
-    .map_err(Error::raised)
+    .map_err(Error::raised);
+    let outcome = match &started {
+        Ok(s) if s.truncated => Some("truncated"),
+        Ok(_) => Some("started"),
+        Err(e) if is_running(e) => Some("refused"),
+        Err(_) => None,
+    };
+    if let Some(outcome) = outcome {
+        metrics::counter!(crate::metrics::RESYNCS, "outcome" => outcome).increment(1);
+    }
+    started
 }
 
 /// Whether `e` is [`start`]'s refusal of a second resync of a watch.
@@ -95,6 +105,7 @@ async fn batches(pool: &PgPool, watch_id: i64, max: u32) -> Result<Done> {
         .await?;
         done.objects += i64::from(objects);
         done.queued += i64::from(queued);
+        metrics::counter!(crate::metrics::RESYNC_REPLAYS).increment(queued as u64);
         if i64::from(objects) < limit {
             return Ok(done);
         }
