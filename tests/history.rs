@@ -358,8 +358,8 @@ async fn a_populated_v2_database_migrates_in_place_without_losing_a_row() {
                                             pump, first_status, first_error, statuses)
          select s.id, 1, s.created_at, 1, 500, 'HTTP 500', 'p', 500, 'HTTP 500', '{\"500\": 1}'
          from watchpump.settled s where s.state = 'failed';
-         insert into watchpump.queue (change_id, watch_id, service_id, object, sequence, deadline)
-         select c.id, w.id, w.service_id, c.object, c.sequence, now() + interval '1 day'
+         insert into watchpump.queue (change_id, watch_id, service_id, object, deadline)
+         select c.id, w.id, w.service_id, c.object, now() + interval '1 day'
          from watchpump.changes c, watchpump.watches w
          where c.id % 10 = 5;",
     )
