@@ -34,6 +34,8 @@ mod filters;
 mod hanging;
 #[path = "scenarios/history.rs"]
 mod history;
+#[path = "scenarios/resync.rs"]
+mod resync;
 #[path = "scenarios/scale.rs"]
 mod scale;
 #[path = "scenarios/traces.rs"]
@@ -68,6 +70,7 @@ async fn main() {
         ("history", |b| Box::pin(history::history(b))),
         ("scale", |b| Box::pin(scale::scale(b))),
         ("traces", |b| Box::pin(traces::traces(b))),
+        ("resync", |b| Box::pin(resync::resync(b))),
     ];
     println!(
         "watchpump bench — {} cores, {}",
@@ -179,6 +182,7 @@ impl Bench {
             resource: "r".into(),
             object: object.into(),
             filters: Default::default(),
+            resync: false,
         };
         watchpump::watches::create(&self.pool, service_id, &new)
             .await
@@ -560,6 +564,7 @@ async fn fanout(b: Bench) -> Outcome {
             resource: format!("r{i}"),
             object: "acme/web/refs/heads/main".into(),
             filters: Default::default(),
+            resync: false,
         };
         watchpump::watches::create(&b.pool, services[i % 10], &new)
             .await

@@ -1,6 +1,6 @@
 //! The operator's CLI forms of what a consumer can see and do through the
 //! API (issue 20): `watchpump deliveries list|show|retry` and `watchpump
-//! watches pause|resume ID --service NAME`, over the same
+//! watches pause|resume|resync ID --service NAME`, over the same
 //! views and functions as the panel and the admin API
 //! ([`crate::operator::store`]). Each prints what it found or did, or
 //! fails with a message and a non-zero exit ([`crate::cli`]).
@@ -11,7 +11,7 @@ use sqlx::PgPool;
 
 use crate::error::{Error, Result};
 use crate::operator::store::{self, DeliveryFilter};
-use crate::watches::pause;
+use crate::watches::{pause, resync};
 
 /// How CLI actions appear in a delivery's history.
 const ACTOR: &str = "cli";
@@ -138,16 +138,62 @@ pub enum WatchesCommand {
         #[arg(long)]
         service: String,
     },
+    /// Resync a watch: the newest retained change of every object it
+    /// covers that matches its filters is queued again for it, as a replay
+    /// (docs/protocol.md, "Resync"). Runs here, to the end; at most
+    /// WATCHPUMP_RESYNC_MAX_OBJECTS objects.
+    Resync {
+        id: i64,
+        #[arg(long)]
+        service: String,
+        /// Objects at most (WATCHPUMP_RESYNC_MAX_OBJECTS).
+        #[arg(long, env = "WATCHPUMP_RESYNC_MAX_OBJECTS", default_value_t = 10_000)]
+        max_objects: u32,
+    },
 }
 
 pub async fn run_watches(pool: &PgPool, command: WatchesCommand) -> Result<()> {
     let (id, service, paused) = match command {
         WatchesCommand::Pause { id, service } => (id, service, true),
         WatchesCommand::Resume { id, service } => (id, service, false),
+        WatchesCommand::Resync {
+            id,
+            service,
+            max_objects,
+        } => return run_resync(pool, id, &service, max_objects).await,
     };
     let service_id = pause::service_id(pool, &service).await?;
     let changed = pause::set_watch(pool, service_id, id, paused).await?;
     println!("{}", said("watch", &id.to_string(), paused, changed));
+    Ok(())
+}
+
+/// `watchpump watches resync ID --service NAME`: started as the API starts
+/// it (one at a time per watch), run to its end in this process.
+async fn run_resync(pool: &PgPool, id: i64, service: &str, max: u32) -> Result<()> {
+    let service_id = pause::service_id(pool, service).await?;
+    let started = match resync::start(pool, service_id, id, max).await {
+        Err(e) if resync::is_running(&e) => {
+            return Err(Error::Conflict(format!(
+                "a resync of watch {id} is running; ask again when it is done"
+            )))
+        }
+        other => other?,
+    };
+    let done = resync::run(pool, id, max).await?;
+    let mut said = format!(
+        "resync of watch {id}: {} object(s) looked at, {} replay(s) queued",
+        done.objects, done.queued
+    );
+    if started.truncated {
+        said.push_str(&format!(
+            "; the watch covers more than {max} objects, the rest were not looked at"
+        ));
+    }
+    if let Some(from) = started.history_from {
+        said.push_str(&format!("; history is kept from {}", from.to_rfc3339()));
+    }
+    println!("{said}");
     Ok(())
 }
 

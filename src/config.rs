@@ -294,6 +294,14 @@ pub struct PumpConfig {
     #[arg(long, env = "WATCHPUMP_HOLD_AFTER_NO_ANSWER_MS")]
     pub hold_after_no_answer_ms: Option<u64>,
 
+    /// Objects one resync goes through at most (docs/protocol.md,
+    /// "Resync"): each may queue a replayed delivery, so a consumer asking
+    /// for the state of a watch over millions of objects costs the queue
+    /// this many rows at most per call; the answer says "truncated" when
+    /// the watch covers more (tests/consumer_resync.rs).
+    #[arg(long, env = "WATCHPUMP_RESYNC_MAX_OBJECTS", default_value_t = 10_000)]
+    pub resync_max_objects: u32,
+
     /// Deliveries in flight to one consumer service at most, so a slow
     /// consumer cannot hold up the others.
     #[arg(long, env = "WATCHPUMP_SERVICE_CONCURRENCY", default_value_t = 64)]

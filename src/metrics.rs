@@ -46,6 +46,11 @@ pub const CLAIMS_HELD: &str = "watchpump_claims_held_total";
 /// Claimed deliveries not sent because the lease no longer covered the
 /// request and the hold after it (src/pump/fence.rs), by service.
 pub const SENDS_ABANDONED: &str = "watchpump_sends_abandoned_total";
+/// Resyncs (src/watches/resync.rs), by `outcome`: started, refused (one
+/// was running), truncated (the watch covers more than
+/// WATCHPUMP_RESYNC_MAX_OBJECTS); and the replays they queued.
+pub const RESYNCS: &str = "watchpump_resyncs_total";
+pub const RESYNC_REPLAYS: &str = "watchpump_resync_replays_total";
 /// Host name lookups of consumers' base URLs, by `result`: ok, error,
 /// timeout, refused (too many pending, `destinations::MAX_PENDING_LOOKUPS`).
 pub const DNS_LOOKUPS: &str = "watchpump_dns_lookups_total";
@@ -113,6 +118,10 @@ pub fn install_recorder() -> Result<PrometheusHandle, String> {
         metrics::counter!(CLAIMS_HELD, "cap" => cap).absolute(0);
     }
     metrics::gauge!(IN_FLIGHT_BYTES).set(0.0);
+    for outcome in ["started", "refused", "truncated"] {
+        metrics::counter!(RESYNCS, "outcome" => outcome).absolute(0);
+    }
+    metrics::counter!(RESYNC_REPLAYS).absolute(0);
     // Present, at 0, whether traces are on or not: an alert on them needs
     // the series before the first drop.
     for counter in [
@@ -182,6 +191,14 @@ fn describe() {
     describe_gauge!(
         IN_FLIGHT_BYTES,
         "Payload bytes this pump's deliveries in flight hold, each change's payload once; capped by WATCHPUMP_MAX_IN_FLIGHT_BYTES plus one payload."
+    );
+    describe_counter!(
+        RESYNCS,
+        "Resyncs asked for, by outcome: started, refused (one of the watch was running), truncated (the watch covers more than WATCHPUMP_RESYNC_MAX_OBJECTS objects)."
+    );
+    describe_counter!(
+        RESYNC_REPLAYS,
+        "Replayed deliveries that resyncs queued, at most one per object a resync looked at."
     );
     describe_counter!(
         SENDS_ABANDONED,

@@ -35,6 +35,7 @@ const FILES: &[SqlFile] = &[
     sql_file!("migrations", "0008_storage_v3", false),
     sql_file!("migrations", "0009_trace_context", false),
     sql_file!("migrations", "0010_consumer", false),
+    sql_file!("migrations", "0012_resync", false),
     sql_file!("migrations", "0013_history_indexes", false),
     sql_file!("functions", "0050_registry", true),
     sql_file!("functions", "0100_emit", true),

@@ -474,8 +474,8 @@ async fn a_pump_killed_on_a_backlog_of_large_payloads_is_followed_by_one_that_ma
              insert into watchpump.changes (object, kind, sequence, payload)
              values ('big/old', 'push', 1, jsonb_build_object('a', repeat('y', 1500000)))
              returning id)
-         insert into watchpump.queue (change_id, watch_id, service_id, object, deadline)
-         select c.id, w.id, w.service_id, 'big/old', now() + interval '1 day'
+         insert into watchpump.queue (change_id, watch_id, service_id, object, sequence, deadline)
+         select c.id, w.id, w.service_id, 'big/old', 1, now() + interval '1 day'
          from c, watchpump.watches w",
     )
     .execute(&db.pool)

@@ -314,6 +314,13 @@ async fn digest(pool: &sqlx::PgPool, table: &str) -> (i64, String) {
         "changes" => {
             "(t.id, t.object, t.kind, t.sequence, t.payload, t.occurred_at, t.payload_bytes)"
         }
+        // ... and 0012's replay flag.
+        "settled" => {
+            "(t.id, t.change_id, t.watch_id, t.service_id, t.object, t.state, t.attempts,
+              t.next_attempt_at, t.deadline, t.superseded_by, t.last_status, t.last_error,
+              t.created_at, t.finished_at, t.last_started_at, t.last_duration_ms,
+              t.last_response_head, t.last_pump)"
+        }
         _ => "t",
     };
     sqlx::query_as(&format!(

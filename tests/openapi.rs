@@ -325,6 +325,32 @@ async fn real_answers_fit_the_described_schemas() {
     )
     .await;
     c.check(
+        Method::POST,
+        "/api/v1/watches/{id}/resync",
+        &format!("{w}/resync"),
+        t,
+        None,
+    )
+    .await;
+    c.check(
+        Method::POST,
+        "/api/v1/watches/{id}/resync",
+        "/api/v1/watches/999999/resync",
+        t,
+        None,
+    )
+    .await;
+    let created = c
+        .check(
+            Method::POST,
+            "/api/v1/watches",
+            "/api/v1/watches",
+            t,
+            Some(json!({"resource": "app2", "object": "acme/", "resync": true})),
+        )
+        .await;
+    assert_eq!(created["resync"]["watch_id"], created["id"]);
+    c.check(
         Method::PUT,
         "/api/v1/rate",
         "/api/v1/rate",

@@ -123,6 +123,7 @@ async fn create(
             kinds: None,
             match_path: filter,
         },
+        resync: false,
     };
     watches::create(&b.pool, service_id, &new)
         .await

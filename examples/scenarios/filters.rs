@@ -195,6 +195,7 @@ async fn create(b: &Bench, service_id: i64, object: &str, filter: &str) -> watch
             kinds: None,
             match_path: Some(filter.into()),
         },
+        resync: false,
     };
     watches::create(&b.pool, service_id, &new)
         .await

@@ -251,8 +251,8 @@ begin
     -- partitioned by day on both (0008_storage_v3.sql), and a delivery and
     -- its change then share a day, which retention drops together.
     if pg_column_size(p_payload) < 8192 then
-        insert into watchpump.queue (change_id, watch_id, service_id, object, deadline, created_at)
-        select v_change, w.id, w.service_id, p_object, v_deadline, v_occurred
+        insert into watchpump.queue (change_id, watch_id, service_id, object, sequence, deadline, created_at)
+        select v_change, w.id, w.service_id, p_object, v_sequence, v_deadline, v_occurred
         from watchpump.watches w
         where w.removed_at is null
           and w.object = any (watchpump.object_prefixes(p_object))
@@ -276,8 +276,8 @@ begin
                   from candidates c where c.match_text is not null
                   order by c.match_text, c.match_is_predicate) f
         )
-        insert into watchpump.queue (change_id, watch_id, service_id, object, deadline, created_at)
-        select v_change, c.id, c.service_id, p_object, v_deadline, v_occurred
+        insert into watchpump.queue (change_id, watch_id, service_id, object, sequence, deadline, created_at)
+        select v_change, c.id, c.service_id, p_object, v_sequence, v_deadline, v_occurred
         from candidates c
         left join verdicts v using (match_text, match_is_predicate)
         where c.match_text is null or v.matched

@@ -96,7 +96,7 @@ begin
         insert into watchpump.settled (id, change_id, watch_id, service_id, object, state, attempts,
                                        next_attempt_at, deadline, superseded_by, last_status,
                                        last_error, created_at, finished_at, last_started_at,
-                                       last_duration_ms, last_response_head, last_pump)
+                                       last_duration_ms, last_response_head, last_pump, replay)
         select m.id, m.change_id, m.watch_id, m.service_id, m.object, m.state, m.attempts,
                m.next_attempt_at, m.deadline, m.by, coalesce(m.status, m.last_status),
                -- A delivered row shows its delivering answer, not an error
@@ -105,7 +105,7 @@ begin
                             when 'delivered' then m.error
                             else coalesce(m.error, m.last_error) end,
                m.created_at, clock_timestamp(), m.started, m.duration, m.head,
-               case when m.started is not null then p_pump end
+               case when m.started is not null then p_pump end, m.replay
         from moved m
         returning settled.id, settled.service_id, settled.state, settled.created_at
     ),
@@ -119,7 +119,10 @@ $$;
 
 -- The supersession rule, in one place: for each (watch, object) given, the
 -- newest queued delivery carries the object's news, and every older one
--- not in flight is superseded by it (and never sent). Rows another
+-- not in flight is superseded by it (and never sent). Newest is by the
+-- change's sequence, then by delivery id (0012_resync.sql: a replayed
+-- delivery of an older change may have a higher id than a live delivery of
+-- a newer one, and the newer news wins). Rows another
 -- transaction holds are skipped, never waited for; at most p_max rows are
 -- superseded per call, oldest first (what is left waits for the next call:
 -- a claim does not take the newest while older ones remain). The caller
@@ -137,19 +140,24 @@ declare
     v_newest bigint[];
 begin
     with streams as (
-        select k.watch_id, k.object,
-               (select max(n.id) from watchpump.queue n
-                where n.watch_id = k.watch_id and n.object = k.object) as newest
+        select k.watch_id, k.object, n.id as newest, n.sequence
         from (select distinct u.watch_id, u.object
               from unnest(p_watch_ids, p_objects) as u (watch_id, object)) k
+        cross join lateral (
+            select q.id, q.sequence from watchpump.queue q
+            where q.watch_id = k.watch_id and q.object = k.object
+            order by q.sequence desc, q.id desc
+            limit 1
+        ) n
     ),
     older as (
         select q.id, s.newest
         from streams s
         join watchpump.queue q
-          on q.watch_id = s.watch_id and q.object = s.object and q.id < s.newest
+          on q.watch_id = s.watch_id and q.object = s.object
+         and (q.sequence, q.id) < (s.sequence, s.newest)
         where not coalesce(q.lease_until > now(), false)
-        order by q.id
+        order by q.sequence, q.id
         limit greatest(p_max, 0)
         for update of q skip locked
     )
@@ -212,8 +220,6 @@ declare
     v_probes       boolean[];
     v_ids          bigint[];
     v_older        bigint[];
-    -- Paused watches (issue 20, 0500_consumer.sql): never claimed.
-    v_paused       bigint[] := array(select w.id from watchpump.watches w where w.paused_at is not null);
 begin
     -- The rule needs a fresh snapshot per statement.
     if current_setting('transaction_isolation') <> 'read committed' then
@@ -247,7 +253,12 @@ begin
             where q.service_id = s.id
               and (coalesce(f.probe, false) or q.next_attempt_at <= now())
               and not coalesce(q.lease_until > now(), false)
-              and not q.watch_id = any (v_paused)
+              -- Paused watches (issue 20, 0500_consumer.sql) are never
+              -- claimed: a probe of the tiny partial index watches_paused
+              -- (0010_consumer.sql) per row the scan reads, however many
+              -- watches are paused (tests/consumer_resync.rs).
+              and not exists (select 1 from watchpump.watches pw
+                              where pw.id = q.watch_id and pw.paused_at is not null)
             order by q.next_attempt_at
             limit least(greatest(coalesce(f.free, p_default_free), 0), p_max_rows)
         ) d
@@ -275,19 +286,21 @@ begin
     end if;
 
     -- 2. Under the locks, with this statement's fresh snapshot: the newest
-    --    queued delivery of each, if it is due (or probed) and nothing of
-    --    its (watch, object) is in flight; noting which have older ones.
-    --    Lock those rows, skipping any another transaction holds.
+    --    queued delivery of each (by sequence, then id: supersede_older()),
+    --    if it is due (or probed) and nothing of its (watch, object) is in
+    --    flight; noting which have older ones. Lock those rows, skipping
+    --    any another transaction holds.
     with newest as materialized (
-        select n.id, n.first < n.id as has_older
+        select n.id, n.has_older
         from unnest(v_watch_ids, v_objects, v_probes) as k (watch_id, object, probe)
         cross join lateral (
             select q.id, q.next_attempt_at,
-                   (select min(o.id) from watchpump.queue o
-                    where o.watch_id = k.watch_id and o.object = k.object) as first
+                   exists (select 1 from watchpump.queue o
+                           where o.watch_id = k.watch_id and o.object = k.object
+                             and (o.sequence, o.id) < (q.sequence, q.id)) as has_older
             from watchpump.queue q
             where q.watch_id = k.watch_id and q.object = k.object
-            order by q.id desc
+            order by q.sequence desc, q.id desc
             limit 1
         ) n
         where (k.probe or n.next_attempt_at <= now())
@@ -322,7 +335,8 @@ begin
             where c.id = any (v_ids)
               and not (c.id = any (v_older) and exists (
                   select 1 from watchpump.queue o
-                  where o.watch_id = c.watch_id and o.object = c.object and o.id < c.id))
+                  where o.watch_id = c.watch_id and o.object = c.object
+                    and (o.sequence, o.id) < (c.sequence, c.id)))
         );
     end if;
     if cardinality(v_ids) = 0 then
@@ -361,7 +375,7 @@ begin
         update watchpump.queue q
         set attempts = q.attempts + 1, lease_until = clock_timestamp() + p_lease, leased_by = p_pump
         where q.id = any (v_ids)
-        returning q.id, q.change_id, q.watch_id, q.service_id, q.attempts
+        returning q.id, q.change_id, q.watch_id, q.service_id, q.attempts, q.replay
     ),
     ordered as materialized (
         select c.*, b.leased_by as expired,
@@ -372,7 +386,7 @@ begin
     select c.id, c.change_id, c.watch_id, c.service_id, s.version, c.attempts,
            w.resource, ch.object, ch.kind, ch.sequence, ch.occurred_at,
            case when c.first_of_change then ch.payload::text end, c.expired,
-           ch.traceparent, ch.tracestate
+           ch.traceparent, ch.tracestate, c.replay
     from ordered c
     cross join lateral (
         select x.object, x.kind, x.sequence, x.occurred_at, x.payload, x.traceparent, x.tracestate
@@ -407,15 +421,16 @@ returns table (
     sequence         bigint,
     occurred_at      timestamptz,
     payload          text,
-    base_url         text
+    base_url         text,
+    replay           boolean
 )
 language sql stable as $$
     select d.id, d.change_id, d.watch_id, greatest(d.attempts, 1), w.resource, ch.object, ch.kind,
-           ch.sequence, ch.occurred_at, ch.payload::text, s.base_url
-    from (select q.id, q.change_id, q.watch_id, q.service_id, q.attempts
+           ch.sequence, ch.occurred_at, ch.payload::text, s.base_url, d.replay
+    from (select q.id, q.change_id, q.watch_id, q.service_id, q.attempts, q.replay
           from watchpump.queue q where q.id = p_delivery_id
           union all
-          select t.id, t.change_id, t.watch_id, t.service_id, t.attempts
+          select t.id, t.change_id, t.watch_id, t.service_id, t.attempts, t.replay
           from watchpump.settled t where t.id = p_delivery_id) d
     join watchpump.changes ch on ch.id = d.change_id
     join watchpump.watches w on w.id = d.watch_id

@@ -288,9 +288,10 @@ begin
         delete from watchpump.settled s where s.id = any (p_ids) returning s.*
     )
     insert into watchpump.queue (id, change_id, watch_id, service_id, object, attempts, next_attempt_at,
-                                 deadline, last_status, last_error, created_at)
+                                 deadline, last_status, last_error, created_at, sequence, replay)
     select m.id, m.change_id, m.watch_id, m.service_id, m.object, m.attempts, now(),
-           now() + watchpump.delivery_window(), m.last_status, m.last_error, m.created_at
+           now() + watchpump.delivery_window(), m.last_status, m.last_error, m.created_at,
+           (select c.sequence from watchpump.changes c where c.id = m.change_id), m.replay
     from moved m;
     get diagnostics v_count = row_count;
     if v_count > 0 then

@@ -105,8 +105,8 @@ begin
     insert into watchpump.changes (object, kind, sequence, payload, payload_bytes)
     values (v_object, 'watchpump.ping', v_sequence, v_payload, octet_length(v_payload::text))
     returning id into v_change;
-    insert into watchpump.queue (change_id, watch_id, service_id, object, deadline)
-    values (v_change, p_watch_id, p_service_id, v_object, now() + watchpump.delivery_window())
+    insert into watchpump.queue (change_id, watch_id, service_id, object, sequence, deadline)
+    values (v_change, p_watch_id, p_service_id, v_object, v_sequence, now() + watchpump.delivery_window())
     returning id into v_id;
     perform pg_notify('watchpump', '');
     return v_id;
@@ -444,4 +444,165 @@ language sql stable as $$
     from watchpump.services s
     where s.removed_at is null
     order by s.name
+$$;
+
+-- RESYNC (docs/protocol.md "Resync"). For every object a watch covers, the
+-- newest retained change that matches the watch's kinds and filter is
+-- queued again for it, as an ordinary delivery with replay = true (its body
+-- says "replay": true, with the change's own change_id and sequence).
+--   - One resync per watch at a time: resync_start() takes the watch's row
+--     in watchpump.resyncs, and refuses (54000, a 429) while another holds
+--     it; resync_finish() gives it back. A row whose heartbeat is older
+--     than a minute was left by a process that died, and is taken over.
+--   - Bounded: the caller (src/resync.rs) goes through at most
+--     WATCHPUMP_RESYNC_MAX_OBJECTS objects, in batches of resync_batch(),
+--     each its own short transaction.
+--   - Off the producer's path: it reads changes and objects and writes
+--     only queue rows; it takes no lock an emit() waits on (emit() never
+--     takes the order rule's stream locks, and resync locks no row of
+--     objects or changes).
+--   - The order rule holds: each batch first takes the stream lock of
+--     every (watch, object) it covers (claim() takes the same, 0200), and
+--     only then, with a fresh snapshot, looks up each object's newest
+--     change. So whatever was sent before is at most as new as the replay,
+--     and whatever is committed later is queued beside the replay and,
+--     carrying a higher sequence, supersedes it (the queue is ordered by
+--     sequence: 0012_resync.sql). A replay is not queued where the queue
+--     already holds the same or newer news of the (watch, object).
+
+-- Takes the watch's resync slot. P0002 (404) for a watch the service does
+-- not have live, 54000 (429) while another resync of it runs. Returns how
+-- many objects the watch covers, at most p_max (truncated when there are
+-- more), and the start of the oldest day of changes still kept: history
+-- before it was pruned (null when the changes are not kept by day).
+create or replace function watchpump.resync_start(p_service_id bigint, p_watch_id bigint, p_max integer,
+                                                  out objects integer, out truncated boolean,
+                                                  out history_from timestamptz)
+language plpgsql as $$
+declare
+    v_object  text;
+    v_covered integer;
+begin
+    select w.object into v_object
+    from watchpump.watches w
+    where w.id = p_watch_id and w.service_id = p_service_id and w.removed_at is null;
+    if not found then
+        raise exception 'watchpump.resync_start: there is no live watch % for this service', p_watch_id
+            using errcode = 'P0002';
+    end if;
+    insert into watchpump.resyncs as r (watch_id, service_id)
+    values (p_watch_id, p_service_id)
+    on conflict (watch_id) do update
+        set started_at = now(), heartbeat_at = now()
+        where r.heartbeat_at < now() - interval '1 minute';
+    if not found then
+        raise exception 'watchpump.resync_start: a resync of watch % is running', p_watch_id
+            using errcode = '54000';
+    end if;
+    select count(*)::integer into v_covered
+    from (select 1 from watchpump.covered_objects(v_object, null, greatest(p_max, 0) + 1)) c;
+    objects := least(v_covered, greatest(p_max, 0));
+    truncated := v_covered > greatest(p_max, 0);
+    select min(p.from_at) into history_from from watchpump.partitions p where p.parent = 'changes';
+end
+$$;
+
+-- The objects a watch's object covers (itself, or every object under it
+-- when it ends in '/': emit()'s object_prefixes() the other way round),
+-- after p_after in byte order, at most p_limit: a range scan of
+-- objects_pattern (0012_resync.sql). Pings' own objects are not covered.
+create or replace function watchpump.covered_objects(p_watch_object text, p_after text, p_limit integer)
+returns table (object text)
+language sql stable
+set enable_seqscan = off
+as $$
+    select o.object from watchpump.objects o
+    where right(p_watch_object, 1) = '/'
+      and o.object ~>=~ p_watch_object
+      -- '0' is the byte after '/': every object with the prefix sorts
+      -- before the prefix with its '/' made a '0'.
+      and o.object ~<~ (left(p_watch_object, -1) || '0')
+      and (p_after is null or o.object ~>~ p_after)
+      and o.object not like 'watchpump.ping/%'
+    union all
+    select o.object from watchpump.objects o
+    where right(p_watch_object, 1) <> '/'
+      and o.object = p_watch_object
+      and (p_after is null or o.object ~>~ p_after)
+    order by 1 using ~<~
+    limit greatest(p_limit, 0)
+$$;
+
+-- One batch of a resync: the next p_limit objects after p_after that the
+-- watch covers, each with its newest retained change that matches the
+-- watch queued as a replay (unless the queue holds the same or newer news
+-- of it). Looks at most RESYNC_DEPTH = 1000 of an object's newest changes
+-- for one that matches: an object with more non-matching changes than that
+-- on top is not replayed (a bound on what one consumer's filter may cost).
+-- Returns the last object looked at (the next batch's p_after), how many
+-- objects were looked at (fewer than p_limit: the last batch) and how many
+-- replays were queued. Keeps the resync's heartbeat.
+create or replace function watchpump.resync_batch(p_watch_id bigint, p_after text, p_limit integer,
+                                                  out last_object text, out objects integer,
+                                                  out queued integer)
+language plpgsql
+set jit = off
+as $$
+declare
+    v_watch   watchpump.watches;
+    v_objects text[];
+begin
+    select * into v_watch from watchpump.watches w where w.id = p_watch_id and w.removed_at is null;
+    if not found then
+        objects := 0; queued := 0;
+        return;
+    end if;
+    update watchpump.resyncs set heartbeat_at = now() where watch_id = p_watch_id;
+    -- 1. The objects, each (watch, object)'s stream lock taken (waiting for
+    --    a claim deciding about it: claim() never waits, so this cannot
+    --    deadlock with one).
+    v_objects := array(
+        select c.object
+        from watchpump.covered_objects(v_watch.object, p_after, p_limit) c
+        where pg_advisory_xact_lock(2003856752, hashtext(p_watch_id::text || '/' || c.object)) is not null
+    );
+    objects := cardinality(v_objects);
+    last_object := v_objects[objects];
+    -- 2. A fresh snapshot, taken under the locks: each object's newest
+    --    matching change, queued unless the same or newer news waits.
+    insert into watchpump.queue (change_id, watch_id, service_id, object, sequence, deadline, created_at, replay)
+    select ch.id, v_watch.id, v_watch.service_id, o.object, ch.sequence,
+           now() + watchpump.delivery_window(),
+           -- The change's time, as emit() does: retention keeps a queued
+           -- delivery's change by its created_at (retire_partitions()).
+           ch.occurred_at, true
+    from unnest(v_objects) as o (object)
+    cross join lateral (
+        select c.id, c.sequence, c.occurred_at
+        from (select c.id, c.sequence, c.occurred_at, c.kind, c.payload
+              from watchpump.changes c
+              where c.object = o.object
+              order by c.sequence desc
+              limit 1000) c
+        where (v_watch.kinds is null or c.kind = any (v_watch.kinds))
+          and (v_watch.match_path is null
+               or watchpump.payload_matches(c.payload, v_watch.match_path, v_watch.match_is_predicate))
+        order by c.sequence desc
+        limit 1
+    ) ch
+    where not exists (
+        select 1 from watchpump.queue q
+        where q.watch_id = v_watch.id and q.object = o.object and q.sequence >= ch.sequence
+    );
+    get diagnostics queued = row_count;
+    if queued > 0 then
+        perform pg_notify('watchpump', '');
+    end if;
+end
+$$;
+
+-- Gives the watch's resync slot back (a finished or abandoned resync).
+create or replace function watchpump.resync_finish(p_watch_id bigint) returns void
+language sql as $$
+    delete from watchpump.resyncs where watch_id = p_watch_id
 $$;

@@ -208,7 +208,7 @@ async fn entry(pool: &PgPool, service_id: i64, id: i64) -> Result<Option<Entry>>
 async fn sent_body(pool: &PgPool, id: i64, producer: &str) -> Result<Value> {
     let message: Option<Message> = sqlx::query_as(
         "select delivery_id, change_id, watch_id, attempt, resource, object, kind, sequence,
-                occurred_at, payload from watchpump.message($1)",
+                occurred_at, payload, replay from watchpump.message($1)",
     )
     .bind(id)
     .fetch_optional(pool)

@@ -35,6 +35,9 @@ pub struct AppState {
     /// The producer's token, masked in whatever is shown (a consumer's
     /// answer may echo it).
     producer_token: String,
+    /// WATCHPUMP_RESYNC_MAX_OBJECTS: the objects one resync goes through
+    /// at most.
+    pub resync_max_objects: u32,
 }
 
 impl AppState {
@@ -45,6 +48,7 @@ impl AppState {
             pool,
             producer: pump.producer.clone(),
             producer_token: pump.producer_token.clone(),
+            resync_max_objects: pump.resync_max_objects,
         }
     }
 
@@ -88,6 +92,7 @@ pub fn app_with(state: AppState, throttle: Arc<Throttle>) -> Router {
         .route("/api/v1/watches/{id}/ping", post(watches::ping))
         .route("/api/v1/watches/{id}/pause", post(watches::pause))
         .route("/api/v1/watches/{id}/resume", post(watches::resume))
+        .route("/api/v1/watches/{id}/resync", post(watches::resync))
         .route("/api/v1/deliveries", get(deliveries::list))
         .route("/api/v1/deliveries/{id}", get(deliveries::show))
         .route(

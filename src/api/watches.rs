@@ -10,16 +10,20 @@ use serde_json::{json, Value};
 
 use crate::api::{auth::Caller, AppState};
 use crate::http::HttpError;
-use crate::watches::{self, NewWatch, Watch};
+use crate::watches::{self, resync, NewWatch, Watch};
 
 const DEFAULT_PAGE: i64 = 100;
 const MAX_PAGE: i64 = 1000;
 
+/// 201 with the new watch, or 200 with the identical one it already has.
+/// With `"resync": true` the watch's resync starts too ([`resync`]) and the
+/// answer carries its start under `"resync"` (429 if one is running: the
+/// watch exists, and asking again is safe).
 pub async fn create(
     State(state): State<AppState>,
     Caller(service): Caller,
     body: Result<Json<NewWatch>, JsonRejection>,
-) -> Result<(StatusCode, Json<Watch>), HttpError> {
+) -> Result<(StatusCode, Json<Value>), HttpError> {
     let Json(new) = body?;
     let (watch, created) = watches::create(&state.pool, service.id, &new).await?;
     let status = if created {
@@ -27,7 +31,45 @@ pub async fn create(
     } else {
         StatusCode::OK
     };
-    Ok((status, Json(watch)))
+    let mut answer = serde_json::to_value(&watch).expect("a watch serialises");
+    if new.resync {
+        let started = start_resync(&state, service.id, watch.id).await?;
+        answer["resync"] = serde_json::to_value(started).expect("a resync serialises");
+    }
+    Ok((status, Json(answer)))
+}
+
+/// Starts a resync of the watch (docs/protocol.md, "Resync"): 202
+/// `{"watch_id", "objects", "truncated", "history_from"}`, and the replays
+/// are queued in batches after the answer. 404 for another service's or a
+/// removed watch, 429 while a resync of the watch runs.
+pub async fn resync(
+    State(state): State<AppState>,
+    Caller(service): Caller,
+    id: Result<Path<i64>, axum::extract::rejection::PathRejection>,
+) -> Result<(StatusCode, Json<Value>), HttpError> {
+    let id = watch_id(id)?;
+    let started = start_resync(&state, service.id, id).await?;
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(serde_json::to_value(started).expect("a resync serialises")),
+    ))
+}
+
+async fn start_resync(
+    state: &AppState,
+    service_id: i64,
+    watch_id: i64,
+) -> Result<resync::Started, HttpError> {
+    let max = state.resync_max_objects;
+    let started = resync::start(&state.pool, service_id, watch_id, max)
+        .await
+        .map_err(|e| match e {
+            crate::Error::Database(e) => too_many_or_raised(e),
+            e => e.into(),
+        })?;
+    resync::spawn(state.pool.clone(), watch_id, max);
+    Ok(started)
 }
 
 #[derive(Debug, Deserialize)]

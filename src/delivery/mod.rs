@@ -58,6 +58,9 @@ pub struct Message {
     /// exactly this text, shared by the change's deliveries.
     #[cfg_attr(feature = "kit", sqlx(try_from = "String"))]
     pub payload: Payload,
+    /// A replay of the change, queued by a resync (docs/protocol.md,
+    /// "Resync"): the body says `"replay": true`.
+    pub replay: bool,
 }
 
 impl Message {
@@ -133,6 +136,10 @@ pub struct Body<'a> {
     pub sequence: i64,
     pub occurred_at: &'a DateTime<Utc>,
     pub attempt: i32,
+    /// Only on a replay, and only as `true`: a live delivery's body is
+    /// unchanged.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub replay: bool,
 }
 
 impl<'a> Body<'a> {
@@ -148,6 +155,7 @@ impl<'a> Body<'a> {
             sequence: m.sequence,
             occurred_at: &m.occurred_at,
             attempt: m.attempt,
+            replay: m.replay,
         }
     }
 
@@ -178,10 +186,17 @@ mod tests {
             sequence: 4,
             occurred_at: DateTime::from_timestamp(1_700_000_000, 0).unwrap(),
             payload: Payload::new("{\"b\": 1, \"a\": 2}".into()),
+            replay: false,
         };
         assert_eq!(
             String::from_utf8(m.body("git")).unwrap(),
             r#"{"delivery_id":7,"change_id":3,"watch_id":2,"producer":"git","resource":"web","object":"acme/web","kind":"push","sequence":4,"occurred_at":"2023-11-14T22:13:20Z","attempt":1,"payload":{"b": 1, "a": 2}}"#
+        );
+        // A resync's replay says so at the top level, before the payload.
+        let replay = Message { replay: true, ..m };
+        assert_eq!(
+            String::from_utf8(replay.body("git")).unwrap(),
+            r#"{"delivery_id":7,"change_id":3,"watch_id":2,"producer":"git","resource":"web","object":"acme/web","kind":"push","sequence":4,"occurred_at":"2023-11-14T22:13:20Z","attempt":1,"replay":true,"payload":{"b": 1, "a": 2}}"#
         );
     }
 }

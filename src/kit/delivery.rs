@@ -38,6 +38,12 @@ pub struct Delivery {
     pub attempt: i32,
     /// The change's payload, as the producer emitted it.
     pub payload: serde_json::Value,
+    /// Sent by a resync (the producer's docs/protocol.md, "Resync"): the
+    /// newest change of the object again, with its original change id and
+    /// sequence. The inbox treats it as any delivery: its work runs only
+    /// when its sequence is above the one stored for the (watch, object).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub replay: bool,
 }
 
 impl Delivery {

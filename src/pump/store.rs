@@ -64,6 +64,8 @@ struct ClaimRow {
     // only fails if another writer bypassed emit().
     traceparent: Option<String>,
     tracestate: Option<String>,
+    // A resync's replay (issue 20, 0012_resync.sql).
+    replay: Option<bool>,
 }
 
 /// Claims and leases due deliveries; each change's payload is read once
@@ -122,6 +124,7 @@ pub async fn claim(
                     sequence: r.sequence,
                     occurred_at: r.occurred_at,
                     payload,
+                    replay: r.replay.unwrap_or(false),
                 },
                 service_id: r.service_id,
                 service_version: r.service_version,

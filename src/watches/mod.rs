@@ -13,6 +13,7 @@ pub mod cap;
 pub mod fanout;
 pub mod filter;
 pub mod pause;
+pub mod resync;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -51,6 +52,11 @@ pub struct NewWatch {
     pub object: String,
     #[serde(default)]
     pub filters: Filters,
+    /// Ask for a resync as soon as the watch exists ([`resync`]): the
+    /// newest matching change of every object it covers, replayed. Not
+    /// part of what makes two watches the same.
+    #[serde(default)]
+    pub resync: bool,
 }
 
 /// Which changes of the object count.

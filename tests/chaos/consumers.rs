@@ -71,6 +71,8 @@ pub struct Request {
     /// after the pump gave up.
     pub ended: DateTime<Utc>,
     pub hung: bool,
+    /// A resync's replay (`"replay": true` in the body).
+    pub replay: bool,
 }
 
 struct Shared {
@@ -241,6 +243,7 @@ async fn receive(State(shared): State<Arc<Shared>>, body: Bytes) -> StatusCode {
             arrived,
             ended: arrived,
             hung: false,
+            replay: d["replay"] == true,
         }),
     };
     let status = match answer {

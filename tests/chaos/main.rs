@@ -268,6 +268,9 @@ pub struct Summary {
     /// Partition: times a host was cut off from the database, and from its
     /// consumers.
     pub partitions: (usize, usize),
+    /// Pauses, resumes and resyncs, and the replayed requests received.
+    pub self_service: SelfService,
+    pub replays: usize,
     pub duplicates: usize,
     pub seconds: f64,
     /// Seconds producing (under chaos), settling, and stopping the pumps.
@@ -291,6 +294,11 @@ pub struct Failover {
 impl Summary {
     fn line(&self) -> String {
         let mut line = self.base_line();
+        let s = &self.self_service;
+        line.push_str(&format!(
+            "; consumers: {} watch pauses, {} service pauses, {} resumes, {} resyncs ({} replays queued, {} replayed requests)",
+            s.watch_pauses, s.service_pauses, s.resumes, s.resyncs, s.replays_queued, self.replays
+        ));
         if self.faults == Faults::Partition {
             line.push_str(&format!(
                 "; partitions: {} hosts cut off from the database, {} from their consumers",
@@ -456,8 +464,14 @@ async fn run_async(settings: Settings) -> Summary {
             done.clone(),
         ))
     });
+    let self_service = tokio::spawn(consumers_help_themselves(
+        pool.clone(),
+        rng.gen(),
+        done.clone(),
+    ));
     let ledger: Ledger = producers::run(&pool, &settings, progress.clone(), rng.gen()).await;
     done.store(true, Ordering::SeqCst);
+    let self_service = self_service.await.unwrap();
     let kills = killer.await.unwrap();
     let listener_kills = listener_killer.await.unwrap();
     let pg_restarts = restarter.await.unwrap();
@@ -496,6 +510,8 @@ async fn run_async(settings: Settings) -> Summary {
         sent_then_lost: 0,
         overlaps_across_async_failover: 0,
         partitions,
+        self_service,
+        replays: 0,
     };
     let mut pumps = Arc::try_unwrap(pumps)
         .unwrap_or_else(|_| panic!("the chaos tasks hold no pumps any more"))
@@ -538,6 +554,7 @@ async fn run_async(settings: Settings) -> Summary {
     summary.sent_then_lost = judged.sent_then_lost;
     summary.overlaps_across_async_failover = judged.overlaps_across_async_failover;
     summary.lost_window = judged.lost_window;
+    summary.replays = judged.replays;
     for f in &mut summary.failovers {
         f.first_delivery_after = first_delivery_after(f.promoted_at, &ledger, &requests);
     }
@@ -598,6 +615,7 @@ async fn register(
                     kinds: kinds.clone(),
                     match_path: None,
                 },
+                resync: false,
             };
             let (watch, _) = watchpump::watches::create(pool, service.id, &new)
                 .await
@@ -623,6 +641,123 @@ pub fn random_object(rng: &mut impl Rng, settings: &Settings) -> String {
 fn pause_in(rng: &mut StdRng, range: (Duration, Duration)) -> Duration {
     let (low, high) = (range.0.as_millis() as u64, range.1.as_millis() as u64);
     Duration::from_millis(rng.gen_range(low..=high.max(low)))
+}
+
+/// What the consumers did for themselves under chaos (issue 20).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SelfService {
+    pub watch_pauses: usize,
+    pub service_pauses: usize,
+    pub resumes: usize,
+    pub resyncs: usize,
+    /// Replays the resyncs queued.
+    pub replays_queued: i64,
+}
+
+/// The consumers' own faults: now and then a watch or a whole service is
+/// paused, one paused before is resumed, or a watch is resynced (to its
+/// end, in batches, while everything else goes on). Calls that meet a
+/// restarting PostgreSQL are tried again later. When the producers are
+/// done, everything still paused is resumed (retried until it is).
+async fn consumers_help_themselves(
+    pool: sqlx::PgPool,
+    seed: u64,
+    done: Arc<AtomicBool>,
+) -> SelfService {
+    use watchpump::watches::{pause, resync};
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut did = SelfService::default();
+    let mut paused_watches: Vec<(i64, i64)> = Vec::new();
+    let mut paused_services: Vec<i64> = Vec::new();
+    let watches: Vec<(i64, i64)> =
+        sqlx::query_as("select service_id, id from watchpump.watches order by id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    let services: Vec<i64> = {
+        let mut s: Vec<i64> = watches.iter().map(|w| w.0).collect();
+        s.dedup();
+        s
+    };
+    while !done.load(Ordering::SeqCst) {
+        tokio::time::sleep(pause_in(
+            &mut rng,
+            (Duration::from_millis(300), Duration::from_millis(1500)),
+        ))
+        .await;
+        match rng.gen_range(0..10) {
+            0..=2 => {
+                let (service, watch) = watches[rng.gen_range(0..watches.len())];
+                if pause::set_watch(&pool, service, watch, true).await.is_ok() {
+                    did.watch_pauses += 1;
+                    paused_watches.push((service, watch));
+                }
+            }
+            3 => {
+                let service = services[rng.gen_range(0..services.len())];
+                if pause::set_service(&pool, service, true).await.is_ok() {
+                    did.service_pauses += 1;
+                    paused_services.push(service);
+                }
+            }
+            4..=6 => {
+                if let Some(i) =
+                    (!paused_watches.is_empty()).then(|| rng.gen_range(0..paused_watches.len()))
+                {
+                    let (service, watch) = paused_watches[i];
+                    if pause::set_watch(&pool, service, watch, false).await.is_ok() {
+                        did.resumes += 1;
+                        paused_watches.swap_remove(i);
+                    }
+                } else if let Some(service) = paused_services.pop() {
+                    if pause::set_service(&pool, service, false).await.is_ok() {
+                        did.resumes += 1;
+                    } else {
+                        paused_services.push(service);
+                    }
+                }
+            }
+            _ => {
+                let (service, watch) = watches[rng.gen_range(0..watches.len())];
+                if resync::start(&pool, service, watch, 10_000).await.is_ok() {
+                    did.resyncs += 1;
+                    if let Ok(d) = resync::run(&pool, watch, 10_000).await {
+                        did.replays_queued += d.queued;
+                    }
+                }
+            }
+        }
+    }
+    // Everything resumed before the run settles (a watch the consumer
+    // dropped with a 410 is no longer live: nothing to resume).
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !(paused_watches.is_empty() && paused_services.is_empty()) {
+        if let Some(&(service, watch)) = paused_watches.last() {
+            match pause::set_watch(&pool, service, watch, false).await {
+                Ok(_) | Err(watchpump::Error::NotFound(_)) => {
+                    paused_watches.pop();
+                    did.resumes += 1;
+                }
+                Err(e) => assert!(
+                    Instant::now() < deadline,
+                    "cannot resume watch {watch}: {e}"
+                ),
+            }
+        } else if let Some(&service) = paused_services.last() {
+            match pause::set_service(&pool, service, false).await {
+                Ok(_) => {
+                    paused_services.pop();
+                    did.resumes += 1;
+                }
+                Err(e) => assert!(
+                    Instant::now() < deadline,
+                    "cannot resume service {service}: {e}"
+                ),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    did
 }
 
 /// SIGKILLs a random pump now and then (one time in four a SIGTERM, which

@@ -73,17 +73,19 @@ impl Ledger {
 /// lost WAL held the sequence's advance): only the key tells them apart.
 pub async fn present(pool: &PgPool, changes: &[Change]) -> std::collections::HashSet<String> {
     let ids: Vec<i64> = changes.iter().map(|c| c.id).collect();
-    let rows: Vec<(i64, Option<String>)> = sqlx::query_as(
-        "select id, payload->>'key' from watchpump.changes where id = any($1)",
-    )
-    .bind(&ids)
-    .fetch_all(pool)
-    .await
-    .unwrap();
+    let rows: Vec<(i64, Option<String>)> =
+        sqlx::query_as("select id, payload->>'key' from watchpump.changes where id = any($1)")
+            .bind(&ids)
+            .fetch_all(pool)
+            .await
+            .unwrap();
     let rows: std::collections::HashMap<i64, Option<String>> = rows.into_iter().collect();
     changes
         .iter()
-        .filter(|c| rows.get(&c.id).is_some_and(|k| k.as_deref() == Some(&c.key)))
+        .filter(|c| {
+            rows.get(&c.id)
+                .is_some_and(|k| k.as_deref() == Some(&c.key))
+        })
         .map(|c| c.key.clone())
         .collect()
 }
@@ -101,7 +103,11 @@ pub async fn disambiguate(
     all.extend(ledger.rolled_back.iter().cloned());
     let present = present(pool, &all).await;
     let mut ids = std::collections::HashMap::new();
-    for c in ledger.committed.iter_mut().chain(ledger.rolled_back.iter_mut()) {
+    for c in ledger
+        .committed
+        .iter_mut()
+        .chain(ledger.rolled_back.iter_mut())
+    {
         if !present.contains(&c.key) && c.id > 0 {
             if ledger.in_doubt_ids.contains(&c.id) {
                 ledger.in_doubt_ids.insert(-c.id);

@@ -10,7 +10,9 @@
 //!   still being answered (hyper keeps the handler running), and the hold
 //!   after no answer must cover that (docs/protocol.md, "One at a time");
 //! - sequences never go backwards per (watch, object), neither among all
-//!   requests in arrival order nor among 2xx answers;
+//!   requests in arrival order nor among 2xx answers; a sequence already
+//!   sent comes again only as the same delivery (a duplicate) or as a
+//!   resync's replay (docs/protocol.md, "Order with replays");
 //! - nothing is left pending, in flight or failed once consumers are healthy.
 //!
 //! The expected deliveries are computed here from the watches' own
@@ -98,6 +100,8 @@ pub struct Judged {
     /// Asynchronous failover: the lost changes' acknowledgements, in
     /// seconds after the standby froze (earliest, latest).
     pub lost_window: Option<(f64, f64)>,
+    /// Requests of replayed deliveries (resyncs).
+    pub replays: usize,
 }
 
 /// What the run did to PostgreSQL, for judging.
@@ -139,14 +143,15 @@ pub async fn judge(
         // Bounded: only what the primary acknowledged while the standby
         // lagged (from the freeze, less what it had not streamed yet) may
         // be lost, never older commits.
-        let window = failovers
-            .lag_from
-            .iter()
-            .zip(&failovers.promoted_at)
-            .find(|(from, promoted)| {
-                c.acked >= **from - chrono::Duration::milliseconds(LOST_SLACK_MS)
-                    && c.acked <= **promoted
-            });
+        let window =
+            failovers
+                .lag_from
+                .iter()
+                .zip(&failovers.promoted_at)
+                .find(|(from, promoted)| {
+                    c.acked >= **from - chrono::Duration::milliseconds(LOST_SLACK_MS)
+                        && c.acked <= **promoted
+                });
         match window {
             Some((from, _)) => {
                 let after = (c.acked - *from).num_milliseconds() as f64 / 1000.0;
@@ -233,6 +238,7 @@ pub async fn judge(
         sent_then_lost,
         overlaps_across_async_failover: forgiven,
         lost_window,
+        replays: requests.iter().filter(|r| r.replay).count(),
     }
 }
 
@@ -255,6 +261,7 @@ fn order_violations(
     let mut busy_until: Option<&Request> = None;
     let mut newest_sent: Option<&Request> = None;
     let mut newest_answered: Option<&Request> = None;
+    let mut sent: HashSet<i64> = HashSet::new();
     for r in list {
         if busy_until.is_some_and(|p| r.arrived < p.ended && excused(p, r)) {
             forgiven += 1;
@@ -273,6 +280,18 @@ fn order_violations(
                 r.sequence, r.delivery_id, prev.sequence, prev.delivery_id
             ));
         }
+        // The same sequence again: a duplicate of a delivery already sent,
+        // or a replay; never a new live delivery.
+        if !r.replay
+            && newest_sent.is_some_and(|p| r.sequence == p.sequence)
+            && !sent.contains(&r.delivery_id)
+        {
+            found.push(format!(
+                "watch {watch}, {object}: sequence {} came again as delivery {}, neither a duplicate nor a replay",
+                r.sequence, r.delivery_id
+            ));
+        }
+        sent.insert(r.delivery_id);
         if newest_sent.is_none_or(|p| r.sequence > p.sequence) {
             newest_sent = Some(r);
         }

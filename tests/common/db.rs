@@ -79,6 +79,7 @@ impl TestDb {
             resource: resource.into(),
             object: object.into(),
             filters,
+            resync: false,
         };
         watchpump::watches::create(&self.pool, service_id, &new)
             .await

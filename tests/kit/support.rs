@@ -187,6 +187,7 @@ pub fn delivery(id: i64, watch_id: i64, object: &str, sequence: i64) -> Delivery
         occurred_at: chrono::Utc::now(),
         attempt: 1,
         payload: serde_json::json!({"after": "0000"}),
+        replay: false,
     }
 }
 
