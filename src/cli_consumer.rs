@@ -73,6 +73,7 @@ pub async fn run_deliveries(pool: &PgPool, command: DeliveriesCommand) -> Result
                 since,
                 before,
                 limit: Some(limit),
+                watch_id: None,
                 ..DeliveryFilter::default()
             };
             let page = store::deliveries(pool, &filter.normalized()).await?;

@@ -703,7 +703,7 @@ async fn every_page_is_a_bounded_index_scan_at_300_000_deliveries() {
     let (deploy, _) = db.add_service("deploy", "http://127.0.0.1:9").await;
     let (docs, _) = db.add_service("docs", "http://127.0.0.1:9").await;
     db.add_watch(deploy.id, "app", "acme/", all()).await;
-    db.add_watch(docs.id, "app", "acme/", all()).await;
+    let docs_watch = db.add_watch(docs.id, "app", "acme/", all()).await;
     // Three days of history by SQL: 300,000 deliveries, one in 50 failed.
     sqlx::raw_sql(
         "select watchpump.add_partition(t, d, d + interval '1 day')
@@ -747,6 +747,14 @@ async fn every_page_is_a_bounded_index_scan_at_300_000_deliveries() {
     let pages = [
         ("newest", DeliveryFilter::default(), None),
         ("a service's", DeliveryFilter::default(), Some(docs.id)),
+        (
+            "a watch's (the consumer API's list)",
+            DeliveryFilter {
+                watch_id: Some(docs_watch.id),
+                ..Default::default()
+            },
+            Some(docs.id),
+        ),
         (
             "an object's",
             DeliveryFilter {

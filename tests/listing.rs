@@ -17,6 +17,7 @@ fn for_service(service: &str, before: Option<i64>, limit: i64) -> DeliveryFilter
         until: None,
         before,
         limit: Some(limit),
+        watch_id: None,
     }
 }
 

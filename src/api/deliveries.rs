@@ -23,6 +23,7 @@ use crate::api::{auth::Caller, AppState};
 use crate::delivery::{Message, State as DeliveryState};
 use crate::error::{Error, Result};
 use crate::http::HttpError;
+use crate::operator::store;
 
 /// Entries on a page when `limit` is not given.
 const DEFAULT_PAGE: i64 = 100;
@@ -57,6 +58,11 @@ pub struct Entry {
 const ENTRY_COLUMNS: &str = "delivery_id as id, watch_id, object, kind, change_id, sequence, \
      state, attempts, created_at, next_attempt_at, finished_at, last_status, last_error, \
      superseded_by";
+
+/// [`ENTRY_COLUMNS`] of the page query's `delivery_log` row, aliased `l`.
+const ENTRY_COLUMNS_OF_LOG: &str = "l.delivery_id as id, l.watch_id, l.object, l.kind, \
+     l.change_id, l.sequence, l.state, l.attempts, l.created_at, l.next_attempt_at, \
+     l.finished_at, l.last_status, l.last_error, l.superseded_by";
 
 /// One attempt, or a run of identical failed attempts folded into one row
 /// (`attempt` to `last_attempt`, `repeats` of them, `statuses` counting the
@@ -157,38 +163,23 @@ pub async fn redeliver(
     ))
 }
 
-/// One page of the service's deliveries, newest first. The service's id
-/// and the state are literals in the statement (an id from the database,
-/// a word of [`DeliveryState`]): the planner sees how rare the service is
-/// and which index fits, with any plan cache.
+/// One page of the service's deliveries, newest first: the operator's
+/// keyset page ([`store::page_query_of`]), restricted to the service, so
+/// that a consumer's list is a bounded index scan at any history (an
+/// `order by ... limit` over `delivery_log` was planned either way, 6 ms
+/// or 2 s at 1 M rows).
 async fn entries(pool: &PgPool, service_id: i64, q: &ListQuery, limit: i64) -> Result<Vec<Entry>> {
-    let mut sql: QueryBuilder<Postgres> = QueryBuilder::new(format!(
-        "select {ENTRY_COLUMNS} from watchpump.delivery_log where service_id = {service_id}"
-    ));
-    if let Some(watch_id) = q.watch_id {
-        sql.push(" and watch_id = ").push_bind(watch_id);
-    }
-    match q.object.as_deref() {
-        Some(prefix) if prefix.ends_with('/') => {
-            sql.push(" and starts_with(object, ")
-                .push_bind(prefix.to_string())
-                .push(")");
-        }
-        Some(object) => {
-            sql.push(" and object = ").push_bind(object.to_string());
-        }
-        None => {}
-    }
-    if let Some(state) = q.state {
-        sql.push(format!(" and state = '{}'", state.as_str()));
-    }
-    if let Some(since) = q.since {
-        sql.push(" and created_at >= ").push_bind(since);
-    }
-    if let Some(after) = q.after {
-        sql.push(" and delivery_id < ").push_bind(after);
-    }
-    sql.push(format!(" order by delivery_id desc limit {limit}"));
+    let filter = store::DeliveryFilter {
+        state: q.state.map(|s| s.as_str().to_string()),
+        object: q.object.clone(),
+        since: q.since,
+        before: q.after,
+        limit: Some(limit),
+        watch_id: q.watch_id,
+        ..Default::default()
+    };
+    let mut sql: QueryBuilder<Postgres> =
+        store::page_query_of("", ENTRY_COLUMNS_OF_LOG, &filter, Some(service_id));
     Ok(sql.build_query_as().fetch_all(pool).await?)
 }
 

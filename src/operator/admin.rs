@@ -94,6 +94,7 @@ async fn deliveries(
     let limit = filter.limit.unwrap_or(100);
     let filter = DeliveryFilter {
         limit: Some(limit),
+        watch_id: None,
         ..filter
     };
     let page = store::deliveries(&state.pool, &filter).await?;

@@ -12,6 +12,10 @@ use crate::error::{Error, Result};
 /// Most rows one page of a list may hold.
 pub const MAX_PAGE: i64 = 500;
 
+/// The largest page [`page_query_of`] reads for any caller (the consumer
+/// API allows 1,000 a page).
+const PAGE_CEILING: i64 = 1000;
+
 /// A row of `watchpump.backlog`.
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]
 pub struct Backlog {
@@ -135,6 +139,10 @@ pub struct DeliveryFilter {
     pub until: Option<DateTime<Utc>>,
     pub before: Option<i64>,
     pub limit: Option<i64>,
+    /// One watch's deliveries: the consumer API's filter
+    /// (`GET /api/v1/deliveries?watch_id=`), not the admin API's.
+    #[serde(skip)]
+    pub watch_id: Option<i64>,
 }
 
 impl DeliveryFilter {
@@ -251,7 +259,20 @@ pub fn page_query<'a>(
     filter: &'a DeliveryFilter,
     service_id: Option<i64>,
 ) -> QueryBuilder<'a, Postgres> {
-    let limit = filter.limit.unwrap_or(50).clamp(1, MAX_PAGE);
+    page_query_of(prefix, DELIVERY_COLUMNS, filter, service_id)
+}
+
+/// [`page_query`] selecting `columns` of `watchpump.delivery_log` (the
+/// consumer API lists fewer than the operator's pages).
+pub fn page_query_of<'a>(
+    prefix: &str,
+    columns: &str,
+    filter: &'a DeliveryFilter,
+    service_id: Option<i64>,
+) -> QueryBuilder<'a, Postgres> {
+    // Callers validate their own bound (MAX_PAGE here, the consumer API's
+    // 1,000); this only keeps any caller's page finite.
+    let limit = filter.limit.unwrap_or(50).clamp(1, PAGE_CEILING);
     let state = filter
         .state
         .as_ref()
@@ -299,7 +320,7 @@ pub fn page_query<'a>(
     q.push(format!(
         ") u order by u.id desc limit {limit}) \
          select l.* from page p cross join lateral (\
-         select {DELIVERY_COLUMNS} from watchpump.delivery_log l \
+         select {columns} from watchpump.delivery_log l \
          where l.delivery_id = p.id and l.created_at = p.created_at limit 1) l \
          order by p.id desc"
     ));
@@ -329,6 +350,9 @@ fn push_conditions<'a>(
 ) {
     if let Some(id) = service_id {
         q.push(format!(" and d.service_id = {id}"));
+    }
+    if let Some(watch_id) = filter.watch_id {
+        q.push(" and d.watch_id = ").push_bind(watch_id);
     }
     match filter.object.as_deref() {
         Some(prefix) if prefix.ends_with('/') => {

@@ -51,6 +51,7 @@ impl ListQuery {
             until: parse_time("until", self.until.as_deref())?,
             before,
             limit: Some(PAGE),
+            watch_id: None,
         }
         .normalized();
         filter.validate()?;

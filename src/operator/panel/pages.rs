@@ -125,6 +125,7 @@ pub async fn service(
             service: Some(name.clone()),
             state: Some("failed".into()),
             limit: Some(20),
+            watch_id: None,
             ..DeliveryFilter::default()
         },
     )
