@@ -282,6 +282,144 @@ async fn retry_all_failed_since_a_time_from_the_service_page() {
     assert_eq!(db.count_state("pending").await, 3);
 }
 
+#[tokio::test]
+async fn pause_resume_and_resync_from_the_panel_as_the_cli_does() {
+    let db = TestDb::new().await;
+    let server = AppServer::start(&db.pool, &operator_config()).await;
+    let (svc, _) = db.add_service("deploy", "http://127.0.0.1:9").await;
+    let watch = db.add_watch(svc.id, "r", "acme/", all()).await;
+    for i in 0..3 {
+        db.emit(&format!("acme/o{i}"), "push", json!({"i": i}))
+            .await;
+    }
+    // Delivered: a resync skips an object whose news is still queued.
+    let all = ids_where(&db, "true").await;
+    set_state(&db, &all, "delivered", None).await;
+    let cookie = server.log_in().await;
+    let post = |path: String, origin: Option<String>| {
+        let mut req = panel_client()
+            .post(server.url(&path))
+            .header("cookie", &cookie);
+        if let Some(origin) = origin {
+            req = req.header("origin", origin);
+        }
+        req.send()
+    };
+    let paused = |what: &'static str, id: i64| {
+        let pool = db.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, bool>(&format!(
+                "select paused_at is not null from watchpump.{what} where id = $1"
+            ))
+            .bind(id)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        }
+    };
+
+    // From another origin: refused, nothing changes.
+    let res = post(
+        format!("/panel/watches/{}/pause", watch.id),
+        Some("http://evil.example".into()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(res.status(), 403);
+    assert!(!paused("watches", watch.id).await);
+
+    let res = post(
+        format!("/panel/watches/{}/pause", watch.id),
+        Some(server.origin()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(res.status(), 303);
+    assert_eq!(
+        res.headers()["location"],
+        format!("/panel/services/deploy?done=watch-paused&n={}", watch.id)
+    );
+    assert!(paused("watches", watch.id).await);
+    let res = post(
+        format!("/panel/watches/{}/resume", watch.id),
+        Some(server.origin()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(res.status(), 303);
+    assert!(!paused("watches", watch.id).await);
+
+    let res = post("/panel/services/deploy/pause".into(), Some(server.origin()))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 303);
+    assert!(paused("services", svc.id).await);
+    let page = panel_client()
+        .get(server.url("/panel/services/deploy?done=paused"))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(page.contains("deploy paused"), "{page}");
+    assert!(page.contains("the whole service"), "{page}");
+    let res = post(
+        "/panel/services/deploy/resume".into(),
+        Some(server.origin()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(res.status(), 303);
+    assert!(!paused("services", svc.id).await);
+
+    // A resync: one replay per object, queued after the answer.
+    let res = post(
+        format!("/panel/watches/{}/resync", watch.id),
+        Some(server.origin()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(res.status(), 303);
+    assert_eq!(
+        res.headers()["location"],
+        "/panel/services/deploy?done=resync&n=3"
+    );
+    eventually(WAIT, "three replays are queued", || async {
+        sqlx::query_scalar::<_, i64>("select count(*) from watchpump.queue where replay")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap()
+            == 3
+    })
+    .await;
+
+    // A removed watch: 404, and the watches page offers it no action.
+    sqlx::query("update watchpump.watches set removed_at = now() where id = $1")
+        .bind(watch.id)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let res = post(
+        format!("/panel/watches/{}/pause", watch.id),
+        Some(server.origin()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(res.status(), 404);
+    let page = panel_client()
+        .get(server.url("/panel/watches"))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(!page.contains(&format!("/panel/watches/{}/pause", watch.id)));
+}
+
 // ---- A real browser ----
 
 /// chromedriver with one headless Chromium session, driven over the

@@ -89,7 +89,7 @@ pre{background:#fff;border:1px solid #e2e6ea;padding:.6rem;white-space:pre-wrap;
 .note{padding:.5rem .8rem;background:#e5f1fd;border-left:4px solid #3a86d6;margin:.6rem 0}
 .error{padding:.5rem .8rem;background:#fde8e8;border-left:4px solid #d63a3a;margin:.6rem 0}
 dl{display:grid;grid-template-columns:max-content 1fr;gap:.25rem 1rem;background:#fff;padding:.8rem;border:1px solid #e2e6ea}
-dt{color:#59636e}dd{margin:0}form.filters{display:flex;flex-wrap:wrap;gap:.5rem;align-items:end;margin-bottom:.8rem}
+dt{color:#59636e}dd{margin:0}form.filters{display:flex;flex-wrap:wrap;gap:.5rem;align-items:end;margin-bottom:.8rem}form.inline{display:inline}
 label{display:flex;flex-direction:column;font-size:.85em;color:#59636e}input,select,button{font:inherit;padding:.25rem .4rem}
 button{cursor:pointer}button.act{background:#2f6fb5;color:#fff;border:0;border-radius:.25rem;padding:.35rem .9rem}
 header button{background:none;border:1px solid #cfe0f5;color:#cfe0f5;border-radius:.25rem}

@@ -65,6 +65,9 @@ pub struct Settings {
     pub throttle: Arc<Throttle>,
     /// `WATCHPUMP_TRACE_URL`: where a delivery's trace id links to.
     pub trace_url: Option<String>,
+    /// `WATCHPUMP_RESYNC_MAX_OBJECTS`: a resync started from the panel is
+    /// bounded as one the consumer starts.
+    pub resync_max_objects: u32,
 }
 
 impl Settings {
@@ -81,6 +84,7 @@ impl Settings {
             throttle: Arc::new(Throttle::default()),
             destinations: pump.destinations(),
             trace_url: op.trace_url.clone(),
+            resync_max_objects: pump.resync_max_objects,
         }
     }
 

@@ -7,6 +7,7 @@
 //! SameSite=Strict session cookie ([`Session`]). Every state change is a
 //! POST that must also come from the panel's own origin ([`SameOrigin`]).
 
+mod consumer;
 mod deliveries;
 mod lifecycle;
 mod pages;
@@ -52,6 +53,17 @@ pub fn routes() -> Router<OperatorState> {
             post(lifecycle::rotate_token),
         )
         .route("/panel/services/{name}/remove", post(lifecycle::remove))
+        .route(
+            "/panel/services/{name}/pause",
+            post(consumer::pause_service),
+        )
+        .route(
+            "/panel/services/{name}/resume",
+            post(consumer::resume_service),
+        )
+        .route("/panel/watches/{id}/pause", post(consumer::pause_watch))
+        .route("/panel/watches/{id}/resume", post(consumer::resume_watch))
+        .route("/panel/watches/{id}/resync", post(consumer::resync_watch))
         .route("/panel/watches", get(pages::watches))
         .route("/panel/warnings", get(pages::warnings))
         .route("/panel/deliveries", get(deliveries::list))

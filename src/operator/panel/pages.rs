@@ -146,6 +146,18 @@ pub async fn service(
                 r#"<p class="note">Rate set: the pumps hold it from their next claim.</p>"#,
             );
         }
+        let watch = n.unwrap_or(0);
+        let said = match done.as_str() {
+            "paused" => Some(format!("{svc} paused: nothing is sent until it is resumed; nothing fails meanwhile.")),
+            "resumed" => Some(format!("{svc} resumed: what waits is due now, in order.")),
+            "watch-paused" => Some(format!("Watch {watch} paused: nothing of it is sent until it is resumed.")),
+            "watch-resumed" => Some(format!("Watch {watch} resumed: what waits is due now, in order.")),
+            "resync" => Some(format!("Resync started: {watch} objects are looked at; their newest news is queued as replays.")),
+            _ => None,
+        };
+        if let Some(said) = said {
+            body.push_str(&format!(r#"<p class="note">{said}</p>"#));
+        }
         if done == "requeued" {
             body.push_str(&format!(
                 r#"<p class="note">{} failed deliveries requeued: they are pending and due now.</p>"#,
@@ -198,6 +210,7 @@ pub async fn service(
     body.push_str("<h2>Warnings to notify</h2>");
     body.push_str(&warnings_table(&warnings, &state.settings));
     let registered = services::find(&state.pool, &name).await?;
+    body.push_str(&super::consumer::service_forms(&name));
     body.push_str(&lifecycle::forms(&name, &registered.base_url));
     Ok(html::page(
         StatusCode::OK,
@@ -252,7 +265,7 @@ pub async fn watches(
     );
     body.push_str(
         "<table><tr><th>#</th><th>Service</th><th>Resource</th><th>Object</th><th>Filters</th>\
-         <th>Created</th><th>Removed</th></tr>",
+         <th>Created</th><th>Removed</th><th>Actions</th></tr>",
     );
     for w in &rows {
         let removed = match (&w.removed_at, &w.removed_reason) {
@@ -264,13 +277,18 @@ pub async fn watches(
             (None, _) => "—".into(),
         };
         body.push_str(&format!(
-            r#"<tr><td>{}</td><td><a href="/panel/services/{svc}">{svc}</a></td><td>{}</td><td>{}</td><td><code>{}</code></td><td>{}</td><td>{}</td></tr>"#,
+            r#"<tr><td>{}</td><td><a href="/panel/services/{svc}">{svc}</a></td><td>{}</td><td>{}</td><td><code>{}</code></td><td>{}</td><td>{}</td><td>{}</td></tr>"#,
             w.watch_id,
             esc(&w.resource),
             esc(&w.object),
             esc(&w.filters.to_string()),
             html::time(w.created_at),
             removed,
+            if w.removed_at.is_none() {
+                super::consumer::watch_forms(w.watch_id)
+            } else {
+                String::new()
+            },
             svc = esc(&w.service),
         ));
     }

@@ -1,0 +1,154 @@
+//! What a consumer can do for itself (issue 20), from the panel too, as
+//! `watchpump services pause|resume` and `watchpump watches
+//! pause|resume|resync` do it: pause and resume a service or one of its
+//! watches, and resync a watch. Each is a POST from the panel's own origin
+//! ([`SameOrigin`]) that answers with the service's page and a notice.
+
+use axum::extract::{Path, State};
+use axum::response::{IntoResponse, Redirect, Response};
+
+use super::{SameOrigin, Session};
+use crate::http::html::{self, esc};
+use crate::http::{AsHtml, HttpError};
+use crate::operator::OperatorState;
+use crate::watches::{pause, resync};
+
+/// The service page's "Deliveries" forms: pause or resume the whole
+/// service.
+pub fn service_forms(name: &str) -> String {
+    let svc = esc(name);
+    format!(
+        r#"<h2>Pause</h2>
+<p class="muted">While paused nothing is sent; news keeps superseding older news, and nothing fails: the delivery window restarts at resume.</p>
+<form class="filters" method="post" action="/panel/services/{svc}/pause"><button class="act" type="submit">Pause every delivery of {svc}</button></form>
+<form class="filters" method="post" action="/panel/services/{svc}/resume"><button class="act" type="submit">Resume {svc}</button></form>"#
+    )
+}
+
+/// The watches page's actions on one live watch.
+pub fn watch_forms(watch_id: i64) -> String {
+    let form = |what: &str, label: &str| {
+        format!(
+            r#"<form class="inline" method="post" action="/panel/watches/{watch_id}/{what}"><button type="submit">{label}</button></form>"#
+        )
+    };
+    [
+        form("pause", "Pause"),
+        form("resume", "Resume"),
+        form("resync", "Resync"),
+    ]
+    .join(" ")
+}
+
+fn back_to(service: &str, done: &str, n: Option<i64>) -> Response {
+    let mut query = vec![("done", done.to_string())];
+    if let Some(n) = n {
+        query.push(("n", n.to_string()));
+    }
+    Redirect::to(&format!("/panel/services/{service}{}", html::query(&query))).into_response()
+}
+
+async fn set_service(state: &OperatorState, name: &str, paused: bool) -> Result<Response, AsHtml> {
+    let service_id = pause::service_id(&state.pool, name).await?;
+    pause::set_service(&state.pool, service_id, paused).await?;
+    tracing::info!(service = %name, paused, "service paused or resumed from the panel");
+    Ok(back_to(
+        name,
+        if paused { "paused" } else { "resumed" },
+        None,
+    ))
+}
+
+pub async fn pause_service(
+    _: Session,
+    _: SameOrigin,
+    State(state): State<OperatorState>,
+    Path(name): Path<String>,
+) -> Result<Response, AsHtml> {
+    set_service(&state, &name, true).await
+}
+
+pub async fn resume_service(
+    _: Session,
+    _: SameOrigin,
+    State(state): State<OperatorState>,
+    Path(name): Path<String>,
+) -> Result<Response, AsHtml> {
+    set_service(&state, &name, false).await
+}
+
+/// The live watch's service: its id and name.
+async fn owner(state: &OperatorState, watch_id: i64) -> Result<(i64, String), AsHtml> {
+    let found: Option<(i64, String)> = sqlx::query_as(
+        "select s.id, s.name from watchpump.watches w
+         join watchpump.services s on s.id = w.service_id
+         where w.id = $1 and w.removed_at is null",
+    )
+    .bind(watch_id)
+    .fetch_optional(&state.pool)
+    .await
+    .map_err(HttpError::from)?;
+    Ok(found.ok_or_else(|| HttpError::NotFound(format!("There is no live watch {watch_id}.")))?)
+}
+
+async fn set_watch(state: &OperatorState, watch_id: i64, paused: bool) -> Result<Response, AsHtml> {
+    let (service_id, name) = owner(state, watch_id).await?;
+    pause::set_watch(&state.pool, service_id, watch_id, paused).await?;
+    tracing::info!(watch_id, paused, "watch paused or resumed from the panel");
+    Ok(back_to(
+        &name,
+        if paused {
+            "watch-paused"
+        } else {
+            "watch-resumed"
+        },
+        Some(watch_id),
+    ))
+}
+
+pub async fn pause_watch(
+    _: Session,
+    _: SameOrigin,
+    State(state): State<OperatorState>,
+    Path(watch_id): Path<i64>,
+) -> Result<Response, AsHtml> {
+    set_watch(&state, watch_id, true).await
+}
+
+pub async fn resume_watch(
+    _: Session,
+    _: SameOrigin,
+    State(state): State<OperatorState>,
+    Path(watch_id): Path<i64>,
+) -> Result<Response, AsHtml> {
+    set_watch(&state, watch_id, false).await
+}
+
+/// Starts a resync as the consumer API does (one per watch at a time, at
+/// most `WATCHPUMP_RESYNC_MAX_OBJECTS` objects); its replays are queued in
+/// batches after the answer.
+pub async fn resync_watch(
+    _: Session,
+    _: SameOrigin,
+    State(state): State<OperatorState>,
+    Path(watch_id): Path<i64>,
+) -> Result<Response, AsHtml> {
+    let (service_id, name) = owner(&state, watch_id).await?;
+    let max = state.settings.resync_max_objects;
+    let started = match resync::start(&state.pool, service_id, watch_id, max).await {
+        Err(e) if resync::is_running(&e) => {
+            return Err(HttpError::TooMany(format!(
+                "A resync of watch {watch_id} is running; ask again when it is done."
+            ))
+            .into())
+        }
+        other => other?,
+    };
+    resync::spawn(state.pool.clone(), watch_id, max);
+    tracing::info!(
+        watch_id,
+        objects = started.objects,
+        "resync started from the panel"
+    );
+    Ok(back_to(&name, "resync", Some(i64::from(started.objects))))
+}
