@@ -178,3 +178,52 @@ async fn retry_refuses_older_news_once_newer_news_of_the_object_was_delivered() 
     assert!(err.to_string().contains("newer news"), "{err}");
     assert_eq!(db.delivery_state(older).await, "failed", "nothing changed");
 }
+
+/// A resync's replay is created after live news that may be newer than it
+/// (a live change committed while the resync read the object): its retry
+/// must see that newer news although its id is lower.
+#[tokio::test]
+async fn retry_of_a_replay_refuses_it_once_newer_live_news_with_a_lower_id_was_delivered() {
+    let db = TestDb::new().await;
+    let (svc, _) = db.add_service("deploy", "http://127.0.0.1:9").await;
+    db.add_watch(svc.id, "app", "acme/", all()).await;
+    db.emit(OBJECT, "push", json!({"n": 1})).await;
+    db.emit(OBJECT, "push", json!({"n": 2})).await;
+    let live: Vec<i64> = sqlx::query_scalar("select id from watchpump.queue order by sequence")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    // The replay of the older change (sequence 1), created last: the
+    // highest id.
+    let replay: i64 = sqlx::query_scalar(
+        "insert into watchpump.queue (id, change_id, watch_id, service_id, object, attempts,
+                                     next_attempt_at, deadline, created_at, sequence, replay)
+         select nextval('watchpump.delivery_ids'), change_id, watch_id, service_id, object, 0,
+                next_attempt_at, deadline, created_at, sequence, true
+         from watchpump.queue where id = $1
+         returning id",
+    )
+    .bind(live[0])
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert!(replay > live[1]);
+    set_state(&db, &[live[0], live[1]], "delivered", None).await;
+    set_state(&db, &[replay], "failed", None).await;
+
+    let err = sqlx::query("select watchpump.retry($1)")
+        .bind(replay)
+        .execute(&db.pool)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("newer news"), "{err}");
+    assert_eq!(db.delivery_state(replay).await, "failed", "nothing changed");
+    // The live delivery of the newest news has none newer: its retry is
+    // allowed (the replay of older news does not count against it).
+    set_state(&db, &[live[1]], "failed", None).await;
+    sqlx::query("select watchpump.retry($1)")
+        .bind(live[1])
+        .execute(&db.pool)
+        .await
+        .unwrap();
+}

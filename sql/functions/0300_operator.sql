@@ -251,25 +251,61 @@ $$;
 -- Newer news of a delivery's (watch, object) that was sent or is on its
 -- way: requeueing the delivery would send older news after it, which the
 -- order rule (0200_pump.sql) forbids. The newest such delivery, if any.
+--
+-- By id: live deliveries of one (watch, object) are created in sequence
+-- order (emit() numbers them under the object's row lock), so among them a
+-- later id is newer news. Replays (a resync's, 0012_resync.sql) are created
+-- later than live news that may be newer than them, so they are compared
+-- by their change's sequence: a replay of older news does not stand in the
+-- way of the live delivery it repeats, and newer live news stands in the
+-- way of a replay whatever their ids. Queued rows carry their sequence; in
+-- the history the newest sent live row and the newest sent replay (a later
+-- resync replays the same or newer news) are the candidates.
 create or replace function watchpump.newer_news(p_delivery_id bigint)
 returns table (delivery_id bigint, state text)
 language sql stable as $$
     with d as (
-        select x.watch_id, x.object from watchpump.deliveries x where x.id = p_delivery_id
+        select x.watch_id, x.object, x.replay, x.sequence
+        from (select q.watch_id, q.object, q.replay, q.sequence
+              from watchpump.queue q where q.id = p_delivery_id
+              union all
+              select s.watch_id, s.object, s.replay,
+                     (select c.sequence from watchpump.changes c where c.id = s.change_id)
+              from watchpump.settled s where s.id = p_delivery_id) x
+        limit 1
     )
     select n.id, n.state
     from d
     cross join lateral (
+        -- Queued or on its way: a higher sequence.
         (select q.id, case when q.lease_until > now() then 'in_flight' else 'pending' end as state
          from watchpump.queue q
-         where q.watch_id = d.watch_id and q.object = d.object and q.id > p_delivery_id
-         order by q.id desc limit 1)
+         where q.watch_id = d.watch_id and q.object = d.object
+           and q.sequence > d.sequence and q.id <> p_delivery_id
+         order by q.sequence desc limit 1)
         union all
-        (select s.id, s.state
-         from watchpump.settled s
-         where s.object = d.object and s.watch_id = d.watch_id and s.id > p_delivery_id
-           and (s.state in ('delivered', 'failed') or s.attempts > 0)
-         order by s.id desc limit 1)
+        -- Sent, live: a later id (for a live delivery), or the newest one
+        -- with a higher sequence (for a replay).
+        (select l.id, l.state
+         from (select s.id, s.state, s.change_id
+               from watchpump.settled s
+               where s.object = d.object and s.watch_id = d.watch_id and not s.replay
+                 and s.id <> p_delivery_id
+                 and (d.replay or s.id > p_delivery_id)
+                 and (s.state in ('delivered', 'failed') or s.attempts > 0)
+               order by s.id desc limit 1) l
+         where not d.replay
+            or (select c.sequence from watchpump.changes c where c.id = l.change_id) > d.sequence)
+        union all
+        -- Sent, a replay: the newest one, if its sequence is higher.
+        (select r.id, r.state
+         from (select s.id, s.state, s.change_id
+               from watchpump.settled s
+               where s.object = d.object and s.watch_id = d.watch_id and s.replay
+                 and s.id <> p_delivery_id
+                 and (s.state in ('delivered', 'failed') or s.attempts > 0)
+               order by s.id desc limit 1) r
+         where (select c.sequence from watchpump.changes c where c.id = r.change_id) > d.sequence)
     ) n
     order by n.id desc
     limit 1
