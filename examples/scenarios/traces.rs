@@ -56,11 +56,17 @@ pub async fn traces(b: Bench) -> Outcome {
     let spans = Arc::new(AtomicUsize::new(0));
     let endpoint = collector(spans.clone()).await;
     let mut modes = Vec::new();
+    // `name=path@1.0` runs that binary with traces on, sampling 1.0 (an
+    // A/B of two builds of the traces path itself).
     for entry in baselines.split(',').filter(|e| !e.trim().is_empty()) {
         let (name, bin) = entry.split_once('=').unwrap_or(("today", entry));
+        let (bin, sampled) = match bin.rsplit_once('@') {
+            Some((bin, ratio)) => (bin, ratio.trim().parse::<f64>().ok()),
+            None => (bin, None),
+        };
         modes.push(Mode {
             name: name.trim().to_string(),
-            sampled: None,
+            sampled,
             baseline: Some(bin.trim().to_string()),
         });
     }
@@ -71,10 +77,20 @@ pub async fn traces(b: Bench) -> Outcome {
             baseline: None,
         });
     }
+    // WATCHPUMP_BENCH_TRACES_MODES="off,on 100%" keeps those modes only;
+    // WATCHPUMP_BENCH_TRACES_ROUNDS=1 runs one round (for a quick look).
+    if let Ok(keep) = std::env::var("WATCHPUMP_BENCH_TRACES_MODES") {
+        let keep: Vec<&str> = keep.split(',').map(str::trim).collect();
+        modes.retain(|m| keep.contains(&m.name.as_str()));
+    }
+    let rounds: u32 = std::env::var("WATCHPUMP_BENCH_TRACES_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(2);
     drop(b);
     let mut lines = Vec::new();
     let mut results = Vec::new();
-    for round in 1..=2 {
+    for round in 1..=rounds {
         for mode in &modes {
             let bin = mode
                 .baseline
@@ -82,7 +98,13 @@ pub async fn traces(b: Bench) -> Outcome {
                 .unwrap_or_else(|| this_build().to_string());
             let before = spans.load(Ordering::Relaxed);
             let bulk = bulk_one(&admin, &bin, mode, &endpoint).await;
-            let trickle = trickle(&admin, &bin, mode, &endpoint).await;
+            // WATCHPUMP_BENCH_TRACES_TRICKLE=0 leaves trickle out.
+            let trickle = if std::env::var("WATCHPUMP_BENCH_TRACES_TRICKLE").is_ok_and(|t| t == "0")
+            {
+                (f64::NAN, f64::NAN)
+            } else {
+                trickle(&admin, &bin, mode, &endpoint).await
+            };
             tokio::time::sleep(Duration::from_secs(6)).await; // the last export
             let exported = spans.load(Ordering::Relaxed) - before;
             let line = format!(
@@ -292,18 +314,34 @@ fn pump_process(b: &Bench, bin: &str, env: &[(&str, &str)]) -> super::PumpProces
         .env("WATCHPUMP_PRODUCER_TOKEN", super::PRODUCER_TOKEN)
         .env("RUST_LOG", "warn")
         .stdout(std::process::Stdio::null());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
     super::PumpProcess::profiled(cmd.spawn().unwrap())
 }
 
 /// An OTLP/HTTP collector on loopback that decodes each request and counts
-/// its spans; returns the endpoint (`OTEL_EXPORTER_OTLP_ENDPOINT`).
+/// its spans; returns the endpoint (`OTEL_EXPORTER_OTLP_ENDPOINT`). It runs
+/// on a thread and runtime of its own, as a collector is a process of its
+/// own: decoding a batch of 512 spans must not hold up the consumer's
+/// answers, which run on this process's runtime.
 async fn collector(spans: Arc<AtomicUsize>) -> String {
     let app = Router::new()
         .route("/v1/traces", post(receive))
         .with_state(spans);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            axum::serve(listener, app).await.unwrap()
+        });
+    });
     format!("http://{addr}")
 }
 

@@ -20,6 +20,11 @@ pub fn events_url(base_url: &str, producer: &str) -> String {
 pub struct Target {
     pub destination: crate::services::Destination,
     pub url: reqwest::Url,
+    /// The attempt span's attributes that depend on the service alone
+    /// (`url.full`, `server.*`, `watchpump.service`), made once, on the
+    /// first sampled attempt: each attempt then clones them (a reference
+    /// count each) instead of redacting and copying the URL again.
+    pub span_attributes: std::sync::OnceLock<Vec<opentelemetry::KeyValue>>,
 }
 
 #[cfg(feature = "producer")]
@@ -30,7 +35,11 @@ impl Target {
     ) -> Result<Target, String> {
         let url = events_url(&destination.base_url, producer);
         let url = reqwest::Url::parse(&url).map_err(|e| format!("{url:?}: {e}"))?;
-        Ok(Target { destination, url })
+        Ok(Target {
+            destination,
+            url,
+            span_attributes: std::sync::OnceLock::new(),
+        })
     }
 }
 

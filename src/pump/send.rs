@@ -202,24 +202,13 @@ impl Sender {
 fn attempt_span(c: &Claimed, target: &Target) -> ClientSpan {
     let m = &c.message;
     let mut span = ClientSpan::start("POST", c.trace.as_ref(), |attrs| {
-        let url = &target.url;
+        attrs.extend(target_attributes(target).iter().cloned());
         attrs.extend([
-            KeyValue::new("http.request.method", "POST"),
-            KeyValue::new("url.full", redacted_url(url)),
-            KeyValue::new(
-                "server.address",
-                url.host_str().unwrap_or_default().to_string(),
-            ),
-            KeyValue::new(
-                "server.port",
-                i64::from(url.port_or_known_default().unwrap_or_default()),
-            ),
             KeyValue::new("http.request.resend_count", i64::from(m.attempt - 1)),
             KeyValue::new("watchpump.delivery_id", m.delivery_id),
             KeyValue::new("watchpump.watch_id", m.watch_id),
             KeyValue::new("watchpump.object", m.object.clone()),
             KeyValue::new("watchpump.sequence", m.sequence),
-            KeyValue::new("watchpump.service", target.destination.name.clone()),
         ]);
     });
     if let Some(lost) = &c.expired_lease_of {
@@ -229,6 +218,28 @@ fn attempt_span(c: &Claimed, target: &Target) -> ClientSpan {
         );
     }
     span
+}
+
+/// The attempt attributes of `target`'s service, made on its first
+/// sampled attempt and shared by the rest ([`Target::span_attributes`]).
+fn target_attributes(target: &Target) -> &[KeyValue] {
+    target.span_attributes.get_or_init(|| {
+        let url = &target.url;
+        let shared = |s: String| opentelemetry::Value::from(std::sync::Arc::<str>::from(s));
+        vec![
+            KeyValue::new("http.request.method", "POST"),
+            KeyValue::new("url.full", shared(redacted_url(url))),
+            KeyValue::new(
+                "server.address",
+                shared(url.host_str().unwrap_or_default().to_string()),
+            ),
+            KeyValue::new(
+                "server.port",
+                i64::from(url.port_or_known_default().unwrap_or_default()),
+            ),
+            KeyValue::new("watchpump.service", shared(target.destination.name.clone())),
+        ]
+    })
 }
 
 /// `traceparent` (and `tracestate`) on the request, W3C Trace Context: the

@@ -42,7 +42,14 @@ impl ClientSpan {
             Some(p) => Context::new().with_remote_span_context(p.span_context()),
             None => Context::new(),
         };
-        let builder = tracer.span_builder(name).with_kind(SpanKind::Client);
+        let mut builder = tracer.span_builder(name).with_kind(SpanKind::Client);
+        // Room for every attribute at once when the span is likely kept
+        // (a sampled parent, or a root the ratio decides): the SDK pushes
+        // them one by one into the builder's vector, which grew three
+        // times from empty.
+        if parent.is_none_or(|p| p.flags & 1 == 1) {
+            builder = builder.with_attributes(Vec::with_capacity(ATTRIBUTES));
+        }
         let mut span = tracer.build_with_context(builder, &cx);
         if opentelemetry::trace::Span::is_recording(&span) {
             let mut attrs = Vec::with_capacity(ATTRIBUTES);

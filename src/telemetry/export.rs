@@ -64,28 +64,31 @@ impl std::fmt::Debug for Control {
     }
 }
 
-/// The spans ended and not yet exported. A plain vector under a lock
+/// How many queued spans get room at start: the default queue whole
+/// (about 700 KB); a larger `OTEL_BSP_MAX_QUEUE_SIZE` grows past it only
+/// if a collector falls that far behind.
+const PREALLOCATED_SPANS: usize = 2048;
+
+/// The spans ended and not yet exported. A ring buffer under a lock
 /// rather than a channel: a span ended costs a push, and wakes the export
 /// thread only when a batch is full (a channel woke it for every span, a
 /// futex call and a context switch per delivery on the pump's cores).
 #[derive(Debug)]
 struct Queue {
-    spans: Mutex<Vec<SpanData>>,
+    spans: Mutex<std::collections::VecDeque<SpanData>>,
     /// A batch is full.
     full: Notify,
     settings: QueueSettings,
 }
 
 impl Queue {
-    /// At most a batch of the oldest spans queued.
+    /// At most a batch of the oldest spans queued. The queue keeps its
+    /// room (allocated once, for the whole queue): a span ended never
+    /// grows it, which moved up to the whole queue on a pump's thread.
     fn take_batch(&self) -> Vec<SpanData> {
         let mut spans = self.spans.lock().unwrap();
-        let max = self.settings.max_batch_size;
-        if spans.len() <= max {
-            std::mem::replace(&mut *spans, Vec::with_capacity(max))
-        } else {
-            spans.drain(..max).collect()
-        }
+        let n = spans.len().min(self.settings.max_batch_size);
+        spans.drain(..n).collect()
     }
 }
 
@@ -103,7 +106,9 @@ impl QueueProcessor {
         E: SpanExporter + 'static,
     {
         let queue = Arc::new(Queue {
-            spans: Mutex::new(Vec::with_capacity(settings.max_batch_size)),
+            spans: Mutex::new(std::collections::VecDeque::with_capacity(
+                settings.max_queue_size.min(PREALLOCATED_SPANS),
+            )),
             full: Notify::new(),
             settings,
         });
@@ -144,7 +149,7 @@ impl SpanProcessor for QueueProcessor {
             metrics::counter!(m::TRACE_SPANS_DROPPED).increment(1);
             return;
         }
-        spans.push(span);
+        spans.push_back(span);
         let full = spans.len() == settings.max_batch_size;
         drop(spans);
         if full {
