@@ -152,7 +152,7 @@ impl Bench {
         let ms: f64 = sqlx::query_scalar(
             "select coalesce(sum(s.total_exec_time), 0)::float8 from pg_stat_statements s
              where s.dbid = (select oid from pg_database where datname = current_database())
-               and s.query ~ 'watchpump\\.(claim|complete|settle)\\('",
+               and s.toplevel and s.query ~ 'watchpump\\.(claim|complete|settle)\\('",
         )
         .fetch_one(&self.pool)
         .await
@@ -237,12 +237,25 @@ impl Bench {
 }
 
 impl PumpProcess {
-    /// `child`, with WATCHPUMP_BENCH_PERF=1 a CPU profile of it,
+    /// `child`, with WATCHPUMP_BENCH_PERF=1 (or `dwarf`) a CPU profile of it,
     /// target/bench/pump-<pid>.perf (read with `perf report -i`).
     fn profiled(child: Child) -> PumpProcess {
-        let perf = std::env::var_os("WATCHPUMP_BENCH_PERF").map(|_| {
+        let perf = std::env::var("WATCHPUMP_BENCH_PERF").ok().map(|how| {
+            // WATCHPUMP_BENCH_PERF=dwarf unwinds by DWARF: slower, but it
+            // sees through the allocator and std, which frame pointers
+            // do not.
+            let graph = if how == "dwarf" { "dwarf,16384" } else { "fp" };
             Command::new("perf")
-                .args(["record", "-e", "cpu-clock", "-F", "1999", "-g", "-p"])
+                .args([
+                    "record",
+                    "-e",
+                    "cpu-clock",
+                    "-F",
+                    "999",
+                    "--call-graph",
+                    graph,
+                    "-p",
+                ])
                 .arg(child.id().to_string())
                 .arg("-o")
                 .arg(format!(

@@ -893,3 +893,69 @@ async fn a_delivery_created_after_its_change_still_shows_its_change() {
         ("acme/web", "push")
     );
 }
+
+/// claim() finds a delivery's change by its id and its time (a delivery's
+/// `created_at` is its change's `occurred_at`, so the look-up reads one
+/// day's partition of `changes`), and by its id alone for a delivery older
+/// than that rule (a v2 row, or a ping from before it, that an operator
+/// retried): it is sent whole either way, never held under a lease with
+/// nothing sent.
+#[tokio::test]
+async fn claim_finds_a_deliverys_change_by_its_day_and_by_its_id_alone_when_the_times_differ() {
+    let db = TestDb::new().await;
+    let (service, _) = db.add_service("deploy", "http://127.0.0.1:9").await;
+    db.add_watch(service.id, "app", "acme/", all()).await;
+    let on_its_day = db.emit("acme/web/main", "push", json!({"n": 1})).await;
+    let out_of_rule = db.emit("acme/api/main", "push", json!({"n": 2})).await;
+    let same: bool = sqlx::query_scalar(
+        "select bool_and(q.created_at = c.occurred_at)
+         from watchpump.queue q join watchpump.changes c on c.id = q.change_id",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert!(same, "emit() gives a delivery its change's time");
+    // Three days off: another day's partition (or the DEFAULT one).
+    sqlx::query(
+        "update watchpump.queue set created_at = created_at - interval '3 days' where change_id = $1",
+    )
+    .bind(out_of_rule)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let claimed: Vec<(i64, String, Option<String>)> = sqlx::query_as(
+        "select change_id, object, payload
+         from watchpump.claim('test', '{}', '{}', '{}', 10, '1 minute') order by change_id",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    let ids: Vec<i64> = claimed.iter().map(|c| c.0).collect();
+    assert_eq!(ids, vec![on_its_day, out_of_rule], "both are claimed: {claimed:?}");
+    assert_eq!(claimed[1].1, "acme/api/main");
+    let payload: serde_json::Value = serde_json::from_str(claimed[1].2.as_deref().unwrap()).unwrap();
+    assert_eq!(payload, json!({"n": 2}), "and sent with its payload");
+}
+
+/// A ping's delivery takes its change's time, as emit()'s do.
+#[tokio::test]
+async fn a_ping_delivery_takes_its_changes_time() {
+    let db = TestDb::new().await;
+    let (service, _) = db.add_service("deploy", "http://127.0.0.1:9").await;
+    let watch = db.add_watch(service.id, "app", "acme/", all()).await;
+    let id: i64 = sqlx::query_scalar("select watchpump.ping($1, $2, '1 second')")
+        .bind(service.id)
+        .bind(watch.id)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    let same: bool = sqlx::query_scalar(
+        "select q.created_at = c.occurred_at
+         from watchpump.queue q join watchpump.changes c on c.id = q.change_id where q.id = $1",
+    )
+    .bind(id)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert!(same);
+}

@@ -83,8 +83,32 @@ async fn one_size(b: &Bench, size: i64) -> serde_json::Value {
 
     // bulk-1, with pg_stat_statements from a clean slate.
     let total = 20_000;
+    // WATCHPUMP_BENCH_STATEMENTS=1: the statements inside the functions
+    // are counted too, and the costliest printed, for the emits and for
+    // the pump (the figures count the top-level calls only either way).
+    let statements = std::env::var("WATCHPUMP_BENCH_STATEMENTS").is_ok_and(|v| v == "1");
+    if statements {
+        let db: String = sqlx::query_scalar("select current_database()")
+            .fetch_one(&b.pool)
+            .await
+            .unwrap();
+        // The pump's sessions, which start later.
+        sqlx::query(&format!(
+            "alter database {db} set pg_stat_statements.track = 'all'"
+        ))
+        .execute(&b.pool)
+        .await
+        .unwrap();
+    }
+    b.db_time_reset().await;
     let emit = Instant::now();
     let mut tx = b.pool.begin().await.unwrap();
+    if statements {
+        sqlx::query("set local pg_stat_statements.track = 'all'")
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+    }
     for n in 0..total {
         watchpump::emit(
             &mut tx,
@@ -97,6 +121,9 @@ async fn one_size(b: &Bench, size: i64) -> serde_json::Value {
     }
     tx.commit().await.unwrap();
     let emit_s = emit.elapsed().as_secs_f64();
+    if statements {
+        print_statements(b, "emit", total).await;
+    }
     b.db_time_reset().await;
     let listen = free_addr();
     let metrics = free_addr();
@@ -130,6 +157,9 @@ async fn one_size(b: &Bench, size: i64) -> serde_json::Value {
     }
     let cpu = pump.cpu_seconds();
     let db_us = b.db_us_per_delivery(total).await;
+    if statements {
+        print_statements(b, "pump", total).await;
+    }
 
     // Reads, through the pump's own HTTP server.
     let http = reqwest::Client::new();
@@ -316,4 +346,23 @@ where
 fn free_addr() -> String {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     l.local_addr().unwrap().to_string()
+}
+
+/// The costliest statements since the last reset, per delivery.
+async fn print_statements(b: &Bench, phase: &str, deliveries: usize) {
+    let top: Vec<(String, f64, i64)> = sqlx::query_as(
+        "select left(regexp_replace(s.query, '\\s+', ' ', 'g'), 90), s.total_exec_time, s.calls
+         from pg_stat_statements s
+         where s.dbid = (select oid from pg_database where datname = current_database())
+         order by s.total_exec_time desc limit 12",
+    )
+    .fetch_all(&b.pool)
+    .await
+    .unwrap_or_default();
+    for (query, ms, calls) in &top {
+        println!(
+            "    {phase}: {:>7.1} µs/delivery {calls:>6} calls  {query}",
+            ms * 1000.0 / deliveries as f64
+        );
+    }
 }

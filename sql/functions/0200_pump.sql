@@ -349,7 +349,8 @@ begin
     --    superseded by it above, which the order rule allows.
     v_ids := array(
         with per_change as (
-            select q.change_id, min(q.id) as first_id, array_agg(q.id) as ids
+            select q.change_id, min(q.created_at) as occurred_at, min(q.id) as first_id,
+                   array_agg(q.id) as ids
             from watchpump.queue q
             where q.id = any (v_ids)
             group by q.change_id
@@ -359,8 +360,18 @@ begin
                    coalesce(sum(ch.payload_bytes) over (order by p.first_id
                             rows between unbounded preceding and 1 preceding), 0) as bytes_before
             from per_change p
+            -- By id and time: a delivery's created_at is its change's
+            -- occurred_at (emit()), so the look-up prunes to that day's
+            -- partition at run time, instead of probing every day's. A
+            -- delivery older than that rule (a v2 row an operator
+            -- retried) finds its change by id alone: the second branch
+            -- runs only when the first finds nothing.
             cross join lateral (
-                select c.payload_bytes from watchpump.changes c where c.id = p.change_id offset 0
+                (select c.payload_bytes from watchpump.changes c
+                 where c.id = p.change_id and c.occurred_at = p.occurred_at)
+                union all
+                (select c.payload_bytes from watchpump.changes c where c.id = p.change_id)
+                limit 1
             ) ch
         )
         select unnest(w.ids) from weighed w where w.bytes_before < greatest(p_max_bytes, 1)
@@ -375,7 +386,7 @@ begin
         update watchpump.queue q
         set attempts = q.attempts + 1, lease_until = clock_timestamp() + p_lease, leased_by = p_pump
         where q.id = any (v_ids)
-        returning q.id, q.change_id, q.watch_id, q.service_id, q.attempts, q.replay
+        returning q.id, q.change_id, q.watch_id, q.service_id, q.attempts, q.replay, q.created_at
     ),
     ordered as materialized (
         select c.*, b.leased_by as expired,
@@ -388,9 +399,14 @@ begin
            case when c.first_of_change then ch.payload::text end, c.expired,
            ch.traceparent, ch.tracestate, c.replay
     from ordered c
+    -- By id and time, as in step 4.
     cross join lateral (
-        select x.object, x.kind, x.sequence, x.occurred_at, x.payload, x.traceparent, x.tracestate
-        from watchpump.changes x where x.id = c.change_id offset 0
+        (select x.object, x.kind, x.sequence, x.occurred_at, x.payload, x.traceparent, x.tracestate
+         from watchpump.changes x where x.id = c.change_id and x.occurred_at = c.created_at)
+        union all
+        (select x.object, x.kind, x.sequence, x.occurred_at, x.payload, x.traceparent, x.tracestate
+         from watchpump.changes x where x.id = c.change_id)
+        limit 1
     ) ch
     cross join lateral (
         select x.resource from watchpump.watches x where x.id = c.watch_id offset 0

@@ -76,6 +76,7 @@ declare
     v_sequence bigint;
     v_payload  jsonb;
     v_change   bigint;
+    v_occurred timestamptz;
     v_id       bigint;
 begin
     select w.removed_at into v_removed
@@ -104,9 +105,12 @@ begin
     v_payload := jsonb_build_object('watch_id', p_watch_id, 'zen', 'pong');
     insert into watchpump.changes (object, kind, sequence, payload, payload_bytes)
     values (v_object, 'watchpump.ping', v_sequence, v_payload, octet_length(v_payload::text))
-    returning id into v_change;
-    insert into watchpump.queue (change_id, watch_id, service_id, object, sequence, deadline)
-    values (v_change, p_watch_id, p_service_id, v_object, v_sequence, now() + watchpump.delivery_window())
+    returning id, occurred_at into v_change, v_occurred;
+    -- The change's time, as emit() does: claim() finds a delivery's change
+    -- by it, and retention keeps the two in one day.
+    insert into watchpump.queue (change_id, watch_id, service_id, object, sequence, deadline, created_at)
+    values (v_change, p_watch_id, p_service_id, v_object, v_sequence, now() + watchpump.delivery_window(),
+            v_occurred)
     returning id into v_id;
     perform pg_notify('watchpump', '');
     return v_id;
