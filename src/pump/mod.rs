@@ -30,7 +30,6 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 use tokio::sync::mpsc;
-use tracing::Instrument;
 
 use crate::config::PumpConfig;
 use crate::delivery::request::Target;
@@ -134,14 +133,12 @@ impl Pump {
         let shared = &self.shared;
         claiming::sweep(shared, Duration::ZERO).await;
         let turn = claiming::turn_span(shared);
-        let (claimed, fence) = claiming::claim(shared).instrument(turn.clone()).await?;
-        let claimed = claiming::with_destinations(shared, claimed)
-            .instrument(turn.clone())
-            .await;
+        let (claimed, fence) = claiming::claim(shared).await?;
+        let claimed = claiming::with_destinations(shared, claimed).await;
         let sent = claimed.len();
         turn.record("watchpump.claimed", sent);
         let (done_tx, mut done_rx) = mpsc::unbounded_channel();
-        turn.in_scope(|| claiming::dispatch(shared, claimed, fence, &done_tx));
+        claiming::dispatch(shared, claimed, fence, &done_tx);
         drop(turn);
         drop(done_tx);
         let mut answered = Vec::with_capacity(sent);

@@ -17,7 +17,6 @@ use crate::delivery::State;
 use crate::error::Error;
 use crate::metrics as m;
 use crate::telemetry::TARGET;
-use tracing::Instrument;
 
 /// Most finished attempts written back in one statement.
 pub(super) const COMPLETE_BATCH: usize = 1000;
@@ -77,10 +76,10 @@ pub(super) async fn complete_batch(shared: &Shared, batch: &[Answered]) -> Vec<s
     let finished: Vec<&Finished> = batch.iter().map(|a| &a.finished).collect();
     let span = tracing::info_span!(target: TARGET, parent: None, "watchpump.record",
         "watchpump.pump" = %shared.name, "watchpump.attempts" = finished.len());
-    let settled = write_back(shared, &finished)
-        .instrument(span)
-        .await
-        .unwrap_or_default();
+    // Timed from here to its drop, not entered at every poll (as the
+    // turn's span: src/pump/claiming.rs).
+    let settled = write_back(shared, &finished).await.unwrap_or_default();
+    drop(span);
     let now = Instant::now();
     {
         let health = shared.health.lock().unwrap();
