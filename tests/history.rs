@@ -931,9 +931,14 @@ async fn claim_finds_a_deliverys_change_by_its_day_and_by_its_id_alone_when_the_
     .await
     .unwrap();
     let ids: Vec<i64> = claimed.iter().map(|c| c.0).collect();
-    assert_eq!(ids, vec![on_its_day, out_of_rule], "both are claimed: {claimed:?}");
+    assert_eq!(
+        ids,
+        vec![on_its_day, out_of_rule],
+        "both are claimed: {claimed:?}"
+    );
     assert_eq!(claimed[1].1, "acme/api/main");
-    let payload: serde_json::Value = serde_json::from_str(claimed[1].2.as_deref().unwrap()).unwrap();
+    let payload: serde_json::Value =
+        serde_json::from_str(claimed[1].2.as_deref().unwrap()).unwrap();
     assert_eq!(payload, json!({"n": 2}), "and sent with its payload");
 }
 
