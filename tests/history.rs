@@ -550,7 +550,7 @@ async fn retention_drops_whole_days_and_keeps_failed_deliveries_with_what_they_n
             .await
             .unwrap();
     assert_eq!((deliveries, failed_gone, more), (4, 1, false));
-    assert!(changes >= 8, "{changes}");
+    assert_eq!(changes, 6, "the day's 11 changes less the 5 kept");
 
     // The day's partitions are gone; what retention keeps is kept.
     let gone: bool = sqlx::query_scalar("select to_regclass('watchpump.' || $1) is null")
@@ -592,8 +592,84 @@ async fn retention_drops_whole_days_and_keeps_failed_deliveries_with_what_they_n
         scalar(&db, "select count(*) from watchpump.attempt_log").await,
         5
     );
+    // What was kept is a small partition of its own per table, in the
+    // day's place, not rows copied into the DEFAULT partitions.
+    let kept_partitions: Vec<String> =
+        sqlx::query_scalar("select name from watchpump.partitions where kept order by name")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    let suffix = day.trim_start_matches("settled_");
+    assert_eq!(
+        kept_partitions,
+        vec![
+            format!("attempt_log_{suffix}_kept"),
+            format!("changes_{suffix}_kept"),
+            format!("settled_{suffix}_kept"),
+        ]
+    );
+    assert_eq!(
+        scalar(
+            &db,
+            &format!("select count(*) from watchpump.settled_{suffix}_kept")
+        )
+        .await,
+        3,
+        "the two failures and the delivery retried late"
+    );
+    for table in ["settled_kept", "changes_kept", "attempt_log_kept"] {
+        assert_eq!(
+            scalar(&db, &format!("select count(*) from watchpump.{table}")).await,
+            0,
+            "{table}"
+        );
+    }
     // Emitting and settling still work.
     db.emit("acme/new", "push", json!({})).await;
+
+    // The kept partitions wait for the failed retention (here 8 days: the
+    // day ended 9 days ago, plus the delivery window): then the failures,
+    // which finished 9 days ago, go, and the delivery retried late (a day
+    // ago) moves to the DEFAULT partitions with its change and attempt.
+    let still: (i32, i32, bool) = sqlx::query_as(
+        "select deliveries, failed, more from watchpump.prune('7 days', '30 days', 500)",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(still, (0, 0, false), "kept until the failed retention");
+    let (deliveries, failed_gone, _, more): (i32, i32, i32, bool) =
+        sqlx::query_as("select * from watchpump.prune('7 days', '8 days', 500)")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!((deliveries, failed_gone, more), (0, 2, false));
+    assert_eq!(
+        scalar(&db, "select count(*) from watchpump.partitions where kept").await,
+        0
+    );
+    let left: Vec<String> = sqlx::query_scalar(
+        "select d.object || ':' || d.state from watchpump.deliveries d
+         where d.object <> 'acme/new' order by d.object",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        left,
+        vec!["acme/o7:delivered", "acme/o8:pending", "acme/o9:pending"]
+    );
+    assert_eq!(
+        scalar(
+            &db,
+            "select count(*) from watchpump.deliveries d
+             where d.object <> 'acme/new'
+               and exists (select 1 from watchpump.changes c where c.id = d.change_id)
+               and exists (select 1 from watchpump.attempt_log a where a.delivery_id = d.id)",
+        )
+        .await,
+        3
+    );
 }
 
 async fn scalar(db: &TestDb, sql: &str) -> i64 {

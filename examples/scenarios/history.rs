@@ -13,7 +13,9 @@
 //!   the admin API's (GET /api/v1/admin/deliveries?limit=50), a service's
 //!   failed deliveries (state=failed&service=svc0), and /metrics;
 //! - retention: one `prune()` call that retires the oldest day (a ninth of
-//!   the history), and the rows a second it retired.
+//!   the history), the rows a second it retired, and the longest emit() of
+//!   a producer emitting one change a transaction meanwhile (how long
+//!   retention's locks held the producer up).
 //!
 //! The fill takes minutes at 5 M; the databases are dropped at the end.
 
@@ -42,7 +44,7 @@ pub async fn history(b: Bench) -> Outcome {
         lines.push(format!(
             "{size}: bulk-1 {:.0}/s, emit {:.2} s, db {:.1} µs/delivery, pump CPU {:.0} µs/delivery; \
              p50 panel {:.1} ms, admin {:.1} ms, failed {:.1} ms, metrics {:.1} ms; \
-             retention {:.2} s for {} rows ({:.0}/s); fill {:.0} s",
+             retention {:.2} s for {} rows ({:.0}/s), longest emit() meanwhile {:.0} ms; fill {:.0} s",
             row["bulk_per_s"].as_f64().unwrap_or(0.0),
             row["emit_s"].as_f64().unwrap_or(0.0),
             row["db_us_per_delivery"].as_f64().unwrap_or(0.0),
@@ -54,6 +56,7 @@ pub async fn history(b: Bench) -> Outcome {
             row["retention_s"].as_f64().unwrap_or(0.0),
             row["retired_rows"].as_i64().unwrap_or(0),
             row["retired_per_s"].as_f64().unwrap_or(0.0),
+            row["retention_longest_emit_ms"].as_f64().unwrap_or(0.0),
             row["fill_s"].as_f64().unwrap_or(0.0),
         ));
         rows.push(row);
@@ -206,7 +209,30 @@ async fn one_size(b: &Bench, size: i64) -> serde_json::Value {
     .await;
     pump.stop();
 
-    // Retention: one call retires the oldest day.
+    // Retention: one call retires the oldest day, while a producer emits
+    // one change a transaction beside it: the longest emit() says how long
+    // retention held the producer up.
+    let producing = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let producer = tokio::spawn({
+        let pool = b.pool.clone();
+        let producing = producing.clone();
+        async move {
+            let mut longest = Duration::ZERO;
+            let mut emits = 0u64;
+            while producing.load(std::sync::atomic::Ordering::Relaxed) {
+                let started = Instant::now();
+                let mut tx = pool.begin().await.unwrap();
+                watchpump::emit(&mut tx, "elsewhere/during-retention", "push", &json!({}))
+                    .await
+                    .unwrap();
+                tx.commit().await.unwrap();
+                longest = longest.max(started.elapsed());
+                emits += 1;
+            }
+            (longest, emits)
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
     let retention = Instant::now();
     let (deliveries, failed, changes): (i32, i32, i32) = sqlx::query_as(
         "select deliveries, failed, changes from watchpump.prune('7 days', '30 days', 500)",
@@ -215,6 +241,9 @@ async fn one_size(b: &Bench, size: i64) -> serde_json::Value {
     .await
     .unwrap();
     let retention_s = retention.elapsed().as_secs_f64();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    producing.store(false, std::sync::atomic::Ordering::Relaxed);
+    let (longest_emit, emits_during) = producer.await.unwrap();
     let retired = i64::from(deliveries) + i64::from(failed) + i64::from(changes);
     json!({
         "history": size, "fill_s": fill_s, "complete": all,
@@ -224,6 +253,8 @@ async fn one_size(b: &Bench, size: i64) -> serde_json::Value {
         "panel_p50_ms": panel_p50, "admin_p50_ms": admin_p50, "failed_p50_ms": failed_p50,
         "metrics_p50_ms": metrics_p50,
         "retention_s": retention_s, "retired_rows": retired,
+        "retention_longest_emit_ms": longest_emit.as_secs_f64() * 1e3,
+        "retention_emits": emits_during,
         "retired_deliveries": deliveries, "retired_changes": changes,
         "retired_per_s": retired as f64 / retention_s,
     })

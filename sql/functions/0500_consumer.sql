@@ -507,7 +507,8 @@ begin
     from (select 1 from watchpump.covered_objects(v_object, null, greatest(p_max, 0) + 1)) c;
     objects := least(v_covered, greatest(p_max, 0));
     truncated := v_covered > greatest(p_max, 0);
-    select min(p.from_at) into history_from from watchpump.partitions p where p.parent = 'changes';
+    select min(p.from_at) into history_from from watchpump.partitions p
+    where p.parent = 'changes' and not p.kept;
 end
 $$;
 
