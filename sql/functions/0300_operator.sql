@@ -671,6 +671,7 @@ declare
     v_bound    text;
     v_copied   bigint;
     v_ids      bigint[];
+    v_attempt_ids bigint[];
     v_counts   jsonb := '{}';
 begin
     select min(p.from_at),
@@ -735,6 +736,20 @@ begin
         changes := greatest(changes - v_copied, 0);
     end if;
 
+    -- The deliveries whose attempts in this day are kept, but for the
+    -- queue's (read under the lock below): none of these changes meanwhile
+    -- (a delivery retried now makes its attempts in today's partition).
+    if v_attempts is not null then
+        execute format('select array(select k.id from watchpump.%I k
+                                     union
+                                     select d.id from watchpump.settled_kept d
+                                     where d.created_at >= $2 and d.created_at < $1
+                                     union
+                                     select s.id from watchpump.settled s
+                                     where s.created_at < $2 and s.finished_at >= $2)', v_kept)
+            into v_attempt_ids using p_to, v_from;
+    end if;
+
     -- 2. The swap. All three tables at once, before anything else: the
     -- pump locks them in another order (attempt_log, then settled), and
     -- taking them one by one could deadlock with it. The caller's
@@ -745,16 +760,7 @@ begin
     -- even a SHARE lock on the day's would hold the pump up as long. They
     -- are the smallest of the three (retried deliveries only).
     if v_attempts is not null then
-        execute format('select array(select k.id from watchpump.%I k
-                                     union
-                                     select q.id from watchpump.queue q where q.created_at < $1
-                                     union
-                                     select d.id from watchpump.settled_kept d
-                                     where d.created_at >= $2 and d.created_at < $1
-                                     union
-                                     select s.id from watchpump.settled s
-                                     where s.created_at < $2 and s.finished_at >= $2)', v_kept)
-            into v_ids using p_to, v_from;
+        v_ids := v_attempt_ids || array(select q.id from watchpump.queue q where q.created_at < p_to);
         v_copied := watchpump.copy_kept_rows('attempt_log', v_attempts,
             format('select * from watchpump.%I where delivery_id = any ($1)', v_attempts), v_ids, v_from, p_to);
         v_counts := v_counts || jsonb_build_object('attempt_log', v_copied);
