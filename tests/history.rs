@@ -482,6 +482,55 @@ async fn a_populated_v2_database_migrates_in_place_without_losing_a_row() {
         (0, false),
         "the v2 days are kept until they are all past retention"
     );
+
+    // Retired (here with a retention of zero), the v2 tables leave what is
+    // kept in partitions of their own for everything before the first day.
+    let failed_before: i64 =
+        sqlx::query_scalar("select count(*) from watchpump.settled where state = 'failed'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    sqlx::query(
+        "select * from watchpump.retire_partitions(
+             (select to_at from watchpump.partitions where name = 'settled_v2'),
+             interval '0', interval '30 days')",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let bounds: Vec<(String, String)> = sqlx::query_as(
+        "select c.relname::text, pg_get_expr(c.relpartbound, c.oid)
+         from pg_class c where c.relname in ('settled_v2_kept', 'changes_v2_kept', 'settled_v2')
+         order by 1",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        bounds.len(),
+        2,
+        "settled_v2 dropped, kept ones attached: {bounds:?}"
+    );
+    for (name, bound) in &bounds {
+        assert!(
+            bound.starts_with("FOR VALUES FROM (MINVALUE)"),
+            "{name}: {bound}"
+        );
+    }
+    let (failed_after, delivered_after, orphans): (i64, i64, i64) = sqlx::query_as(
+        "select (select count(*) from watchpump.settled where state = 'failed'),
+                (select count(*) from watchpump.settled where state = 'delivered'),
+                (select count(*) from watchpump.deliveries d
+                 where not exists (select 1 from watchpump.changes c where c.id = d.change_id))",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        (failed_after, delivered_after, orphans),
+        (failed_before, 0, 0),
+        "failures kept, delivered gone, every delivery left keeps its change"
+    );
 }
 
 #[tokio::test]
