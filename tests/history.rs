@@ -1089,3 +1089,113 @@ async fn a_ping_delivery_takes_its_changes_time() {
     .unwrap();
     assert!(same);
 }
+
+/// Retention retires a day while producers emit, each change in its own
+/// transaction, and a pump delivers: the producers' emits all commit,
+/// every change emitted meanwhile is delivered, and the day leaves exactly
+/// its failures behind, with their changes and attempts. (prune() gives up
+/// when it cannot take its locks within 100 ms; it is called again, as the
+/// operator task does.)
+#[tokio::test]
+async fn retiring_a_day_while_producers_emit_and_a_pump_delivers_loses_nothing() {
+    let db = TestDb::new().await;
+    let consumer = Receiver::start().await;
+    let (svc, _) = db.add_service("deploy", &consumer.base_url()).await;
+    db.add_watch(svc.id, "app", "acme/", all()).await;
+    // A day ten days ago: 2,000 changes, each delivered, one in 20 failed
+    // (with an attempt).
+    sqlx::raw_sql(
+        "select watchpump.add_partition(t, d, d + interval '1 day')
+         from unnest(array['changes', 'settled', 'attempt_log']) t,
+              (select date_trunc('day', now() at time zone 'UTC') at time zone 'UTC'
+                      - interval '10 days' as d) day;
+         with day as (select date_trunc('day', now() at time zone 'UTC') at time zone 'UTC'
+                             - interval '10 days' as d),
+         c as (
+             insert into watchpump.changes (object, kind, sequence, payload, occurred_at, payload_bytes)
+             select 'acme/old' || n, 'push', 1, jsonb_build_object('n', n),
+                    d + n * interval '30 seconds', 8
+             from day, generate_series(1, 2000) n
+             returning id, object, occurred_at
+         ),
+         s as (
+             insert into watchpump.settled (id, change_id, watch_id, service_id, object, state, attempts,
+                                            next_attempt_at, deadline, last_status, created_at,
+                                            finished_at, last_pump)
+             select nextval('watchpump.delivery_ids'), c.id, w.id, w.service_id, c.object,
+                    case when c.id % 20 = 0 then 'failed' else 'delivered' end, 1, c.occurred_at,
+                    c.occurred_at + interval '1 day',
+                    case when c.id % 20 = 0 then 500 else 200 end,
+                    c.occurred_at, c.occurred_at + interval '1 second', 'p'
+             from c cross join watchpump.watches w
+             returning id, state, created_at
+         )
+         insert into watchpump.attempt_log (delivery_id, attempt, started_at, duration_ms, status, pump)
+         select s.id, 1, s.created_at, 1, 500, 'p' from s where s.state = 'failed';",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let failures: i64 = scalar(
+        &db,
+        "select count(*) from watchpump.settled where state = 'failed'",
+    )
+    .await;
+    assert_eq!(failures, 100);
+
+    let pump = RunningPump::start(&db.pool, pump_config());
+    let producer = tokio::spawn({
+        let pool = db.pool.clone();
+        async move {
+            for n in 0..300 {
+                let mut tx = pool.begin().await.unwrap();
+                watchpump::emit(&mut tx, &format!("acme/new{n}"), "push", &json!({"n": n}))
+                    .await
+                    .unwrap();
+                tx.commit().await.unwrap();
+            }
+        }
+    });
+    let mut retired = false;
+    for _ in 0..200 {
+        sqlx::query("select * from watchpump.prune('7 days', '30 days', 500)")
+            .execute(&db.pool)
+            .await
+            .unwrap();
+        retired = scalar(&db, "select count(*) from watchpump.partitions where kept").await > 0;
+        if retired {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(retired, "the day was retired");
+    producer.await.unwrap();
+
+    let arrived = consumer.wait_for(300, WAIT).await;
+    let mut objects: Vec<String> = arrived
+        .iter()
+        .filter_map(|r| r.body["object"].as_str().map(str::to_string))
+        .collect();
+    objects.sort();
+    objects.dedup();
+    assert_eq!(objects.len(), 300, "every change emitted meanwhile arrived");
+    let (old_failed, old_other, orphans, attempts): (i64, i64, i64, i64) = sqlx::query_as(
+        "select count(*) filter (where s.object like 'acme/old%' and s.state = 'failed'),
+                count(*) filter (where s.object like 'acme/old%' and s.state <> 'failed'),
+                count(*) filter (where not exists (select 1 from watchpump.changes c
+                                                   where c.id = s.change_id)),
+                (select count(*) from watchpump.attempt_log a
+                 where exists (select 1 from watchpump.settled f
+                               where f.id = a.delivery_id and f.object like 'acme/old%'))
+         from watchpump.settled s",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        (old_failed, old_other, orphans, attempts),
+        (100, 0, 0, 100),
+        "the day's failures stay with their changes and attempts; the rest went"
+    );
+    pump.stop().await.unwrap();
+}
