@@ -64,6 +64,20 @@ pub const TRACE_SPANS_EXPORTED: &str = "watchpump_trace_spans_exported_total";
 /// Trace contexts emit() ignored as malformed (read from the database,
 /// `watchpump.trace_context_malformed`, by the backlog leader).
 pub const TRACE_CONTEXT_MALFORMED: &str = "watchpump_trace_context_malformed_total";
+/// Rows retention removed (`operator::prune`), by `what`: deliveries,
+/// failed (deliveries past the failed retention) and changes; a retired
+/// day's are the statistics' estimate.
+pub const PRUNED: &str = "watchpump_pruned_total";
+/// When this pump last finished a round of retention (Unix seconds); 0 on
+/// the pumps that never held the operator lock.
+pub const PRUNE_LAST_SUCCESS: &str = "watchpump_prune_last_success_timestamp_seconds";
+/// Seconds since the end of the oldest day of history retention has not
+/// retired yet (kept partitions aside): stays under the retention plus the
+/// delivery window plus a day while retention keeps up.
+pub const HISTORY_OLDEST_DAY_AGE: &str = "watchpump_history_oldest_day_age_seconds";
+
+/// What [`PRUNED`] counts.
+pub const PRUNED_KINDS: &[&str] = &["deliveries", "failed", "changes"];
 
 /// Outcomes counted in [`DELIVERIES`].
 pub const OUTCOMES: &[&str] = &[
@@ -132,6 +146,11 @@ pub fn install_recorder() -> Result<PrometheusHandle, String> {
         metrics::counter!(counter).increment(0);
     }
     metrics::gauge!(BACKLOG_LEADER).increment(0.0);
+    for what in PRUNED_KINDS {
+        metrics::counter!(PRUNED, "what" => *what).absolute(0);
+    }
+    metrics::gauge!(PRUNE_LAST_SUCCESS).increment(0.0);
+    metrics::gauge!(HISTORY_OLDEST_DAY_AGE).increment(0.0);
     Ok(handle)
 }
 
@@ -227,6 +246,18 @@ fn describe() {
     describe_counter!(
         TRACE_SPANS_EXPORTED,
         "Trace spans this pump exported to the OTLP collector."
+    );
+    describe_counter!(
+        PRUNED,
+        "Rows retention removed, by what: deliveries, failed deliveries, changes (a retired day's are estimates)."
+    );
+    describe_gauge!(
+        PRUNE_LAST_SUCCESS,
+        "When this pump last finished a round of retention, in Unix seconds; 0 if it never held the operator lock."
+    );
+    describe_gauge!(
+        HISTORY_OLDEST_DAY_AGE,
+        "Seconds since the end of the oldest day of history not retired yet: under retention plus delivery window plus a day while retention keeps up."
     );
     describe_counter!(
         TRACE_CONTEXT_MALFORMED,

@@ -9,6 +9,7 @@ mod common;
 
 use std::time::Duration;
 
+use common::prometheus::Scrape;
 use common::*;
 use serde_json::json;
 use sqlx::{Column, Row};
@@ -1104,38 +1105,7 @@ async fn retiring_a_day_while_producers_emit_and_a_pump_delivers_loses_nothing()
     db.add_watch(svc.id, "app", "acme/", all()).await;
     // A day ten days ago: 2,000 changes, each delivered, one in 20 failed
     // (with an attempt).
-    sqlx::raw_sql(
-        "select watchpump.add_partition(t, d, d + interval '1 day')
-         from unnest(array['changes', 'settled', 'attempt_log']) t,
-              (select date_trunc('day', now() at time zone 'UTC') at time zone 'UTC'
-                      - interval '10 days' as d) day;
-         with day as (select date_trunc('day', now() at time zone 'UTC') at time zone 'UTC'
-                             - interval '10 days' as d),
-         c as (
-             insert into watchpump.changes (object, kind, sequence, payload, occurred_at, payload_bytes)
-             select 'acme/old' || n, 'push', 1, jsonb_build_object('n', n),
-                    d + n * interval '30 seconds', 8
-             from day, generate_series(1, 2000) n
-             returning id, object, occurred_at
-         ),
-         s as (
-             insert into watchpump.settled (id, change_id, watch_id, service_id, object, state, attempts,
-                                            next_attempt_at, deadline, last_status, created_at,
-                                            finished_at, last_pump)
-             select nextval('watchpump.delivery_ids'), c.id, w.id, w.service_id, c.object,
-                    case when c.id % 20 = 0 then 'failed' else 'delivered' end, 1, c.occurred_at,
-                    c.occurred_at + interval '1 day',
-                    case when c.id % 20 = 0 then 500 else 200 end,
-                    c.occurred_at, c.occurred_at + interval '1 second', 'p'
-             from c cross join watchpump.watches w
-             returning id, state, created_at
-         )
-         insert into watchpump.attempt_log (delivery_id, attempt, started_at, duration_ms, status, pump)
-         select s.id, 1, s.created_at, 1, 500, 'p' from s where s.state = 'failed';",
-    )
-    .execute(&db.pool)
-    .await
-    .unwrap();
+    old_day(&db, 10, 2000).await;
     let failures: i64 = scalar(
         &db,
         "select count(*) from watchpump.settled where state = 'failed'",
@@ -1198,4 +1168,107 @@ async fn retiring_a_day_while_producers_emit_and_a_pump_delivers_loses_nothing()
         "the day's failures stay with their changes and attempts; the rest went"
     );
     pump.stop().await.unwrap();
+}
+
+/// A day `days_ago` days ago, with its partitions: `changes` changes of
+/// objects acme/old<n>, each delivered to every watch, one in 20 failed
+/// (with an attempt).
+async fn old_day(db: &TestDb, days_ago: i32, changes: i32) {
+    sqlx::query(
+        "select watchpump.add_partition(t, d, d + interval '1 day')
+         from unnest(array['changes', 'settled', 'attempt_log']) t,
+              (select date_trunc('day', now() at time zone 'UTC') at time zone 'UTC'
+                      - $1 * interval '1 day' as d) day",
+    )
+    .bind(days_ago)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "with day as (select date_trunc('day', now() at time zone 'UTC') at time zone 'UTC'
+                             - $1 * interval '1 day' as d),
+         c as (
+             insert into watchpump.changes (object, kind, sequence, payload, occurred_at, payload_bytes)
+             select 'acme/old' || n, 'push', 1, jsonb_build_object('n', n),
+                    d + n * (interval '1 day' / ($2 + 1)), 8
+             from day, generate_series(1, $2) n
+             returning id, object, occurred_at
+         ),
+         s as (
+             insert into watchpump.settled (id, change_id, watch_id, service_id, object, state, attempts,
+                                            next_attempt_at, deadline, last_status, created_at,
+                                            finished_at, last_pump)
+             select nextval('watchpump.delivery_ids'), c.id, w.id, w.service_id, c.object,
+                    case when c.id % 20 = 0 then 'failed' else 'delivered' end, 1, c.occurred_at,
+                    c.occurred_at + interval '1 day',
+                    case when c.id % 20 = 0 then 500 else 200 end,
+                    c.occurred_at, c.occurred_at + interval '1 second', 'p'
+             from c cross join watchpump.watches w
+             returning id, state, created_at
+         )
+         insert into watchpump.attempt_log (delivery_id, attempt, started_at, duration_ms, status, pump)
+         select s.id, 1, s.created_at, 1, 500, 'p' from s where s.state = 'failed'",
+    )
+    .bind(days_ago)
+    .bind(changes)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+}
+
+/// Retention exports what it retired, when it last finished, and how far
+/// back the history not yet retired reaches (docs/metrics.md).
+#[tokio::test]
+async fn retention_exports_what_it_retired_and_how_old_the_history_is() {
+    let exporter = free_addr();
+    watchpump::metrics::install(exporter).expect("install the exporter");
+    let db = TestDb::new().await;
+    let (svc, _) = db.add_service("deploy", "http://127.0.0.1:9").await;
+    db.add_watch(svc.id, "app", "acme/", all()).await;
+    // A day past retention (7 days and the window's one), and one within.
+    old_day(&db, 12, 1000).await;
+    old_day(&db, 5, 10).await;
+    sqlx::query("analyze watchpump.settled, watchpump.changes")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let before = Scrape::fetch(exporter).await;
+    before
+        .expect("watchpump_prune_last_success_timestamp_seconds", &[], 0.0)
+        .unwrap();
+    before
+        .expect("watchpump_pruned_total", &[("what", "deliveries")], 0.0)
+        .unwrap();
+
+    let pruned = watchpump::operator::prune::run(
+        &db.pool,
+        Duration::from_secs(7 * 86_400),
+        Duration::from_secs(30 * 86_400),
+        500,
+    )
+    .await
+    .unwrap();
+    assert_eq!((pruned.deliveries, pruned.failed), (950, 0), "{pruned:?}");
+
+    let scrape = Scrape::fetch(exporter).await;
+    scrape
+        .expect("watchpump_pruned_total", &[("what", "deliveries")], 950.0)
+        .unwrap();
+    scrape
+        .expect(
+            "watchpump_pruned_total",
+            &[("what", "changes")],
+            pruned.changes as f64,
+        )
+        .unwrap();
+    let finished = scrape.sum("watchpump_prune_last_success_timestamp_seconds", &[]);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    assert!((now - finished).abs() < 600.0, "{finished} against {now}");
+    // The oldest day left is the one 5 days ago: it ended 4 days and part
+    // of today ago.
+    let age = scrape.sum("watchpump_history_oldest_day_age_seconds", &[]);
+    assert!((4.0 * 86_400.0..5.0 * 86_400.0).contains(&age), "{age} s");
 }

@@ -1,15 +1,17 @@
 //! Bounded tables: `watchpump.prune()` creates the history's partitions
 //! ahead, retires one whole day past retention per call (the failed
-//! deliveries kept longer, and what they need, are copied to the DEFAULT
-//! partitions first), and deletes kept rows past their retention in small
-//! batches (`sql/functions/0300_operator.sql`). This repeats it until it
-//! says there is no more.
+//! deliveries kept longer, and what they need, go to a small `<day>_kept`
+//! partition that replaces the day, itself retired after the failed
+//! retention), and deletes rows of the DEFAULT partitions past their
+//! retention in small batches (`sql/functions/0300_operator.sql`). This
+//! repeats it until it says there is no more.
 
 use std::time::Duration;
 
 use sqlx::PgPool;
 
 use crate::error::Result;
+use crate::metrics as m;
 
 /// Batches one round deletes at most, so a large backlog of old rows is
 /// worked off over several rounds instead of holding the pool.
@@ -52,5 +54,37 @@ pub async fn run(
         }
         tokio::time::sleep(PAUSE).await;
     }
+    record(pool, &total).await?;
     Ok(total)
+}
+
+/// Exports what a round did ([`m::PRUNED`], [`m::PRUNE_LAST_SUCCESS`]) and
+/// how far back the history reaches ([`m::HISTORY_OLDEST_DAY_AGE`]), so
+/// that an alert sees retention stop.
+async fn record(pool: &PgPool, pruned: &Pruned) -> Result<()> {
+    for (what, rows) in [
+        ("deliveries", pruned.deliveries),
+        ("failed", pruned.failed),
+        ("changes", pruned.changes),
+    ] {
+        metrics::counter!(m::PRUNED, "what" => what).increment(rows.max(0) as u64);
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    metrics::gauge!(m::PRUNE_LAST_SUCCESS).set(now.as_secs_f64());
+    metrics::gauge!(m::HISTORY_OLDEST_DAY_AGE).set(oldest_day_age(pool).await?);
+    Ok(())
+}
+
+/// Seconds since the end of the oldest day (or the v2 tables) that
+/// retention has not retired yet, kept partitions aside; 0 without one.
+pub async fn oldest_day_age(pool: &PgPool) -> Result<f64> {
+    let age: Option<f64> = sqlx::query_scalar(
+        "select extract(epoch from now() - min(p.to_at))::float8
+         from watchpump.partitions p where not p.kept",
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok(age.unwrap_or(0.0).max(0.0))
 }
