@@ -29,6 +29,7 @@ mod ha;
 mod net;
 mod producers;
 mod pumps;
+mod retention;
 mod verdict;
 
 use std::collections::HashMap;
@@ -271,6 +272,8 @@ pub struct Summary {
     /// Pauses, resumes and resyncs, and the replayed requests received.
     pub self_service: SelfService,
     pub replays: usize,
+    /// Old days made and retired beside the chaos.
+    pub retention: retention::Retention,
     pub duplicates: usize,
     pub seconds: f64,
     /// Seconds producing (under chaos), settling, and stopping the pumps.
@@ -298,6 +301,14 @@ impl Summary {
         line.push_str(&format!(
             "; consumers: {} watch pauses, {} service pauses, {} resumes, {} resyncs ({} replays queued, {} replayed requests)",
             s.watch_pauses, s.service_pauses, s.resumes, s.resyncs, s.replays_queued, self.replays
+        ));
+        let r = &self.retention;
+        line.push_str(&format!(
+            "; retention: {} old days made, {} retired here, {} prune calls ({} failed)",
+            r.days.len(),
+            r.retired,
+            r.prune_calls,
+            r.prune_errors
         ));
         if self.faults == Faults::Partition {
             line.push_str(&format!(
@@ -469,9 +480,11 @@ async fn run_async(settings: Settings) -> Summary {
         rng.gen(),
         done.clone(),
     ));
+    let retiring = tokio::spawn(retention::run(pool.clone(), done.clone()));
     let ledger: Ledger = producers::run(&pool, &settings, progress.clone(), rng.gen()).await;
     done.store(true, Ordering::SeqCst);
     let self_service = self_service.await.unwrap();
+    let mut retention = retiring.await.unwrap();
     let kills = killer.await.unwrap();
     let listener_kills = listener_killer.await.unwrap();
     let pg_restarts = restarter.await.unwrap();
@@ -512,6 +525,7 @@ async fn run_async(settings: Settings) -> Summary {
         partitions,
         self_service,
         replays: 0,
+        retention: retention::Retention::default(),
     };
     let mut pumps = Arc::try_unwrap(pumps)
         .unwrap_or_else(|_| panic!("the chaos tasks hold no pumps any more"))
@@ -522,6 +536,10 @@ async fn run_async(settings: Settings) -> Summary {
     if let Err(left) = verdict::settled(&pool, settings.settle_limit).await {
         summary.violations.push(left);
     }
+    summary
+        .violations
+        .extend(retention::verdict(&pool, &mut retention, settings.settle_limit).await);
+    summary.retention = retention;
     let settled = started.elapsed().as_secs_f64();
     summary.violations.extend(pumps.stop_all_gracefully().await);
     summary.phases = (
