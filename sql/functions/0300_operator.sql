@@ -611,10 +611,9 @@ $$;
 
 -- Copies into a new table `<p_partition>_kept`, shaped and indexed like
 -- the partitions of `p_parent`, the rows that the query `p_rows` selects
--- (given `p_ids` as $1),
--- and proves its range with a CHECK constraint so that attaching it later
--- need not scan it. Bulk work: the rows first, then each index built once.
--- Returns the rows copied.
+-- (given `p_ids` as $1), and proves its range with a CHECK constraint so
+-- that attaching it later need not scan it. Bulk work: the rows first,
+-- then each index built once. Returns the rows copied.
 create or replace function watchpump.copy_kept_rows(
     p_parent text, p_partition text, p_rows text, p_ids bigint[], p_from timestamptz, p_to timestamptz
 ) returns bigint
