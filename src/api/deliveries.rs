@@ -180,11 +180,7 @@ async fn entries(pool: &PgPool, service_id: i64, q: &ListQuery, limit: i64) -> R
     };
     let mut sql: QueryBuilder<Postgres> =
         store::page_query_of("", ENTRY_COLUMNS_OF_LOG, &filter, Some(service_id));
-    Ok(sql
-        .build_query_as()
-        .persistent(!store::narrow_window(&filter))
-        .fetch_all(pool)
-        .await?)
+    Ok(sql.build_query_as().fetch_all(pool).await?)
 }
 
 async fn entry(pool: &PgPool, service_id: i64, id: i64) -> Result<Option<Entry>> {
