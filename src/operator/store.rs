@@ -298,33 +298,7 @@ pub fn page_query_of<'a>(
             q.push(" union all ");
         }
         first = false;
-        if let (true, "settled", Some(since), Some(until)) =
-            (narrow_window(filter), table, filter.since, filter.until)
-        {
-            // The window minute by minute, newest first: in each minute,
-            // the newest `limit` ids through the history's index on
-            // (minute, id) (WINDOW_MINUTE), then the newest of them all.
-            // At most `limit` rows a minute of the window, however busy
-            // the minute: a bounded scan at any history size.
-            q.push(format!(
-                "(select b.id, b.created_at from generate_series(\
-                 date_bin('1 minute', "
-            ))
-            .push_bind(until)
-            .push(format!(
-                "::timestamptz, {WINDOW_ORIGIN}), date_bin('1 minute', "
-            ))
-            .push_bind(since)
-            .push(format!(
-                "::timestamptz, {WINDOW_ORIGIN}), interval '-1 minute') m (minute) \
-                 cross join lateral (select d.id, d.created_at from watchpump.settled d \
-                 where {WINDOW_MINUTE} = m.minute{state_condition}"
-            ));
-            push_conditions(&mut q, filter, service_id);
-            q.push(format!(
-                " order by d.id desc limit {limit}) b order by b.id desc limit {limit})"
-            ));
-        } else if narrow_window(filter) {
+        if narrow_window(filter) {
             // Every row of the window through the index on created_at,
             // then the newest ids: `offset 0` keeps the planner from
             // walking the id index instead (it guesses the window's rows
@@ -363,13 +337,6 @@ pub fn page_query_of<'a>(
 /// for an hour at 5 M). Either way the cost is bounded by a day of
 /// deliveries, not by the history. tests/history.rs checks both plans.
 pub const NARROW_WINDOW: chrono::Duration = chrono::Duration::hours(2);
-
-/// The minute a history row was created in, as the index on settled's
-/// partitions has it (`sql/migrations/0015_window_index.sql`):
-/// `date_bin()` is immutable where `date_trunc()` on a timestamptz is not.
-const WINDOW_MINUTE: &str =
-    "date_bin('1 minute', d.created_at, '2000-01-01 00:00:00+00'::timestamptz)";
-const WINDOW_ORIGIN: &str = "'2000-01-01 00:00:00+00'::timestamptz";
 
 fn narrow_window(filter: &DeliveryFilter) -> bool {
     matches!((filter.since, filter.until), (Some(since), Some(until)) if until - since <= NARROW_WINDOW)
