@@ -1272,3 +1272,64 @@ async fn retention_exports_what_it_retired_and_how_old_the_history_is() {
     let age = scrape.sum("watchpump_history_oldest_day_age_seconds", &[]);
     assert!((4.0 * 86_400.0..5.0 * 86_400.0).contains(&age), "{age} s");
 }
+
+/// A narrow time window's pages (read through created_at, then the newest
+/// ids) are the newest deliveries created in the window, page after page,
+/// even where ids and creation times disagree (a replay, a v2 row).
+#[tokio::test]
+async fn a_time_windows_pages_are_its_newest_deliveries_page_after_page() {
+    use watchpump::operator::store::{page_query, DeliveryFilter};
+    let db = TestDb::new().await;
+    let (svc, _) = db.add_service("deploy", "http://127.0.0.1:9").await;
+    db.add_watch(svc.id, "app", "acme/", all()).await;
+    old_day(&db, 1, 3000).await;
+    // Creation times shuffled within the day: ids no longer follow them.
+    sqlx::query(
+        "update watchpump.settled
+         set created_at = date_trunc('day', created_at at time zone 'UTC') at time zone 'UTC'
+                          + random() * interval '23 hours'",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let day = chrono::Utc::now().date_naive() - chrono::Duration::days(1);
+    let since = day.and_hms_opt(10, 0, 0).unwrap().and_utc();
+    let until = day.and_hms_opt(11, 30, 0).unwrap().and_utc();
+    let expected: Vec<i64> = sqlx::query_scalar(
+        "select id from watchpump.settled where created_at >= $1 and created_at < $2
+         order by id desc",
+    )
+    .bind(since)
+    .bind(until)
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert!(expected.len() > 100, "{}", expected.len());
+
+    let mut read = Vec::new();
+    let mut before = None;
+    loop {
+        let filter = DeliveryFilter {
+            since: Some(since),
+            until: Some(until),
+            before,
+            limit: Some(40),
+            ..Default::default()
+        };
+        let mut q = page_query("", &filter, None);
+        let page: Vec<i64> = q
+            .build()
+            .fetch_all(&db.pool)
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get::<i64, _>("delivery_id"))
+            .collect();
+        if page.is_empty() {
+            break;
+        }
+        before = page.last().copied();
+        read.extend(page);
+    }
+    assert_eq!(read, expected);
+}

@@ -11,7 +11,8 @@
 //!   settles, over the deliveries);
 //! - reads, each 20 times, p50: the panel's newest page of deliveries and
 //!   the admin API's (GET /api/v1/admin/deliveries?limit=50), a service's
-//!   failed deliveries (state=failed&service=svc0), and /metrics;
+//!   failed deliveries (state=failed&service=svc0), /metrics, and the
+//!   admin API's page of an hour's window in the middle of yesterday;
 //! - retention: one `prune()` call that retires the oldest day (a ninth of
 //!   the history), the rows a second it retired, and the longest emit() of
 //!   a producer emitting one change a transaction meanwhile (how long
@@ -43,7 +44,7 @@ pub async fn history(b: Bench) -> Outcome {
         let row = one_size(&b, size).await;
         lines.push(format!(
             "{size}: bulk-1 {:.0}/s, emit {:.2} s, db {:.1} µs/delivery, pump CPU {:.0} µs/delivery; \
-             p50 panel {:.1} ms, admin {:.1} ms, failed {:.1} ms, metrics {:.1} ms; \
+             p50 panel {:.1} ms, admin {:.1} ms, failed {:.1} ms, metrics {:.1} ms, an hour's window {:.1} ms; \
              retention {:.2} s for {} rows ({:.0}/s), longest emit() meanwhile {:.0} ms; fill {:.0} s",
             row["bulk_per_s"].as_f64().unwrap_or(0.0),
             row["emit_s"].as_f64().unwrap_or(0.0),
@@ -53,6 +54,7 @@ pub async fn history(b: Bench) -> Outcome {
             row["admin_p50_ms"].as_f64().unwrap_or(f64::NAN),
             row["failed_p50_ms"].as_f64().unwrap_or(f64::NAN),
             row["metrics_p50_ms"].as_f64().unwrap_or(f64::NAN),
+            row["window_p50_ms"].as_f64().unwrap_or(f64::NAN),
             row["retention_s"].as_f64().unwrap_or(0.0),
             row["retired_rows"].as_i64().unwrap_or(0),
             row["retired_per_s"].as_f64().unwrap_or(0.0),
@@ -187,6 +189,21 @@ async fn one_size(b: &Bench, size: i64) -> serde_json::Value {
         .is_ok_and(|r| r.status().is_success())
     })
     .await;
+    // An hour in the middle of yesterday: the window reads every delivery
+    // of it (src/operator/store.rs, NARROW_WINDOW), a ninth of a day's.
+    let yesterday = chrono::Utc::now().date_naive() - chrono::Duration::days(1);
+    let window = format!(
+        "since={}T12:00:00Z&until={}T13:00:00Z",
+        yesterday, yesterday
+    );
+    let window_p50 = p50_ms(|| async {
+        http.get(format!("{base}/api/v1/admin/deliveries?limit=50&{window}"))
+            .header("authorization", &bearer)
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success())
+    })
+    .await;
     let panel_p50 = match &cookie {
         Some(cookie) => {
             p50_ms(|| async {
@@ -251,7 +268,7 @@ async fn one_size(b: &Bench, size: i64) -> serde_json::Value {
         "pump_cpu_us": cpu * 1e6 / total as f64,
         "db_us_per_delivery": db_us,
         "panel_p50_ms": panel_p50, "admin_p50_ms": admin_p50, "failed_p50_ms": failed_p50,
-        "metrics_p50_ms": metrics_p50,
+        "metrics_p50_ms": metrics_p50, "window_p50_ms": window_p50,
         "retention_s": retention_s, "retired_rows": retired,
         "retention_longest_emit_ms": longest_emit.as_secs_f64() * 1e3,
         "retention_emits": emits_during,
