@@ -76,7 +76,8 @@ pub const PRUNE_LAST_SUCCESS: &str = "watchpump_prune_last_success_timestamp_sec
 /// delivery window plus a day while retention keeps up.
 pub const HISTORY_OLDEST_DAY_AGE: &str = "watchpump_history_oldest_day_age_seconds";
 
-/// What [`PRUNED`] counts.
+/// What [`PRUNED`] counts, in the order of `operator::prune::Pruned`'s
+/// fields.
 pub const PRUNED_KINDS: &[&str] = &["deliveries", "failed", "changes"];
 
 /// Outcomes counted in [`DELIVERIES`].

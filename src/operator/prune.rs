@@ -54,32 +54,32 @@ pub async fn run(
         }
         tokio::time::sleep(PAUSE).await;
     }
-    record(pool, &total).await?;
+    record(pool, &total).await;
     Ok(total)
 }
 
 /// Exports what a round did ([`m::PRUNED`], [`m::PRUNE_LAST_SUCCESS`]) and
 /// how far back the history reaches ([`m::HISTORY_OLDEST_DAY_AGE`]), so
-/// that an alert sees retention stop.
-async fn record(pool: &PgPool, pruned: &Pruned) -> Result<()> {
-    for (what, rows) in [
-        ("deliveries", pruned.deliveries),
-        ("failed", pruned.failed),
-        ("changes", pruned.changes),
-    ] {
-        metrics::counter!(m::PRUNED, "what" => what).increment(rows.max(0) as u64);
+/// that an alert sees retention stop. The round has succeeded by then: a
+/// failure to read the history's age only leaves that gauge as it was.
+async fn record(pool: &PgPool, pruned: &Pruned) {
+    let counts = [pruned.deliveries, pruned.failed, pruned.changes];
+    for (what, rows) in m::PRUNED_KINDS.iter().zip(counts) {
+        metrics::counter!(m::PRUNED, "what" => *what).increment(rows.max(0) as u64);
     }
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();
     metrics::gauge!(m::PRUNE_LAST_SUCCESS).set(now.as_secs_f64());
-    metrics::gauge!(m::HISTORY_OLDEST_DAY_AGE).set(oldest_day_age(pool).await?);
-    Ok(())
+    match oldest_day_age(pool).await {
+        Ok(age) => metrics::gauge!(m::HISTORY_OLDEST_DAY_AGE).set(age),
+        Err(e) => tracing::warn!(error = %e, "cannot read the history's oldest day"),
+    }
 }
 
 /// Seconds since the end of the oldest day (or the v2 tables) that
 /// retention has not retired yet, kept partitions aside; 0 without one.
-pub async fn oldest_day_age(pool: &PgPool) -> Result<f64> {
+async fn oldest_day_age(pool: &PgPool) -> Result<f64> {
     let age: Option<f64> = sqlx::query_scalar(
         "select extract(epoch from now() - min(p.to_at))::float8
          from watchpump.partitions p where not p.kept",

@@ -181,9 +181,9 @@ async fn make_day(pool: &PgPool, days_ago: i32, service: i64, watch: i64) -> Opt
     .bind(watch)
     .execute(pool)
     .await;
-    // Counted before any prune() can retire it (this task is the only one
-    // that prunes a day so young... but the pumps' operator task may too:
-    // it keeps the failures, which is what is counted).
+    // The failures are what a retirement keeps, so counting them is right
+    // whether or not a prune() (this task's, or the pumps' operator task's)
+    // retired the day meanwhile.
     for _ in 0..50 {
         let counted: Result<(i64, i64), _> = sqlx::query_as(
             "select count(*), count(*) filter (where state = 'failed')
