@@ -582,6 +582,23 @@ begin
 end
 $$;
 
+-- The rows of a partition, as the planner's statistics have them
+-- (pg_class.reltuples): counting a retired day exactly would cost what
+-- dropping it saves. Counted when it was never analyzed (small, then).
+create or replace function watchpump.partition_rows(p_name text) returns bigint
+language plpgsql stable as $$
+declare
+    v_rows bigint;
+begin
+    select c.reltuples::bigint into v_rows from pg_class c
+    where c.oid = ('watchpump.' || quote_ident(p_name))::regclass;
+    if v_rows < 0 then
+        execute format('select count(*) from watchpump.%I', p_name) into v_rows;
+    end if;
+    return v_rows;
+end
+$$;
+
 -- Retires the partitions of all three tables that end at `p_to` (one day,
 -- or the v2 tables), returning what went (deliveries and changes estimated
 -- from the statistics) and what stayed:
@@ -704,11 +721,7 @@ begin
         v_counts := v_counts || jsonb_build_object('settled', kept);
         execute format('select count(*) from watchpump.%I where state = ''failed'' and finished_at < $1', v_settled)
             into failed using now() - p_failed_retention;
-        select c.reltuples::bigint into deliveries from pg_class c
-        where c.oid = ('watchpump.' || quote_ident(v_settled))::regclass;
-        if deliveries < 0 then  -- never analyzed
-            execute format('select count(*) from watchpump.%I', v_settled) into deliveries;
-        end if;
+        deliveries := watchpump.partition_rows(v_settled);
         deliveries := greatest(deliveries - failed - kept, 0);
     end if;
     -- Changes (and, below, attempts) that a delivery still needs: one kept
@@ -727,11 +740,7 @@ begin
         v_copied := watchpump.copy_kept_rows('changes', v_changes,
             format('select * from watchpump.%I where id = any ($1)', v_changes), v_ids, v_from, p_to);
         v_counts := v_counts || jsonb_build_object('changes', v_copied);
-        select c.reltuples::bigint into changes from pg_class c
-        where c.oid = ('watchpump.' || quote_ident(v_changes))::regclass;
-        if changes < 0 then
-            execute format('select count(*) from watchpump.%I', v_changes) into changes;
-        end if;
+        changes := watchpump.partition_rows(v_changes);
         changes := greatest(changes - v_copied, 0);
     end if;
 
@@ -827,11 +836,7 @@ begin
             into v_kept using now() - p_failed_retention, now() - p_retention;
         execute format('select count(*) from watchpump.%I where state = ''failed'' and finished_at < $1', v_settled)
             into failed using now() - p_failed_retention;
-        select c.reltuples::bigint into deliveries from pg_class c
-        where c.oid = ('watchpump.' || quote_ident(v_settled))::regclass;
-        if deliveries < 0 then  -- never analyzed
-            execute format('select count(*) from watchpump.%I', v_settled) into deliveries;
-        end if;
+        deliveries := watchpump.partition_rows(v_settled);
         kept := cardinality(v_kept);
         deliveries := greatest(deliveries - failed - kept, 0);
         execute format('alter table watchpump.settled detach partition watchpump.%I', v_settled);
@@ -843,11 +848,7 @@ begin
         v_refs := array(select k.change_id from watchpump.settled_kept k where k.created_at < p_to
                         union
                         select q.change_id from watchpump.queue q where q.created_at < p_to);
-        select c.reltuples::bigint into changes from pg_class c
-        where c.oid = ('watchpump.' || quote_ident(v_changes))::regclass;
-        if changes < 0 then
-            execute format('select count(*) from watchpump.%I', v_changes) into changes;
-        end if;
+        changes := watchpump.partition_rows(v_changes);
         execute format('alter table watchpump.changes detach partition watchpump.%I', v_changes);
         execute format('insert into watchpump.changes select * from watchpump.%I where id = any ($1)', v_changes)
             using v_refs;
