@@ -1333,3 +1333,174 @@ async fn a_time_windows_pages_are_its_newest_deliveries_page_after_page() {
     }
     assert_eq!(read, expected);
 }
+
+/// The rows of (delivery id, attempt, repeats) in `table`, in order.
+async fn attempt_rows(db: &TestDb, table: &str, id: i64) -> Vec<(i32, i32)> {
+    sqlx::query_as(&format!(
+        "select attempt, repeats from watchpump.{table} where delivery_id = $1 order by attempt, id"
+    ))
+    .bind(id)
+    .fetch_all(&db.pool)
+    .await
+    .unwrap()
+}
+
+/// A report of pump `pump`: attempt `attempt` of delivery `id` ended with
+/// `outcome` (a retry is due now).
+async fn report(db: &TestDb, pump: &str, id: i64, attempt: i32, outcome: &str, status: i32) {
+    sqlx::query(
+        "select * from watchpump.complete($1, array[row($2, $3, $4, $5, 'HTTP ' || $5, now(), 1.0, '',
+                                                     now())::watchpump.attempt_report])",
+    )
+    .bind(pump)
+    .bind(id)
+    .bind(attempt)
+    .bind(outcome)
+    .bind(status)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+}
+
+/// A pump whose lease ran out before it recorded its attempt (another pump
+/// has since delivered) records that attempt in a row of its own: the
+/// attempt rows of a settled delivery never change, which retention relies
+/// on to copy them without a lock.
+#[tokio::test]
+async fn an_attempt_recorded_after_its_lease_ran_out_gets_a_row_of_its_own() {
+    let db = TestDb::new().await;
+    let (svc, _) = db.add_service("deploy", "http://127.0.0.1:9").await;
+    db.add_watch(svc.id, "app", "acme/web/", all()).await;
+    let (id, attempt) = claimed(&db, "acme/web/a").await;
+    assert_eq!(attempt, 1);
+    report(&db, "p", id, 1, "retry", 500).await;
+    assert_eq!(attempt_rows(&db, "attempt_log", id).await, vec![(1, 1)]);
+
+    // Pump p makes attempt 2; its lease runs out; pump q makes attempt 3,
+    // which delivers.
+    let lease = "select delivery_id from watchpump.claim($1, '{}', '{}', '{}', 10, '1 minute')";
+    let again: Vec<i64> = sqlx::query_scalar(lease)
+        .bind("p")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(again, vec![id]);
+    sqlx::query(
+        "update watchpump.queue set lease_until = now() - interval '1 second' where id = $1",
+    )
+    .bind(id)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let taken: Vec<i64> = sqlx::query_scalar(lease)
+        .bind("q")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(taken, vec![id]);
+    report(&db, "q", id, 3, "delivered", 200).await;
+    assert_eq!(db.delivery_state(id).await, "delivered");
+
+    // p's attempt 2 follows attempt 1's run, but the delivery has settled:
+    // its run's row stays as it was, and attempt 2 gets its own.
+    report(&db, "p", id, 2, "retry", 500).await;
+    assert_eq!(
+        attempt_rows(&db, "attempt_log", id).await,
+        vec![(1, 1), (2, 1)]
+    );
+}
+
+/// Retention copies a day's kept attempts without a lock, then copies again
+/// under its lock those of deliveries still queued: an attempt folded into
+/// such a delivery's row while the copy ran, and committed before the
+/// lock, is in the kept partition as committed.
+#[tokio::test]
+async fn an_attempt_folded_while_retention_copies_the_day_is_kept_as_committed() {
+    let db = TestDb::new().await;
+    let (svc, _) = db.add_service("deploy", "http://127.0.0.1:9").await;
+    db.add_watch(svc.id, "app", "acme/", all()).await;
+    old_day(&db, 10, 200).await;
+    // One of the day's failures, retried by an operator and claimed: its
+    // next failed attempt folds into the row of its first.
+    let id: i64 = scalar(
+        &db,
+        "select min(id) from watchpump.settled where state = 'failed'",
+    )
+    .await;
+    sqlx::query("select watchpump.retry($1, 'ada')")
+        .bind(id)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let claimed: Vec<(i64, i32)> = sqlx::query_as(
+        "select delivery_id, attempt from watchpump.claim('p', '{}', '{}', '{}', 10, '1 minute')",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(claimed, vec![(id, 2)]);
+    let day: String = scalar_text(
+        &db,
+        "select name from watchpump.partitions where parent = 'attempt_log' and to_at < now() - interval '9 days'",
+    )
+    .await;
+
+    // The fold, left uncommitted while retention copies the day.
+    let mut fold = db.pool.begin().await.unwrap();
+    sqlx::query(
+        "select * from watchpump.complete('p', array[row($1, 2, 'retry', 500, 'HTTP 500', now(), 1.0, '',
+                                                          now() + interval '1 hour')::watchpump.attempt_report])",
+    )
+    .bind(id)
+    .execute(&mut *fold)
+    .await
+    .unwrap();
+    let mut retention = db.pool.acquire().await.unwrap();
+    let backend: i32 = sqlx::query_scalar("select pg_backend_pid()")
+        .fetch_one(&mut *retention)
+        .await
+        .unwrap();
+    let retire = tokio::spawn(async move {
+        sqlx::query("set lock_timeout = '60s'")
+            .execute(&mut *retention)
+            .await
+            .unwrap();
+        sqlx::query(
+            "select * from watchpump.retire_partitions(
+                 (select to_at from watchpump.partitions where parent = 'attempt_log'
+                  and to_at < now() - interval '9 days'), '7 days', '30 days')",
+        )
+        .execute(&mut *retention)
+        .await
+    });
+    // Retention has copied the day and waits for its lock, which the fold's
+    // transaction holds (complete() writes through every attempt_log
+    // partition): the fold commits now.
+    loop {
+        let waiting: bool = sqlx::query_scalar(
+            "select coalesce(wait_event_type = 'Lock', false) from pg_stat_activity where pid = $1",
+        )
+        .bind(backend)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        if waiting {
+            break;
+        }
+        assert!(
+            !retire.is_finished(),
+            "retention waits for the fold's locks"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    fold.commit().await.unwrap();
+    retire.await.unwrap().expect("the day is retired");
+
+    assert_eq!(
+        attempt_rows(&db, &format!("{day}_kept"), id).await,
+        vec![(1, 2)],
+        "the folded attempt, as committed"
+    );
+    let kept: i64 = scalar(&db, &format!("select count(*) from watchpump.{day}_kept")).await;
+    assert_eq!(kept, 10, "the day's ten failures, each with its one row");
+}

@@ -490,7 +490,10 @@ $$;
 -- one row, not one per attempt. A run breaks only when attempts went
 -- unrecorded (a pump died mid-send), and a delivery keeps at most
 -- MAX_ATTEMPT_ROWS = 20 rows: past that, every failure folds into its
--- newest row.
+-- newest row. The attempt of a pump that no longer held the delivery (its
+-- lease ran out before it recorded) gets a row of its own: it is rare,
+-- and folding only held deliveries leaves a settled delivery's rows as
+-- they were when it settled.
 create or replace function watchpump.complete(p_pump text, p_reports watchpump.attempt_report[])
 returns table (delivery_id bigint, service_id bigint, state text, next_attempt_at timestamptz)
 language plpgsql
@@ -545,7 +548,10 @@ begin
             order by a.attempt desc, a.id desc
             limit 1
         ) a
-        where l.outcome = 'retry'
+        -- Only a delivery this pump holds (so a queued one) folds: the
+        -- attempt rows of a settled delivery never change, which lets
+        -- retention copy them without a lock (0300_operator.sql).
+        where l.outcome = 'retry' and l.id in (select h.id from held h)
           and (a.attempt + a.repeats = l.attempt
                or (select count(*) from watchpump.attempt_log c where c.delivery_id = l.id) >= 20)
     ),

@@ -662,10 +662,13 @@ $$;
 --      settling back), what retention keeps of them is copied to
 --      `<day>_kept` tables and indexed (copy_kept_rows()). emit() and the
 --      pump write today's partitions meanwhile. That is about 5% of a day
---      with one failure in 20.
---   2. Then, under ACCESS EXCLUSIVE locks on the three tables: the day's
---      kept attempts are copied likewise (few: retried deliveries only),
---      and each day partition is detached and dropped, and its
+--      with one failure in 20. The day's kept attempts are copied then
+--      too, without a lock: only the rows of queued deliveries can still
+--      change, and those are copied again in step 2.
+--   2. Then, under ACCESS EXCLUSIVE locks on the three tables: the kept
+--      attempts of deliveries queued or settled meanwhile are copied again
+--      (few: retried deliveries only), and each day partition is detached
+--      and dropped, and its
 --      kept table, when it holds rows, attached for the same range (its
 --      CHECK constraint spares a scan; PostgreSQL scans the DEFAULT
 --      partition for rows of the range, and it is small).
@@ -687,7 +690,8 @@ declare
     v_bound    text;
     v_copied   bigint;
     v_ids      bigint[];
-    v_attempt_ids bigint[];
+    v_copy_from timestamptz;
+    v_recopied bigint;
     v_counts   jsonb := '{}';
 begin
     select min(p.from_at),
@@ -744,9 +748,15 @@ begin
         changes := greatest(changes - v_copied, 0);
     end if;
 
-    -- The deliveries whose attempts in this day are kept, but for the
-    -- queue's (read under the lock below): none of these changes meanwhile
-    -- (a delivery retried now makes its attempts in today's partition).
+    -- The attempts of the deliveries kept of the day, of deliveries of
+    -- earlier days that went on into it, and of those still queued: copied
+    -- now, without a lock on attempt_log, because the attempt rows of a
+    -- settled delivery never change (complete() folds only into the rows of
+    -- a delivery it holds). The rows of a delivery queued, or settled while
+    -- this copy ran, may change meanwhile: they are copied again under the
+    -- lock below (`v_copy_from`). So a day of nothing but failures (a
+    -- consumer down all day) costs emit() no more than a quiet day.
+    v_copy_from := clock_timestamp();
     if v_attempts is not null then
         execute format('select array(select k.id from watchpump.%I k
                                      union
@@ -754,8 +764,12 @@ begin
                                      where d.created_at >= $2 and d.created_at < $1
                                      union
                                      select s.id from watchpump.settled s
-                                     where s.created_at < $2 and s.finished_at >= $2)', v_kept)
-            into v_attempt_ids using p_to, v_from;
+                                     where s.created_at < $2 and s.finished_at >= $2
+                                     union
+                                     select q.id from watchpump.queue q where q.created_at < $1)', v_kept)
+            into v_ids using p_to, v_from;
+        v_copied := watchpump.copy_kept_rows('attempt_log', v_attempts,
+            format('select * from watchpump.%I where delivery_id = any ($1)', v_attempts), v_ids, v_from, p_to);
     end if;
 
     -- 2. The swap. All three tables at once, before anything else: the
@@ -763,14 +777,23 @@ begin
     -- taking them one by one could deadlock with it. The caller's
     -- lock_timeout bounds the wait.
     lock table watchpump.settled, watchpump.changes, watchpump.attempt_log in access exclusive mode;
-    -- The attempts are copied under that lock: the pump's complete() updates
-    -- attempt_log through every partition (folding a repeated answer), so
-    -- even a SHARE lock on the day's would hold the pump up as long. They
-    -- are the smallest of the three (retried deliveries only).
     if v_attempts is not null then
-        v_ids := v_attempt_ids || array(select q.id from watchpump.queue q where q.created_at < p_to);
-        v_copied := watchpump.copy_kept_rows('attempt_log', v_attempts,
-            format('select * from watchpump.%I where delivery_id = any ($1)', v_attempts), v_ids, v_from, p_to);
+        -- The deliveries whose attempts may have changed since the copy:
+        -- queued ones, and ones settled since a little before it began
+        -- (a complete() that started before the copy may commit after).
+        v_ids := array(select q.id from watchpump.queue q where q.created_at < p_to
+                       union
+                       select s.id from watchpump.settled s
+                       where s.created_at < p_to and s.finished_at >= v_copy_from - interval '10 minutes');
+        execute format('delete from watchpump.%I where delivery_id = any ($1)', v_attempts || '_kept')
+            using v_ids;
+        get diagnostics v_recopied = row_count;
+        v_copied := v_copied - v_recopied;
+        execute format('insert into watchpump.%I select * from watchpump.%I where delivery_id = any ($1)',
+                       v_attempts || '_kept', v_attempts)
+            using v_ids;
+        get diagnostics v_recopied = row_count;
+        v_copied := v_copied + v_recopied;
         v_counts := v_counts || jsonb_build_object('attempt_log', v_copied);
     end if;
     v_bound := case when v_from = '-infinity' then 'minvalue' else quote_literal(v_from) end;
