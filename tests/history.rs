@@ -1410,6 +1410,57 @@ async fn an_attempt_recorded_after_its_lease_ran_out_gets_a_row_of_its_own() {
     );
 }
 
+/// A delivered attempt settles its delivery only while its pump still holds
+/// the lease of that attempt: a pump whose lease ran out and was taken over
+/// has its "delivered" logged as an attempt, and the delivery stays with the
+/// pump that holds it, which settles it with its own attempt.
+#[tokio::test]
+async fn a_delivered_attempt_settles_only_while_its_pump_holds_the_lease() {
+    let db = TestDb::new().await;
+    let (svc, _) = db.add_service("deploy", "http://127.0.0.1:9").await;
+    db.add_watch(svc.id, "app", "acme/web/", all()).await;
+    let (id, attempt) = claimed(&db, "acme/web/a").await;
+    assert_eq!(attempt, 1);
+    sqlx::query(
+        "update watchpump.queue set lease_until = now() - interval '1 second' where id = $1",
+    )
+    .bind(id)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let taken: Vec<i64> = sqlx::query_scalar(
+        "select delivery_id from watchpump.claim('q', '{}', '{}', '{}', 10, '1 minute')",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(taken, vec![id]);
+
+    report(&db, "p", id, 1, "delivered", 200).await;
+    assert_eq!(db.delivery_state(id).await, "in_flight", "q holds it");
+    let held: (Option<String>, i32) =
+        sqlx::query_as("select leased_by, attempts from watchpump.queue where id = $1")
+            .bind(id)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(held, (Some("q".to_string()), 2));
+    assert_eq!(attempt_rows(&db, "attempt_log", id).await, vec![(1, 1)]);
+
+    report(&db, "q", id, 2, "delivered", 201).await;
+    let settled: (String, i32, Option<i32>, Option<String>) = sqlx::query_as(
+        "select state, attempts, last_status, last_pump from watchpump.settled where id = $1",
+    )
+    .bind(id)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        settled,
+        ("delivered".to_string(), 2, Some(201), Some("q".to_string()))
+    );
+}
+
 /// Retention copies a day's kept attempts without a lock, then copies again
 /// under its lock those of deliveries still queued: an attempt folded into
 /// such a delivery's row while the copy ran, and committed before the

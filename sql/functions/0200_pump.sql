@@ -62,6 +62,10 @@ $$;
 -- or by lock). The attempt that delivered (p_pump, p_started, p_durations,
 -- p_heads) is kept on the settled row. Failed deliveries are also noted for
 -- the warning to notify. The one place a delivery is settled.
+-- With p_attempts, a delivery is settled only while p_pump still holds the
+-- lease of that attempt (complete()'s delivered ones: the delete checks
+-- the lease as it takes the row lock); the others are left as they are,
+-- and not returned.
 create or replace function watchpump.settle(
     p_ids           bigint[],
     p_states        text[],
@@ -71,7 +75,8 @@ create or replace function watchpump.settle(
     p_pump          text default null,
     p_started       timestamptz[] default null,
     p_durations     double precision[] default null,
-    p_heads         text[] default null
+    p_heads         text[] default null,
+    p_attempts      integer[] default null
 ) returns table (delivery_id bigint, service_id bigint, state text)
 language plpgsql
 set jit = off
@@ -82,14 +87,16 @@ as $$
 begin
     return query
     with outcome as materialized (
-        select u.id, u.state, u.superseded_by, u.status, u.error, u.started, u.duration, u.head
-        from unnest(p_ids, p_states, p_superseded_by, p_statuses, p_errors, p_started, p_durations, p_heads)
-             as u (id, state, superseded_by, status, error, started, duration, head)
+        select u.id, u.state, u.superseded_by, u.status, u.error, u.started, u.duration, u.head, u.attempt
+        from unnest(p_ids, p_states, p_superseded_by, p_statuses, p_errors, p_started, p_durations, p_heads,
+                    p_attempts)
+             as u (id, state, superseded_by, status, error, started, duration, head, attempt)
     ),
     moved as (
         delete from watchpump.queue q
         using outcome o
         where q.id = o.id
+          and (o.attempt is null or (q.leased_by = p_pump and q.attempts = o.attempt))
         returning q.*, o.state, o.superseded_by as by, o.status, o.error, o.started, o.duration, o.head
     ),
     written as (
@@ -474,10 +481,12 @@ $$;
 --
 -- Only rows this pump still holds (same lease holder and attempt) change:
 -- a pump whose lease ran out and was taken over records its attempt but
--- decides nothing. The reports are unnested once (with their order) and
--- the rows held are locked once, in one statement that records the
--- attempts and schedules the retries from that one held set; settling
--- follows from it.
+-- decides nothing. A delivered delivery still held is settled first, in
+-- one statement that checks the lease as it deletes (a healthy consumer's
+-- batch costs that statement only). The other reports are unnested once
+-- (with their order) and the rows held are locked once, in one statement
+-- that records the attempts and schedules the retries from that one held
+-- set; settling follows from it.
 --
 -- The attempt log: the attempt that delivered is kept on the settled row
 -- (settle()); every other attempt is appended to attempt_log, one row per
@@ -516,7 +525,40 @@ declare
     v_started    timestamptz[];
     v_durations  double precision[];
     v_heads      text[];
+    v_attempts   integer[];
+    v_done       bigint[] := '{}';
+    v_done_services bigint[];
 begin
+    -- 1. The delivered ones this pump still holds are settled at once: the
+    --    delete checks the lease as it takes the row lock (settle()'s
+    --    p_attempts). Nothing else is decided for them, and nothing read
+    --    from attempt_log, whose plan spans every partition: a batch of
+    --    deliveries that all arrived (the common case) ends here.
+    select coalesce(array_agg(r.delivery_id order by r.n), '{}'), array_agg(r.attempt order by r.n),
+           array_agg(r.status order by r.n), array_agg(r.error order by r.n),
+           array_agg(r.started_at order by r.n), array_agg(r.duration_ms order by r.n),
+           array_agg(r.response_head order by r.n)
+    into v_settle, v_attempts, v_statuses, v_errors, v_started, v_durations, v_heads
+    from unnest(p_reports) with ordinality
+         as r (delivery_id, attempt, outcome, status, error, started_at, duration_ms, response_head,
+               next_attempt_at, n)
+    where r.outcome = 'delivered';
+    if cardinality(v_settle) > 0 then
+        select coalesce(array_agg(s.delivery_id), '{}'), coalesce(array_agg(s.service_id), '{}')
+        into v_done, v_done_services
+        from watchpump.settle(v_settle, array_fill('delivered'::text, array[cardinality(v_settle)]),
+                              array_fill(null::bigint, array[cardinality(v_settle)]),
+                              v_statuses, v_errors, p_pump, v_started, v_durations, v_heads, v_attempts) s;
+        return query
+        select d.id, d.service_id, 'delivered'::text, null::timestamptz
+        from unnest(v_done, v_done_services) as d (id, service_id);
+        if cardinality(v_done) = cardinality(p_reports) then
+            return;
+        end if;
+    end if;
+
+    -- 2. The rest: failed attempts, 410s, and the attempts of deliveries
+    --    this pump no longer holds (a delivered one among them is logged).
     with reported as materialized (
         select r.delivery_id as id, r.attempt, r.outcome, r.status, r.error, r.started_at as started,
                r.duration_ms as duration, r.response_head as head, r.next_attempt_at as next, r.n,
@@ -524,6 +566,7 @@ begin
         from unnest(p_reports) with ordinality
              as r (delivery_id, attempt, outcome, status, error, started_at, duration_ms, response_head,
                    next_attempt_at, n)
+        where not (r.delivery_id = any (v_done))
     ),
     -- The held set: the reported rows this pump still holds, locked.
     held as materialized (
