@@ -295,3 +295,70 @@ async fn the_paused_watches_gauge_counts_a_paused_watch_and_every_watch_of_a_pau
     );
     collector.close().await;
 }
+
+/// A resume that commits while the operator's task is holding paused
+/// watches' deliveries leaves nothing held: the task waits for the resume
+/// (watchpump.pause_lock()), then sees the watch live. Before, it read the
+/// watch as paused, held a delivery queued during the pause that the resume
+/// had already passed over, and nothing ever released it.
+#[tokio::test]
+async fn a_resume_racing_the_operators_hold_leaves_nothing_held() {
+    let db = TestDb::new().await;
+    let (deploy, _) = db.add_service("deploy", "http://127.0.0.1:9").await;
+    let watch = db.add_watch(deploy.id, "app", "acme/", all()).await;
+    watchpump::watches::pause::set_watch(&db.pool, deploy.id, watch.id, true)
+        .await
+        .unwrap();
+    // Queued during the pause, not yet held: the task's next round would.
+    let change = db.emit("acme/a", "push", json!({})).await;
+    let id = delivery_of(&db, change).await;
+    let held = "select next_attempt_at = watchpump.held_until() from watchpump.queue where id = $1";
+    let is_held = |pool: sqlx::PgPool| async move {
+        sqlx::query_scalar::<_, bool>(held)
+            .bind(id)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+    };
+    assert!(!is_held(db.pool.clone()).await);
+
+    // The resume, not committed yet, while the task runs a round.
+    let mut resume = db.pool.begin().await.unwrap();
+    sqlx::query("select watchpump.set_watch_paused($1, $2, false)")
+        .bind(deploy.id)
+        .bind(watch.id)
+        .execute(&mut *resume)
+        .await
+        .unwrap();
+    let mut task = db.pool.acquire().await.unwrap();
+    let backend: i32 = sqlx::query_scalar("select pg_backend_pid()")
+        .fetch_one(&mut *task)
+        .await
+        .unwrap();
+    let round = tokio::spawn(async move {
+        sqlx::query_as::<_, (i32, i32)>("select superseded, held from watchpump.hold_paused(10000)")
+            .fetch_one(&mut *task)
+            .await
+            .unwrap()
+    });
+    // The round either waits for the resume (the lock) or is done.
+    loop {
+        let waiting: bool = sqlx::query_scalar(
+            "select coalesce(wait_event_type = 'Lock', false) from pg_stat_activity where pid = $1",
+        )
+        .bind(backend)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        if waiting || round.is_finished() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    resume.commit().await.unwrap();
+    assert_eq!(round.await.unwrap(), (0, 0), "the round holds nothing");
+    assert!(
+        !is_held(db.pool.clone()).await,
+        "the delivery is due, not held"
+    );
+}

@@ -153,11 +153,29 @@ language sql stable as $$
     )
 $$;
 
+-- The lock between pausing or resuming (exclusive: set_watch_paused(),
+-- set_service_paused()) and holding the paused watches' deliveries
+-- (shared: hold_paused(), run by the operator's task on any pump), until
+-- the transaction ends. Without it, a hold_paused() that read a watch as
+-- paused just before its resume committed held what that resume had not
+-- seen, and nothing released it. In the class of claim()'s locks.
+create or replace function watchpump.pause_lock(p_shared boolean) returns void
+language plpgsql as $$
+begin
+    if p_shared then
+        perform pg_advisory_xact_lock_shared(2003856752, hashtext('watchpump.pause'));
+    else
+        perform pg_advisory_xact_lock(2003856752, hashtext('watchpump.pause'));
+    end if;
+end
+$$;
+
 -- Holds the queued deliveries of paused watches and services, and lets
 -- news supersede among them: called by pause_*() at once and by the
 -- operator's periodic task (src/operator/worker.rs) after that. Bounded:
 -- at most p_max deliveries superseded and p_max held per call (the rest at
--- the next). Skips, never waits for, what another transaction holds.
+-- the next). Skips, never waits for, what another transaction holds
+-- (but for a pause or resume under way: pause_lock()).
 -- Returns (superseded, held).
 create or replace function watchpump.hold_paused(p_max integer)
 returns table (superseded integer, held integer)
@@ -170,6 +188,12 @@ declare
     v_superseded integer := 0;
     v_held       integer := 0;
 begin
+    -- Which watches are paused is read after a resume or pause under way
+    -- has committed, and none commits until this has: a resume that
+    -- committed between this statement's reading of the pauses and its
+    -- holding of the rows would find nothing to release, and leave a
+    -- delivery held for ever (watchpump.pause_lock()).
+    perform watchpump.pause_lock(true);
     -- The (watch, object)s of paused watches with more than one delivery
     -- queued, under the order rule's lock (claim() takes the same).
     with paused as (
@@ -250,6 +274,7 @@ language plpgsql as $$
 declare
     v_paused_at timestamptz;
 begin
+    perform watchpump.pause_lock(false);
     select w.paused_at into v_paused_at
     from watchpump.watches w
     where w.id = p_watch_id and w.service_id = p_service_id and w.removed_at is null
@@ -281,6 +306,7 @@ declare
     v_paused_at timestamptz;
     v_watch_ids bigint[];
 begin
+    perform watchpump.pause_lock(false);
     select s.paused_at into v_paused_at
     from watchpump.services s
     where s.id = p_service_id and s.removed_at is null
