@@ -29,6 +29,9 @@ use super::{percentile, Bench, Consumer, Outcome};
 const ADMIN_TOKEN: &str = "bench-admin-token-0123456789";
 const DAYS: i64 = 9;
 
+/// One day of history by SQL, shared with the SQL-only benchmarks.
+const FILL_DAY: &str = include_str!("../../scripts/sqlbench/fill_day.sql");
+
 pub async fn history(b: Bench) -> Outcome {
     let admin = format!("{}/postgres", b.url.rsplit_once('/').unwrap().0);
     b.pool.close().await;
@@ -279,62 +282,21 @@ async fn one_size(b: &Bench, size: i64) -> serde_json::Value {
 
 /// `size` delivered deliveries (one in 20 failed, with an attempt) and
 /// their changes, spread evenly over the DAYS days before today, one
-/// statement per day into that day's partitions.
+/// script per day into that day's partitions: the day of
+/// `scripts/sqlbench/fill_day.sql` (which makes the partitions too), its
+/// psql variables filled in here.
 async fn fill_history(b: &Bench, size: i64) {
     if size == 0 {
         return;
     }
-    sqlx::query(
-        "select watchpump.add_partition(t, d, d + interval '1 day')
-         from unnest(array['changes', 'settled', 'attempt_log']) t,
-              generate_series(1, $1) n,
-              lateral (select date_trunc('day', now() at time zone 'UTC') at time zone 'UTC'
-                              - n * interval '1 day' as d) day",
-    )
-    .bind(DAYS as i32)
-    .execute(&b.pool)
-    .await
-    .unwrap();
     let per_day = size / DAYS;
     // Oldest day first: ids grow with time, as the pump's do.
     for day in (1..=DAYS).rev() {
-        sqlx::raw_sql(&format!(
-            "set synchronous_commit = off;
-             with day as (select date_trunc('day', now() at time zone 'UTC') at time zone 'UTC'
-                                 - interval '{day} days' as d),
-             c as (
-                 insert into watchpump.changes (object, kind, sequence, payload, occurred_at, payload_bytes)
-                 select 'acme/repo/refs/heads/h' || (n % 100000), 'push', n,
-                        '{{\"after\": \"9f2c1e\", \"paths\": [\"src/main.rs\"]}}',
-                        d + n * (interval '1 day' / {per_day}), 50
-                 from day, generate_series(1, {per_day}) n
-                 returning id, object, occurred_at
-             ),
-             s as (
-                 insert into watchpump.settled (id, change_id, watch_id, service_id, object, state,
-                                                attempts, next_attempt_at, deadline, last_status,
-                                                last_error, created_at, finished_at, last_started_at,
-                                                last_duration_ms, last_pump)
-                 select nextval('watchpump.delivery_ids'), c.id, w.id, w.service_id, c.object,
-                        case when c.id % 20 = 0 then 'failed' else 'delivered' end,
-                        case when c.id % 20 = 0 then 2 else 1 end, c.occurred_at,
-                        c.occurred_at + interval '1 day',
-                        case when c.id % 20 = 0 then 503 else 200 end,
-                        case when c.id % 20 = 0 then 'deadline passed; last error: HTTP 503' end,
-                        c.occurred_at, c.occurred_at + interval '40 ms',
-                        c.occurred_at + interval '30 ms', 4.5, 'bench'
-                 from c cross join watchpump.watches w
-                 returning id, state, created_at
-             )
-             insert into watchpump.attempt_log (delivery_id, attempt, started_at, duration_ms, status,
-                                                error, pump, first_status, first_error, statuses)
-             select s.id, 1, s.created_at + interval '10 ms', 5, 503, 'HTTP 503', 'bench', 503,
-                    'HTTP 503', '{{\"503\": 1}}'
-             from s where s.state = 'failed';"
-        ))
-        .execute(&b.pool)
-        .await
-        .unwrap();
+        let sql = FILL_DAY
+            .replace(":per_day", &per_day.to_string())
+            .replace(":fail_every", "20")
+            .replace(":day", &day.to_string());
+        sqlx::raw_sql(&sql).execute(&b.pool).await.unwrap();
     }
     // One statement each: VACUUM refuses a transaction block.
     for table in ["changes", "settled", "attempt_log"] {
