@@ -1461,6 +1461,53 @@ async fn a_delivered_attempt_settles_only_while_its_pump_holds_the_lease() {
     );
 }
 
+/// One batch may report two attempts of one delivery: an earlier one that
+/// failed, recorded after its lease ran out, and the one that delivered
+/// (the same pump claimed it again). The delivered one settles it; the
+/// earlier one is still kept, as an attempt.
+#[tokio::test]
+async fn a_batch_with_a_late_failure_and_the_delivery_of_one_delivery_keeps_both() {
+    let db = TestDb::new().await;
+    let (svc, _) = db.add_service("deploy", "http://127.0.0.1:9").await;
+    db.add_watch(svc.id, "app", "acme/web/", all()).await;
+    let (id, attempt) = claimed(&db, "acme/web/a").await;
+    assert_eq!(attempt, 1);
+    sqlx::query(
+        "update watchpump.queue set lease_until = now() - interval '1 second' where id = $1",
+    )
+    .bind(id)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let again: Vec<(i64, i32)> = sqlx::query_as(
+        "select delivery_id, attempt from watchpump.claim('p', '{}', '{}', '{}', 10, '1 minute')",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(again, vec![(id, 2)]);
+
+    let states: Vec<(i64, String)> = sqlx::query_as(
+        "select delivery_id, state from watchpump.complete('p', array[
+             row($1, 1, 'retry', 503, 'HTTP 503', now(), 1.0, '', now())::watchpump.attempt_report,
+             row($1, 2, 'delivered', 200, null, now(), 1.0, '', null)::watchpump.attempt_report])",
+    )
+    .bind(id)
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(states, vec![(id, "delivered".to_string())]);
+    assert_eq!(db.delivery_state(id).await, "delivered");
+    let logged: Vec<(i32, Option<i32>)> = sqlx::query_as(
+        "select attempt, status from watchpump.attempt_log where delivery_id = $1 order by attempt",
+    )
+    .bind(id)
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(logged, vec![(1, Some(503))], "the late failure is kept");
+}
+
 /// Retention copies a day's kept attempts without a lock, then copies again
 /// under its lock those of deliveries still queued: an attempt folded into
 /// such a delivery's row while the copy ran, and committed before the

@@ -558,7 +558,8 @@ begin
     end if;
 
     -- 2. The rest: failed attempts, 410s, and the attempts of deliveries
-    --    this pump no longer holds (a delivered one among them is logged).
+    --    this pump no longer holds (a "delivered" among them is logged
+    --    like any other attempt: it decides nothing).
     with reported as materialized (
         select r.delivery_id as id, r.attempt, r.outcome, r.status, r.error, r.started_at as started,
                r.duration_ms as duration, r.response_head as head, r.next_attempt_at as next, r.n,
@@ -566,24 +567,20 @@ begin
         from unnest(p_reports) with ordinality
              as r (delivery_id, attempt, outcome, status, error, started_at, duration_ms, response_head,
                    next_attempt_at, n)
-        where not (r.delivery_id = any (v_done))
+        where not (r.outcome = 'delivered' and r.delivery_id = any (v_done))
     ),
-    -- The held set: the reported rows this pump still holds, locked.
+    -- The held set: the reported rows this pump still holds, locked. (A
+    -- delivered one still held was settled in step 1.)
     held as materialized (
         select r.*, q.watch_id, q.object
         from reported r
         join watchpump.queue q on q.id = r.id
-        where q.leased_by = p_pump and q.attempts = r.attempt
+        where q.leased_by = p_pump and q.attempts = r.attempt and r.outcome <> 'delivered'
         for update of q
-    ),
-    -- Every attempt but the one that delivered a held delivery.
-    logged as materialized (
-        select r.* from reported r
-        where r.outcome <> 'delivered' or r.id not in (select h.id from held h)
     ),
     previous as (
         select l.id as delivery_id, l.status, l.error, l.started, l.duration, l.head, l.answer, a.id
-        from logged l
+        from reported l
         cross join lateral (
             select a.id, a.attempt, a.repeats
             from watchpump.attempt_log a
@@ -615,14 +612,13 @@ begin
                                            response_head, pump, first_status, first_error, statuses)
         select l.id, l.attempt, l.started, l.duration, l.status, l.error, l.head, p_pump, l.status, l.error,
                jsonb_build_object(l.answer, 1)
-        from logged l
+        from reported l
         where l.id not in (select f.delivery_id from folded f)
         order by l.n
     ),
     decided as materialized (
         select h.*,
                case
-                   when h.outcome = 'delivered' then 'delivered'
                    when h.outcome = 'gone' then 'dropped'
                    when w.removed_at is not null then 'dropped'
                    else 'retry'
@@ -653,26 +649,18 @@ begin
            coalesce(array_agg(case when x.decision = 'dropped' and x.outcome = 'retry'
                                    then 'watch removed' else x.error end order by x.n)
                     filter (where x.decision <> 'retry'), '{}'),
-           -- The attempt that delivered goes on the settled row.
-           coalesce(array_agg(case when x.decision = 'delivered' then x.started end order by x.n)
-                    filter (where x.decision <> 'retry'), '{}'),
-           coalesce(array_agg(case when x.decision = 'delivered' then x.duration end order by x.n)
-                    filter (where x.decision <> 'retry'), '{}'),
-           coalesce(array_agg(case when x.decision = 'delivered' then x.head end order by x.n)
-                    filter (where x.decision <> 'retry'), '{}'),
            coalesce(array_agg(distinct x.watch_id) filter (where x.outcome = 'gone'), '{}'),
            (select coalesce(array_agg(r.id order by r.id), '{}') from retried r),
            (select coalesce(array_agg(r.watch_id order by r.id), '{}') from retried r),
            (select coalesce(array_agg(r.object order by r.id), '{}') from retried r)
-    into v_settle, v_states, v_statuses, v_errors, v_started, v_durations, v_heads, v_gone,
-         v_retried, v_watch_ids, v_objects
+    into v_settle, v_states, v_statuses, v_errors, v_gone, v_retried, v_watch_ids, v_objects
     from decided x;
 
     return query
     select s.delivery_id, s.service_id, s.state, null::timestamptz
     from watchpump.settle(v_settle, v_states,
                           array_fill(null::bigint, array[cardinality(v_settle)]),
-                          v_statuses, v_errors, p_pump, v_started, v_durations, v_heads) s;
+                          v_statuses, v_errors) s;
 
     if cardinality(v_retried) > 0 then
         -- Newer news waiting supersedes a retry; once its deadline has
