@@ -331,10 +331,7 @@ async fn a_resume_racing_the_operators_hold_leaves_nothing_held() {
         .await
         .unwrap();
     let mut task = db.pool.acquire().await.unwrap();
-    let backend: i32 = sqlx::query_scalar("select pg_backend_pid()")
-        .fetch_one(&mut *task)
-        .await
-        .unwrap();
+    let backend = backend_pid(&mut task).await;
     let round = tokio::spawn(async move {
         sqlx::query_as::<_, (i32, i32)>("select superseded, held from watchpump.hold_paused(10000)")
             .fetch_one(&mut *task)
@@ -342,19 +339,12 @@ async fn a_resume_racing_the_operators_hold_leaves_nothing_held() {
             .unwrap()
     });
     // The round either waits for the resume (the lock) or is done.
-    loop {
-        let waiting: bool = sqlx::query_scalar(
-            "select coalesce(wait_event_type = 'Lock', false) from pg_stat_activity where pid = $1",
-        )
-        .bind(backend)
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
-        if waiting || round.is_finished() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    eventually(LONG, "the round waits for the resume, or is done", || {
+        let done = round.is_finished();
+        let waiting = waits_for_a_lock(&db.pool, backend);
+        async move { done || waiting.await }
+    })
+    .await;
     resume.commit().await.unwrap();
     assert_eq!(round.await.unwrap(), (0, 0), "the round holds nothing");
     assert!(

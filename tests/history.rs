@@ -108,19 +108,36 @@ async fn claimed(db: &TestDb, object: &str) -> (i64, i32) {
     .unwrap()
 }
 
-/// Reports a failed attempt (HTTP 500) whose back-off says `next`.
-async fn report_500(db: &TestDb, id: i64, attempt: i32, next: &str) -> Vec<(String, Option<bool>)> {
+/// A report of pump `pump`: attempt `attempt` of delivery `id` ended with
+/// `outcome` and HTTP `status`, its back-off saying `next` (SQL). Returns
+/// where the delivery stands, and whether a pending one is due at its
+/// deadline.
+async fn report_as(
+    db: &TestDb,
+    pump: &str,
+    (id, attempt): (i64, i32),
+    (outcome, status): (&str, i32),
+    next: &str,
+) -> Vec<(String, Option<bool>)> {
     sqlx::query_as(&format!(
         "select c.state, c.next_attempt_at = q.deadline
-         from watchpump.complete('p', array[row($1, $2, 'retry', 500, 'HTTP 500', now(), 1.0, '',
+         from watchpump.complete($1, array[row($2, $3, $4, $5, 'HTTP ' || $5, now(), 1.0, '',
                                                 {next})::watchpump.attempt_report]) c
          left join watchpump.queue q on q.id = c.delivery_id"
     ))
+    .bind(pump)
     .bind(id)
     .bind(attempt)
+    .bind(outcome)
+    .bind(status)
     .fetch_all(&db.pool)
     .await
     .unwrap()
+}
+
+/// Reports a failed attempt (HTTP 500) whose back-off says `next`.
+async fn report_500(db: &TestDb, id: i64, attempt: i32, next: &str) -> Vec<(String, Option<bool>)> {
+    report_as(db, "p", (id, attempt), ("retry", 500), next).await
 }
 
 #[tokio::test]
@@ -1345,21 +1362,9 @@ async fn attempt_rows(db: &TestDb, table: &str, id: i64) -> Vec<(i32, i32)> {
     .unwrap()
 }
 
-/// A report of pump `pump`: attempt `attempt` of delivery `id` ended with
-/// `outcome` (a retry is due now).
+/// A report of pump `pump` (a retry is due now).
 async fn report(db: &TestDb, pump: &str, id: i64, attempt: i32, outcome: &str, status: i32) {
-    sqlx::query(
-        "select * from watchpump.complete($1, array[row($2, $3, $4, $5, 'HTTP ' || $5, now(), 1.0, '',
-                                                     now())::watchpump.attempt_report])",
-    )
-    .bind(pump)
-    .bind(id)
-    .bind(attempt)
-    .bind(outcome)
-    .bind(status)
-    .execute(&db.pool)
-    .await
-    .unwrap();
+    report_as(db, pump, (id, attempt), (outcome, status), "now()").await;
 }
 
 /// A pump whose lease ran out before it recorded its attempt (another pump
@@ -1554,10 +1559,7 @@ async fn an_attempt_folded_while_retention_copies_the_day_is_kept_as_committed()
     .await
     .unwrap();
     let mut retention = db.pool.acquire().await.unwrap();
-    let backend: i32 = sqlx::query_scalar("select pg_backend_pid()")
-        .fetch_one(&mut *retention)
-        .await
-        .unwrap();
+    let backend = backend_pid(&mut retention).await;
     let retire = tokio::spawn(async move {
         sqlx::query("set lock_timeout = '60s'")
             .execute(&mut *retention)
@@ -1573,24 +1575,15 @@ async fn an_attempt_folded_while_retention_copies_the_day_is_kept_as_committed()
     });
     // Retention has copied the day and waits for its lock, which the fold's
     // transaction holds (complete() writes through every attempt_log
-    // partition): the fold commits now.
-    loop {
-        let waiting: bool = sqlx::query_scalar(
-            "select coalesce(wait_event_type = 'Lock', false) from pg_stat_activity where pid = $1",
-        )
-        .bind(backend)
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
-        if waiting {
-            break;
-        }
+    // partition): the fold commits then.
+    eventually(WAIT, "retention waits for the fold's locks", || {
         assert!(
             !retire.is_finished(),
             "retention waits for the fold's locks"
         );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+        waits_for_a_lock(&db.pool, backend)
+    })
+    .await;
     fold.commit().await.unwrap();
     retire.await.unwrap().expect("the day is retired");
 

@@ -269,3 +269,22 @@ pub async fn set_state(db: &TestDb, ids: &[i64], state: &str, finished_days_ago:
     .await
     .unwrap();
 }
+
+/// The server process of a connection, to follow it in pg_stat_activity.
+pub async fn backend_pid(conn: &mut sqlx::PgConnection) -> i32 {
+    sqlx::query_scalar("select pg_backend_pid()")
+        .fetch_one(conn)
+        .await
+        .unwrap()
+}
+
+/// Whether server process `pid` is waiting for a lock.
+pub async fn waits_for_a_lock(pool: &PgPool, pid: i32) -> bool {
+    sqlx::query_scalar(
+        "select coalesce(wait_event_type = 'Lock', false) from pg_stat_activity where pid = $1",
+    )
+    .bind(pid)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
