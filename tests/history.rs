@@ -1362,6 +1362,28 @@ async fn attempt_rows(db: &TestDb, table: &str, id: i64) -> Vec<(i32, i32)> {
     .unwrap()
 }
 
+/// What pump `pump` claims now: (delivery, attempt).
+async fn claim_as(db: &TestDb, pump: &str) -> Vec<(i64, i32)> {
+    sqlx::query_as(
+        "select delivery_id, attempt from watchpump.claim($1, '{}', '{}', '{}', 10, '1 minute')",
+    )
+    .bind(pump)
+    .fetch_all(&db.pool)
+    .await
+    .unwrap()
+}
+
+/// The lease on delivery `id` runs out.
+async fn expire_lease(db: &TestDb, id: i64) {
+    sqlx::query(
+        "update watchpump.queue set lease_until = now() - interval '1 second' where id = $1",
+    )
+    .bind(id)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+}
+
 /// A report of pump `pump` (a retry is due now).
 async fn report(db: &TestDb, pump: &str, id: i64, attempt: i32, outcome: &str, status: i32) {
     report_as(db, pump, (id, attempt), (outcome, status), "now()").await;
@@ -1383,26 +1405,9 @@ async fn an_attempt_recorded_after_its_lease_ran_out_gets_a_row_of_its_own() {
 
     // Pump p makes attempt 2; its lease runs out; pump q makes attempt 3,
     // which delivers.
-    let lease = "select delivery_id from watchpump.claim($1, '{}', '{}', '{}', 10, '1 minute')";
-    let again: Vec<i64> = sqlx::query_scalar(lease)
-        .bind("p")
-        .fetch_all(&db.pool)
-        .await
-        .unwrap();
-    assert_eq!(again, vec![id]);
-    sqlx::query(
-        "update watchpump.queue set lease_until = now() - interval '1 second' where id = $1",
-    )
-    .bind(id)
-    .execute(&db.pool)
-    .await
-    .unwrap();
-    let taken: Vec<i64> = sqlx::query_scalar(lease)
-        .bind("q")
-        .fetch_all(&db.pool)
-        .await
-        .unwrap();
-    assert_eq!(taken, vec![id]);
+    assert_eq!(claim_as(&db, "p").await, vec![(id, 2)]);
+    expire_lease(&db, id).await;
+    assert_eq!(claim_as(&db, "q").await, vec![(id, 3)]);
     report(&db, "q", id, 3, "delivered", 200).await;
     assert_eq!(db.delivery_state(id).await, "delivered");
 
@@ -1426,20 +1431,8 @@ async fn a_delivered_attempt_settles_only_while_its_pump_holds_the_lease() {
     db.add_watch(svc.id, "app", "acme/web/", all()).await;
     let (id, attempt) = claimed(&db, "acme/web/a").await;
     assert_eq!(attempt, 1);
-    sqlx::query(
-        "update watchpump.queue set lease_until = now() - interval '1 second' where id = $1",
-    )
-    .bind(id)
-    .execute(&db.pool)
-    .await
-    .unwrap();
-    let taken: Vec<i64> = sqlx::query_scalar(
-        "select delivery_id from watchpump.claim('q', '{}', '{}', '{}', 10, '1 minute')",
-    )
-    .fetch_all(&db.pool)
-    .await
-    .unwrap();
-    assert_eq!(taken, vec![id]);
+    expire_lease(&db, id).await;
+    assert_eq!(claim_as(&db, "q").await, vec![(id, 2)]);
 
     report(&db, "p", id, 1, "delivered", 200).await;
     assert_eq!(db.delivery_state(id).await, "in_flight", "q holds it");
@@ -1477,20 +1470,8 @@ async fn a_batch_with_a_late_failure_and_the_delivery_of_one_delivery_keeps_both
     db.add_watch(svc.id, "app", "acme/web/", all()).await;
     let (id, attempt) = claimed(&db, "acme/web/a").await;
     assert_eq!(attempt, 1);
-    sqlx::query(
-        "update watchpump.queue set lease_until = now() - interval '1 second' where id = $1",
-    )
-    .bind(id)
-    .execute(&db.pool)
-    .await
-    .unwrap();
-    let again: Vec<(i64, i32)> = sqlx::query_as(
-        "select delivery_id, attempt from watchpump.claim('p', '{}', '{}', '{}', 10, '1 minute')",
-    )
-    .fetch_all(&db.pool)
-    .await
-    .unwrap();
-    assert_eq!(again, vec![(id, 2)]);
+    expire_lease(&db, id).await;
+    assert_eq!(claim_as(&db, "p").await, vec![(id, 2)]);
 
     let states: Vec<(i64, String)> = sqlx::query_as(
         "select delivery_id, state from watchpump.complete('p', array[
@@ -1535,13 +1516,7 @@ async fn an_attempt_folded_while_retention_copies_the_day_is_kept_as_committed()
         .execute(&db.pool)
         .await
         .unwrap();
-    let claimed: Vec<(i64, i32)> = sqlx::query_as(
-        "select delivery_id, attempt from watchpump.claim('p', '{}', '{}', '{}', 10, '1 minute')",
-    )
-    .fetch_all(&db.pool)
-    .await
-    .unwrap();
-    assert_eq!(claimed, vec![(id, 2)]);
+    assert_eq!(claim_as(&db, "p").await, vec![(id, 2)]);
     let day: String = scalar_text(
         &db,
         "select name from watchpump.partitions where parent = 'attempt_log' and to_at < now() - interval '9 days'",
