@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
 # Installs what the test suite needs beyond Rust and PostgreSQL, when missing:
 # prometheus/promtool (metrics checks), chromium and chromium-driver (the
-# panel's browser test, tests/panel.rs), and Python's standardwebhooks (the
-# signing interop test). Says clearly what it could not install.
+# panel's browser test, tests/panel.rs), Python's standardwebhooks (the
+# signing interop test), and, as root, HAProxy and nftables (the short
+# failover and partition runs of tests/chaos, which run only as root). Says
+# clearly what it could not install.
+#
+# All apt installs happen here, before the tests start: the chaos scripts
+# can install HAProxy and nftables themselves, but two of them doing it at
+# once, from tests running in parallel, contend for dpkg's lock.
 #
 # Prometheus comes from Debian's package, unpacked into target/tools rather
 # than installed: installing it would also enable a system Prometheus
@@ -36,6 +42,10 @@ fi
 need=()
 command -v chromium >/dev/null 2>&1 || [ -x /usr/lib/chromium/chromium ] || need+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
+if [ "$(id -u)" = 0 ]; then
+  command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || need+=(haproxy)
+  command -v nft >/dev/null 2>&1 || [ -x /usr/sbin/nft ] || need+=(nftables)
+fi
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" != 0 ]; then
   echo "test-deps: missing ${need[*]}; install them (apt-get install ${need[*]}) or run as root" >&2
