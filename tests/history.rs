@@ -957,11 +957,13 @@ async fn every_page_is_a_bounded_index_scan_at_300_000_deliveries() {
         assert_bounded(what, &plan, &days);
         assert!(plan.contains("Limit"), "{what}: no limit pushed:\n{plan}");
         if *what == "a time window" {
-            // Narrow: the window's rows through created_at, not a walk of
-            // the day by id.
+            // Narrow: a range of the index on (created_at, id), not a
+            // walk of the day by id. (Index-only where the day's
+            // visibility map is set, as autovacuum leaves it: the bench
+            // measures that.)
             assert!(
-                plan.contains("created_at_idx"),
-                "{what}: not read by created_at:\n{plan}"
+                plan.contains("Index Cond: ((created_at >= "),
+                "{what}: not read through the index on created_at:\n{plan}"
             );
         }
         // And it answers.

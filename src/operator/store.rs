@@ -303,12 +303,19 @@ pub fn page_query_of<'a>(
             // then the newest ids: `offset 0` keeps the planner from
             // walking the id index instead (it guesses the window's rows
             // are spread over the day, where they lie together: 270 ms).
+            // The index holds the id too (0016_window_index.sql), so the
+            // read is index-only; read newest first, the ids come mostly
+            // in falling order, and the top-N sort rejects nearly every
+            // one with a single comparison (in rising order each replaced
+            // the heap's least: an hour of 92,000 rows 20 -> 13 ms).
             q.push(format!(
                 "(select w.id, w.created_at from (select d.id, d.created_at \
                  from watchpump.{table} d where true{state_condition}"
             ));
             push_conditions(&mut q, filter, service_id);
-            q.push(format!(" offset 0) w order by w.id desc limit {limit})"));
+            q.push(format!(
+                " order by d.created_at desc offset 0) w order by w.id desc limit {limit})"
+            ));
         } else {
             q.push(format!(
                 "(select d.id, d.created_at from watchpump.{table} d where true{state_condition}"
@@ -329,8 +336,8 @@ pub fn page_query_of<'a>(
 
 /// The widest time window (`since` to `until`) whose page reads every
 /// delivery in it through the history's index on `created_at` (about
-/// 24,000 rows an hour at 5 M deliveries of history: 12-25 ms on the
-/// 2-core bench host). A wider or open window walks the id index newest
+/// 92,000 rows an hour at 20 M deliveries of history, 2.2 M a day: 13 ms
+/// on the 2-core bench host). A wider or open window walks the id index newest
 /// first and stops after the page, which reads at most the newer rows of
 /// the window's last day (a day partition): cheaper than reading a wide
 /// window whole, dearer for a narrow window deep in a busy day (40-270 ms
