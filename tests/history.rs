@@ -1233,6 +1233,26 @@ async fn old_day(db: &TestDb, days_ago: i32, changes: i32) {
     .execute(&db.pool)
     .await
     .unwrap();
+    // As settle() does when they fail: the failures written where
+    // retention keeps them too.
+    stage_failures_of_day(db, days_ago).await;
+}
+
+/// `watchpump.stage_failed()` for the failures of the day `days_ago`.
+async fn stage_failures_of_day(db: &TestDb, days_ago: i32) {
+    sqlx::query(
+        "select watchpump.stage_failed(array(
+             select s.id from watchpump.settled s
+             where s.state = 'failed'
+               and s.created_at >= date_trunc('day', now() at time zone 'UTC') at time zone 'UTC'
+                                   - $1 * interval '1 day'
+               and s.created_at < date_trunc('day', now() at time zone 'UTC') at time zone 'UTC'
+                                  - ($1 - 1) * interval '1 day'))",
+    )
+    .bind(days_ago)
+    .execute(&db.pool)
+    .await
+    .unwrap();
 }
 
 /// Retention exports what it retired, when it last finished, and how far
@@ -1571,4 +1591,218 @@ async fn an_attempt_folded_while_retention_copies_the_day_is_kept_as_committed()
     );
     let kept: i64 = scalar(&db, &format!("select count(*) from watchpump.{day}_kept")).await;
     assert_eq!(kept, 10, "the day's ten failures, each with its one row");
+}
+
+/// The suffix of the partitions of the day `days_ago` (`20261124`).
+async fn day_suffix(db: &TestDb, days_ago: i32) -> String {
+    sqlx::query_scalar(
+        "select to_char(now() at time zone 'UTC' - $1 * interval '1 day', 'YYYYMMDD')",
+    )
+    .bind(days_ago)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap()
+}
+
+/// Settles queued deliveries as `state` through `watchpump.settle()`, as
+/// the pump does.
+async fn settle_as(db: &TestDb, id: i64, state: &str, status: i32) {
+    sqlx::query(
+        "select * from watchpump.settle(array[$1::bigint], array[$2::text], array[null::bigint],
+                                        array[$3::integer], array[null::text])",
+    )
+    .bind(id)
+    .bind(state)
+    .bind(status)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+}
+
+async fn prune(db: &TestDb) {
+    sqlx::query("select * from watchpump.prune('7 days', '30 days', 500)")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+}
+
+/// A day made with its kept tables (0017_staged_failures.sql) keeps its
+/// failures where settle() wrote them as they failed: retirement attaches
+/// that very table in the day's place, without copying the failures out of
+/// the day, and adds only what it keeps besides: a failure an operator
+/// retried and that was delivered (late: within the retention), with its
+/// change and attempt. A failure retried and failed again is there once,
+/// with all its attempts.
+#[tokio::test]
+async fn a_days_failures_are_kept_in_the_table_they_were_written_to_as_they_failed() {
+    let db = TestDb::new().await;
+    let (svc, _) = db.add_service("deploy", "http://127.0.0.1:9").await;
+    db.add_watch(svc.id, "app", "acme/", all()).await;
+    old_day(&db, 10, 1000).await;
+    let suffix = day_suffix(&db, 10).await;
+    let failures = scalar(
+        &db,
+        "select count(*) from watchpump.settled where state = 'failed'",
+    )
+    .await;
+    assert!(failures >= 40, "{failures}");
+    let kept_table = format!("watchpump.settled_{suffix}_kept");
+    let staged_oid = scalar(
+        &db,
+        &format!("select '{kept_table}'::regclass::oid::bigint"),
+    )
+    .await;
+    assert_eq!(
+        scalar(&db, &format!("select count(*) from {kept_table}")).await,
+        failures,
+        "written there as they failed"
+    );
+
+    // Retried, then delivered now.
+    let late = scalar(
+        &db,
+        "select min(id) from watchpump.settled where state = 'failed'",
+    )
+    .await;
+    sqlx::query("select watchpump.retry($1)")
+        .bind(late)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    settle_as(&db, late, "delivered", 200).await;
+    // Retried, attempted again today, failed again.
+    let again = scalar(
+        &db,
+        "select max(id) from watchpump.settled where state = 'failed'",
+    )
+    .await;
+    sqlx::query("select watchpump.retry($1)")
+        .bind(again)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    sqlx::query(
+        "insert into watchpump.attempt_log (delivery_id, attempt, started_at, duration_ms, status, pump)
+         values ($1, 2, now(), 1, 503, 'p')",
+    )
+    .bind(again)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    settle_as(&db, again, "failed", 503).await;
+
+    prune(&db).await;
+    assert_eq!(
+        scalar(
+            &db,
+            &format!("select '{kept_table}'::regclass::oid::bigint")
+        )
+        .await,
+        staged_oid,
+        "the table written as they failed is the day's kept partition: nothing was copied"
+    );
+    let (failed, delivered, without_change): (i64, i64, i64) = sqlx::query_as(
+        "select count(*) filter (where s.state = 'failed'),
+                count(*) filter (where s.state = 'delivered' and s.id = $1),
+                count(*) filter (where not exists (select 1 from watchpump.changes c
+                                                   where c.id = s.change_id))
+         from watchpump.settled s where s.object like 'acme/old%'",
+    )
+    .bind(late)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        (failed, delivered, without_change),
+        (failures - 1, 1, 0),
+        "the failures and the delivery retried late, each with its change; the rest went"
+    );
+    assert_eq!(
+        scalar(&db, "select count(*) from watchpump.settled").await,
+        failures,
+        "nothing else"
+    );
+    let attempts = |id: i64| {
+        let pool = db.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i32>(
+                "select attempt from watchpump.attempt_log where delivery_id = $1 order by attempt",
+            )
+            .bind(id)
+            .fetch_all(&pool)
+            .await
+            .unwrap()
+        }
+    };
+    assert_eq!(attempts(late).await, vec![1], "the late delivery's attempt");
+    assert_eq!(attempts(again).await, vec![1, 2], "each attempt once");
+    assert_eq!(
+        scalar(&db, "select count(*) from watchpump.attempt_log").await,
+        failures + 1,
+        "an attempt per kept delivery, and the second one"
+    );
+}
+
+/// A failure that did not go through settle() (written by hand) is not in
+/// its day's kept table: retirement sees the count differ and copies what
+/// it keeps out of the day, as for a day made before the kept tables.
+#[tokio::test]
+async fn a_failure_written_by_hand_is_kept_by_copying_its_day() {
+    let db = TestDb::new().await;
+    let (svc, _) = db.add_service("deploy", "http://127.0.0.1:9").await;
+    db.add_watch(svc.id, "app", "acme/", all()).await;
+    old_day(&db, 10, 200).await;
+    let suffix = day_suffix(&db, 10).await;
+    let kept_table = format!("watchpump.settled_{suffix}_kept");
+    let staged_oid = scalar(
+        &db,
+        &format!("select '{kept_table}'::regclass::oid::bigint"),
+    )
+    .await;
+    let failures = scalar(
+        &db,
+        "select count(*) from watchpump.settled where state = 'failed'",
+    )
+    .await;
+    let by_hand = scalar(
+        &db,
+        "select min(id) from watchpump.settled where state = 'delivered'",
+    )
+    .await;
+    sqlx::query("update watchpump.settled set state = 'failed', last_status = 503 where id = $1")
+        .bind(by_hand)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+
+    prune(&db).await;
+    assert_ne!(
+        scalar(
+            &db,
+            &format!("select '{kept_table}'::regclass::oid::bigint")
+        )
+        .await,
+        staged_oid,
+        "a copy"
+    );
+    assert_eq!(
+        scalar(
+            &db,
+            "select count(*) from watchpump.settled s
+             where s.state = 'failed'
+               and exists (select 1 from watchpump.changes c where c.id = s.change_id)",
+        )
+        .await,
+        failures + 1,
+        "every failure kept, with its change, the one written by hand too"
+    );
+    assert_eq!(
+        scalar(&db, "select count(*) from watchpump.settled").await,
+        failures + 1
+    );
+    assert_eq!(
+        scalar(&db, "select count(*) from watchpump.staged_settled").await,
+        0,
+        "the kept tables of the day gave way"
+    );
 }

@@ -36,3 +36,10 @@ insert into watchpump.attempt_log (delivery_id, attempt, started_at, duration_ms
 select s.id, 1, s.created_at + interval '10 ms', 5, 503, 'HTTP 503', 'bench', 503,
        'HTTP 503', '{"503": 1}'
 from s where s.state = 'failed';
+-- As settle() does when they fail (0017_staged_failures.sql): the failures
+-- written where retention keeps them too.
+select watchpump.stage_failed(array(
+    select s.id from watchpump.settled s
+    where s.state = 'failed'
+      and s.created_at >= date_trunc('day', now() at time zone 'UTC') at time zone 'UTC' - :day * interval '1 day'
+      and s.created_at < date_trunc('day', now() at time zone 'UTC') at time zone 'UTC' - (:day - 1) * interval '1 day'));

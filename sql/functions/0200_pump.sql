@@ -121,6 +121,12 @@ begin
         select w.id, w.service_id, w.created_at from written w where w.state = 'failed'
     )
     select w.id, w.service_id, w.state from written w;
+    -- Failures are kept longer than the rest of their day: written where
+    -- retention keeps them, now (0300_operator.sql, stage_failed()).
+    if 'failed' = any (p_states) then
+        perform watchpump.stage_failed(array(select u.id from unnest(p_ids, p_states) as u (id, state)
+                                             where u.state = 'failed'));
+    end if;
 end
 $$;
 

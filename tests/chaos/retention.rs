@@ -135,7 +135,7 @@ async fn kept_partitions(pool: &PgPool) -> Option<i64> {
 }
 
 /// A day `days_ago` days ago with PER_DAY deliveries of objects
-/// retention/d<days_ago>/<n> to one watch (one statement: all or nothing),
+/// retention/d<days_ago>/<n> to one watch (one transaction: all or nothing),
 /// and the number of its failures. None if the database failed meanwhile
 /// and the day is not there (it is made again later); a day whose
 /// statement committed unseen is counted from the database.
@@ -150,7 +150,7 @@ async fn make_day(pool: &PgPool, days_ago: i32, service: i64, watch: i64) -> Opt
     .bind(days_ago)
     .execute(pool)
     .await;
-    let _ = sqlx::query(
+    let fill = sqlx::query(
         "with day as (select date_trunc('day', now() at time zone 'UTC') at time zone 'UTC'
                              - $1 * interval '1 day' as d),
          c as (
@@ -178,9 +178,28 @@ async fn make_day(pool: &PgPool, days_ago: i32, service: i64, watch: i64) -> Opt
     .bind(days_ago)
     .bind(PER_DAY)
     .bind(service)
-    .bind(watch)
-    .execute(pool)
+    .bind(watch);
+    // Every other day's failures are also written where retention keeps
+    // them, as settle() does when they fail (0017_staged_failures.sql):
+    // those days are retired by swapping that table in, the others by
+    // copying, and both meet the faults.
+    let made: Result<(), sqlx::Error> = async {
+        let mut tx = pool.begin().await?;
+        fill.execute(&mut *tx).await?;
+        if days_ago % 2 == 0 {
+            sqlx::query(
+                "select watchpump.stage_failed(array(
+                     select s.id from watchpump.settled s
+                     where s.state = 'failed' and s.object like 'retention/d' || $1 || '/%'))",
+            )
+            .bind(days_ago)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await
+    }
     .await;
+    let _ = made;
     // The failures are what a retirement keeps, so counting them is right
     // whether or not a prune() (this task's, or the pumps' operator task's)
     // retired the day meanwhile.
