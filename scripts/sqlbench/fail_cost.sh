@@ -1,0 +1,14 @@
+#!/bin/bash
+# 20,000 emits whose deadline has passed, then claim() + complete() BATCH at
+# a time, each answered 503, so each is settled failed (README.md).
+set -euo pipefail
+db=$1; batch=${2:-10}
+here=$(cd "$(dirname "$0")" && pwd)
+psql -X -q "$db" -c "select count(watchpump.emit('acme/r/b' || n, 'push', '{\"after\": \"9f2c1e\"}'))
+                     from generate_series(1, 20000) n" \
+                -c "update watchpump.queue set deadline = now() - interval '1 second'" \
+                -c "vacuum analyze watchpump.queue" >/dev/null
+/usr/lib/postgresql/15/bin/pgbench -M prepared -n -c 1 -t $((20000 / batch)) -D batch="$batch" \
+    -f "$here/fail_cost.sql" "$db" 2>&1 |
+    awk -v b="$batch" '/latency average/ { printf "%.1f µs a failed delivery (batches of %d)\n", $4 * 1000 / b, b }'
+psql -X -qAt "$db" -c "select 'failed: ' || count(*) from watchpump.settled where state = 'failed'"
