@@ -721,9 +721,11 @@ $$;
 --        retention because an operator retried them, and the changes and
 --        attempts the queue still needs. The day's rows are not read, so
 --        the cost does not grow with the day (keep_staged());
---      - other days (made before 0017_staged_failures.sql, or whose
---        failures were written by hand) are copied: about 5% of a day with
---        one failure in 20, found on every page of the day
+--      - other days are copied: those made before 0017_staged_failures.sql,
+--        or whose failures did not all go through settle() (one set by
+--        hand, or one that failed in the DEFAULT partition before its day
+--        was made and was moved into it): about 5% of a day with one
+--        failure in 20, found on every page of the day
 --        (copy_what_retention_keeps()).
 --   2. Then, under ACCESS EXCLUSIVE locks on the three tables (and their
 --      staged_* tables): the kept attempts of deliveries queued or settled

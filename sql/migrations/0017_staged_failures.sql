@@ -17,6 +17,10 @@
 --
 -- `partitions.staged`: the day had its kept table from the start. Days made
 -- before this migration have none and are retired by copying, as before.
+--
+-- The staged_* tables have the columns of settled, changes and attempt_log
+-- in the same order (rows are copied with `select *`): a migration that
+-- adds a column to one of those adds it to its staged_* table too.
 alter table watchpump.partitions add column staged boolean not null default false;
 
 create table watchpump.staged_settled
