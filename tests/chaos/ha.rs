@@ -1,9 +1,11 @@
 //! The failover fault's PostgreSQL: a primary and a streaming standby
 //! (synchronous or not) behind HAProxy, set up, failed over and rebuilt by
 //! `scripts/chaos-ha.sh`, in `target/chaos-ha`. Everything it started is
-//! stopped, and the directory removed, when it is dropped.
+//! stopped, and the directory removed, when it is dropped, unless the run
+//! failed and it was kept for a look ([`HaPair::keep_for_a_look`]).
 
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use crate::cluster::Cluster;
@@ -12,6 +14,7 @@ pub struct HaPair {
     dir: String,
     /// The cluster as seen through HAProxy's front.
     pub front: Cluster,
+    kept: AtomicBool,
 }
 
 fn script() -> Command {
@@ -54,6 +57,7 @@ impl HaPair {
         HaPair {
             dir,
             front: Cluster::at(url),
+            kept: AtomicBool::new(false),
         }
     }
 
@@ -72,10 +76,24 @@ impl HaPair {
         run(&["rebuild", &self.dir]);
         started.elapsed()
     }
+
+    /// Leaves the clusters and HAProxy running when this is dropped, so
+    /// that a failed run's database can be read where it is, and says how
+    /// to stop them.
+    pub fn keep_for_a_look(&self) {
+        self.kept.store(true, Ordering::SeqCst);
+    }
 }
 
 impl Drop for HaPair {
     fn drop(&mut self) {
+        if self.kept.load(Ordering::SeqCst) {
+            eprintln!(
+                "the HA clusters are kept running in {0}; `scripts/chaos-ha.sh stop {0}` stops them",
+                self.dir
+            );
+            return;
+        }
         let _ = script().args(["stop", &self.dir]).output();
     }
 }

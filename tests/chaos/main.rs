@@ -583,6 +583,10 @@ async fn run_async(settings: Settings) -> Summary {
         cluster.drop_database(&database).await;
     } else {
         eprintln!("the run's database is kept for a look: {url}");
+        // On the HA clusters, which would otherwise be removed with it.
+        if let Some(ha) = &ha {
+            ha.keep_for_a_look();
+        }
     }
     summary
 }
