@@ -352,3 +352,79 @@ async fn a_resume_racing_the_operators_hold_leaves_nothing_held() {
         "the delivery is due, not held"
     );
 }
+
+/// Pauses lock per service: a pause of one service goes through while
+/// another service's pause is under way (not committed), and the
+/// operator's round does not wait for that one either: it holds the
+/// paused service it can lock and leaves the busy one to its next round.
+/// Before, one lock served every service, so a consumer pausing and
+/// resuming in a loop delayed every other service's pauses and the
+/// operator's rounds.
+#[tokio::test]
+async fn a_pause_under_way_delays_no_other_service_nor_the_operators_round() {
+    let db = TestDb::new().await;
+    let (deploy, _) = db.add_service("deploy", "http://127.0.0.1:9").await;
+    let (preview, _) = db.add_service("preview", "http://127.0.0.1:9").await;
+    let deploy_watch = db.add_watch(deploy.id, "app", "acme/", all()).await;
+    let preview_watch = db.add_watch(preview.id, "app", "acme/", all()).await;
+    let change = db.emit("acme/a", "push", json!({})).await;
+    let preview_delivery: i64 =
+        sqlx::query_scalar("select id from watchpump.queue where change_id = $1 and watch_id = $2")
+            .bind(change)
+            .bind(preview_watch.id)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+
+    // deploy's pause, not committed yet.
+    let mut busy = db.pool.begin().await.unwrap();
+    sqlx::query("select watchpump.set_watch_paused($1, $2, true)")
+        .bind(deploy.id)
+        .bind(deploy_watch.id)
+        .execute(&mut *busy)
+        .await
+        .unwrap();
+
+    // preview's pause, meanwhile.
+    let other = tokio::spawn({
+        let pool = db.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, bool>("select watchpump.set_service_paused($1, true)")
+                .bind(preview.id)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    });
+    eventually(LONG, "another service's pause goes through", || {
+        let done = other.is_finished();
+        async move { done }
+    })
+    .await;
+    assert!(other.await.unwrap());
+    // A delivery queued to preview during its pause, not held yet; the
+    // round holds it, and does not wait for deploy's pause.
+    sqlx::query("update watchpump.queue set next_attempt_at = now() where id = $1")
+        .bind(preview_delivery)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let round = tokio::spawn({
+        let pool = db.pool.clone();
+        async move {
+            sqlx::query_as::<_, (i32, i32)>(
+                "select superseded, held from watchpump.hold_paused(10000)",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        }
+    });
+    eventually(LONG, "the operator's round is done", || {
+        let done = round.is_finished();
+        async move { done }
+    })
+    .await;
+    assert_eq!(round.await.unwrap(), (0, 1), "preview's delivery held");
+    busy.commit().await.unwrap();
+}

@@ -153,31 +153,63 @@ language sql stable as $$
     )
 $$;
 
--- The lock between pausing or resuming (exclusive: set_watch_paused(),
--- set_service_paused()) and holding the paused watches' deliveries
--- (shared: hold_paused(), run by the operator's task on any pump), until
--- the transaction ends. Without it, a hold_paused() that read a watch as
--- paused just before its resume committed held what that resume had not
--- seen, and nothing released it. In the class of claim()'s locks.
-create or replace function watchpump.pause_lock(p_shared boolean) returns void
+-- The lock between pausing or resuming a service's watches (exclusive:
+-- set_watch_paused(), set_service_paused()) and holding the deliveries of
+-- its paused watches (shared: hold_paused()), until the transaction ends.
+-- Without it, a hold_paused() that read a watch as paused just before its
+-- resume committed held what that resume had not seen, and nothing
+-- released it. One lock per service: a consumer pausing and resuming in a
+-- loop delays only its own pauses, never another service's. With p_wait
+-- false, a shared lock is taken only if free (returns whether it was). In
+-- the class of claim()'s locks.
+create or replace function watchpump.pause_lock(p_service_id bigint, p_shared boolean, p_wait boolean default true)
+returns boolean
 language plpgsql as $$
+declare
+    v_key integer := hashtext('watchpump.pause/' || p_service_id);
 begin
-    if p_shared then
-        perform pg_advisory_xact_lock_shared(2003856752, hashtext('watchpump.pause'));
+    if not p_shared then
+        perform pg_advisory_xact_lock(2003856752, v_key);
+    elsif p_wait then
+        perform pg_advisory_xact_lock_shared(2003856752, v_key);
     else
-        perform pg_advisory_xact_lock(2003856752, hashtext('watchpump.pause'));
+        return pg_try_advisory_xact_lock_shared(2003856752, v_key);
     end if;
+    return true;
 end
 $$;
 
 -- Holds the queued deliveries of paused watches and services, and lets
--- news supersede among them: called by pause_*() at once and by the
--- operator's periodic task (src/operator/worker.rs) after that. Bounded:
--- at most p_max deliveries superseded and p_max held per call (the rest at
--- the next). Skips, never waits for, what another transaction holds
--- (but for a pause or resume under way: pause_lock()).
--- Returns (superseded, held).
+-- news supersede among them: the operator's periodic task
+-- (src/operator/worker.rs) calls it, for every service with a paused
+-- watch whose pause lock is free. A service being paused or resumed right
+-- now is left to the next round (its pause holds its own deliveries at
+-- once: hold_paused_of()), so that no consumer can keep the task waiting.
+-- Bounded: at most p_max deliveries superseded and p_max held per call
+-- (the rest at the next). Returns (superseded, held).
 create or replace function watchpump.hold_paused(p_max integer)
+returns table (superseded integer, held integer)
+language plpgsql
+set jit = off
+as $$
+declare
+    v_services bigint[];
+begin
+    -- Which watches are paused is read by hold_paused_of() after taking
+    -- these locks: a resume under way has committed by then, and none
+    -- commits until this has (watchpump.pause_lock()).
+    select coalesce(array_agg(x.id order by x.id), '{}') into v_services
+    from (select w.service_id as id from watchpump.watches w where w.paused_at is not null
+          union
+          select s.id from watchpump.services s where s.paused_at is not null) x
+    where watchpump.pause_lock(x.id, true, false);
+    return query select * from watchpump.hold_paused_of(v_services, p_max);
+end
+$$;
+
+-- hold_paused() for the services `p_service_ids`, whose pause locks the
+-- caller holds. Skips, never waits for, what another transaction holds.
+create or replace function watchpump.hold_paused_of(p_service_ids bigint[], p_max integer)
 returns table (superseded integer, held integer)
 language plpgsql
 set jit = off
@@ -188,20 +220,15 @@ declare
     v_superseded integer := 0;
     v_held       integer := 0;
 begin
-    -- Which watches are paused is read after a resume or pause under way
-    -- has committed, and none commits until this has: a resume that
-    -- committed between this statement's reading of the pauses and its
-    -- holding of the rows would find nothing to release, and leave a
-    -- delivery held for ever (watchpump.pause_lock()).
-    perform watchpump.pause_lock(true);
     -- The (watch, object)s of paused watches with more than one delivery
     -- queued, under the order rule's lock (claim() takes the same).
     with paused as (
-        select w.id from watchpump.watches w where w.paused_at is not null
+        select w.id from watchpump.watches w
+        where w.paused_at is not null and w.service_id = any (p_service_ids)
         union
         select w.id from watchpump.services s
         join watchpump.watches w on w.service_id = s.id
-        where s.paused_at is not null
+        where s.paused_at is not null and s.id = any (p_service_ids)
     ),
     crowded as (
         select q.watch_id, q.object
@@ -221,11 +248,12 @@ begin
     end if;
 
     with paused as (
-        select w.id from watchpump.watches w where w.paused_at is not null
+        select w.id from watchpump.watches w
+        where w.paused_at is not null and w.service_id = any (p_service_ids)
         union
         select w.id from watchpump.services s
         join watchpump.watches w on w.service_id = s.id
-        where s.paused_at is not null
+        where s.paused_at is not null and s.id = any (p_service_ids)
     ),
     due as (
         select q.id
@@ -274,7 +302,7 @@ language plpgsql as $$
 declare
     v_paused_at timestamptz;
 begin
-    perform watchpump.pause_lock(false);
+    perform watchpump.pause_lock(p_service_id, false);
     select w.paused_at into v_paused_at
     from watchpump.watches w
     where w.id = p_watch_id and w.service_id = p_service_id and w.removed_at is null
@@ -288,7 +316,7 @@ begin
     end if;
     update watchpump.watches set paused_at = case when p_paused then now() end where id = p_watch_id;
     if p_paused then
-        perform watchpump.hold_paused(10000);
+        perform watchpump.hold_paused_of(array[p_service_id], 10000);
     else
         perform watchpump.release_held(array[p_watch_id]);
     end if;
@@ -306,7 +334,7 @@ declare
     v_paused_at timestamptz;
     v_watch_ids bigint[];
 begin
-    perform watchpump.pause_lock(false);
+    perform watchpump.pause_lock(p_service_id, false);
     select s.paused_at into v_paused_at
     from watchpump.services s
     where s.id = p_service_id and s.removed_at is null
@@ -320,7 +348,7 @@ begin
     end if;
     update watchpump.services set paused_at = case when p_paused then now() end where id = p_service_id;
     if p_paused then
-        perform watchpump.hold_paused(10000);
+        perform watchpump.hold_paused_of(array[p_service_id], 10000);
     else
         select coalesce(array_agg(w.id), '{}') into v_watch_ids
         from watchpump.watches w where w.service_id = p_service_id;
