@@ -864,6 +864,52 @@ begin
 end
 $$;
 
+-- The changes that the kept deliveries of the day [p_from, p_to) need:
+-- those of the kept table `p_kept`, of queued deliveries, and of the
+-- DEFAULT partition's deliveries of the day.
+create or replace function watchpump.changes_to_keep(p_kept text, p_from timestamptz, p_to timestamptz)
+returns bigint[]
+language plpgsql as $$
+declare
+    v_ids bigint[];
+begin
+    execute format('select array(select k.change_id from watchpump.%I k
+                                 union
+                                 select q.change_id from watchpump.queue q where q.created_at < $1
+                                 union
+                                 select d.change_id from watchpump.settled_kept d
+                                 where d.created_at >= $2 and d.created_at < $1)', p_kept)
+        into v_ids using p_to, p_from;
+    return v_ids;
+end
+$$;
+
+-- The deliveries whose attempts of the day [p_from, p_to) are kept: those
+-- of the kept table `p_kept` (its failures too, unless p_with_failed is
+-- false: written with them as they failed), of the DEFAULT partition's
+-- deliveries of the day, of earlier days' deliveries that went on into
+-- it, and of queued ones.
+create or replace function watchpump.attempts_to_keep(
+    p_kept text, p_from timestamptz, p_to timestamptz, p_with_failed boolean
+) returns bigint[]
+language plpgsql as $$
+declare
+    v_ids bigint[];
+begin
+    execute format('select array(select k.id from watchpump.%I k where $3 or k.state <> ''failed''
+                                 union
+                                 select d.id from watchpump.settled_kept d
+                                 where d.created_at >= $2 and d.created_at < $1
+                                 union
+                                 select s.id from watchpump.settled s
+                                 where s.created_at < $2 and s.finished_at >= $2
+                                 union
+                                 select q.id from watchpump.queue q where q.created_at < $1)', p_kept)
+        into v_ids using p_to, p_from, p_with_failed;
+    return v_ids;
+end
+$$;
+
 -- Step 1 of keep_what_retention_keeps() for a day whose kept tables hold
 -- its failures already: adds what retention keeps besides them, returns
 -- the rows each kept table holds ({"settled": n, "changes": n,
@@ -893,15 +939,8 @@ begin
 
     -- Changes a delivery still needs that the kept table lacks: those of
     -- the deliveries added above, of queued ones, of the DEFAULT partition.
-    execute format('select array(select k.change_id from watchpump.%I k
-                                 union
-                                 select q.change_id from watchpump.queue q where q.created_at < $1
-                                 union
-                                 select d.change_id from watchpump.settled_kept d
-                                 where d.created_at >= $2 and d.created_at < $1
-                                 except
-                                 select c.id from watchpump.%I c)', p_settled || '_kept', p_changes || '_kept')
-        into v_ids using p_to, p_from;
+    execute format('select array(select unnest($1) except select c.id from watchpump.%I c)', p_changes || '_kept')
+        into v_ids using watchpump.changes_to_keep(p_settled || '_kept', p_from, p_to);
     execute format('insert into watchpump.%I select * from watchpump.%I where id = any ($1) on conflict do nothing',
                    p_changes || '_kept', p_changes)
         using v_ids;
@@ -911,16 +950,7 @@ begin
     -- Attempts of every kept delivery that did not fail (theirs were not
     -- written when they failed), of earlier days' deliveries that went on
     -- into this day, and of queued ones: written afresh.
-    execute format('select array(select k.id from watchpump.%I k where k.state <> ''failed''
-                                 union
-                                 select d.id from watchpump.settled_kept d
-                                 where d.created_at >= $2 and d.created_at < $1
-                                 union
-                                 select s.id from watchpump.settled s
-                                 where s.created_at < $2 and s.finished_at >= $2
-                                 union
-                                 select q.id from watchpump.queue q where q.created_at < $1)', p_settled || '_kept')
-        into v_ids using p_to, p_from;
+    v_ids := watchpump.attempts_to_keep(p_settled || '_kept', p_from, p_to, false);
     execute format('delete from watchpump.%I where delivery_id = any ($1)', p_attempts || '_kept') using v_ids;
     execute format('insert into watchpump.%I select * from watchpump.%I where delivery_id = any ($1)',
                    p_attempts || '_kept', p_attempts)
@@ -962,27 +992,12 @@ begin
     if p_changes is not null then
         -- An array, so that the index is probed in key order (the heap in
         -- physical order): a third of the time of a join in hash order.
-        execute format('select array(select k.change_id from watchpump.%I k
-                                     union
-                                     select q.change_id from watchpump.queue q where q.created_at < $1
-                                     union
-                                     select d.change_id from watchpump.settled_kept d
-                                     where d.created_at >= $2 and d.created_at < $1)', v_kept)
-            into v_ids using p_to, p_from;
+        v_ids := watchpump.changes_to_keep(v_kept, p_from, p_to);
         v_counts := v_counts || jsonb_build_object('changes', watchpump.copy_kept_rows('changes', p_changes,
             format('select * from watchpump.%I where id = any ($1)', p_changes), v_ids, p_from, p_to));
     end if;
     if p_attempts is not null then
-        execute format('select array(select k.id from watchpump.%I k
-                                     union
-                                     select d.id from watchpump.settled_kept d
-                                     where d.created_at >= $2 and d.created_at < $1
-                                     union
-                                     select s.id from watchpump.settled s
-                                     where s.created_at < $2 and s.finished_at >= $2
-                                     union
-                                     select q.id from watchpump.queue q where q.created_at < $1)', v_kept)
-            into v_ids using p_to, p_from;
+        v_ids := watchpump.attempts_to_keep(v_kept, p_from, p_to, true);
         v_counts := v_counts || jsonb_build_object('attempt_log', watchpump.copy_kept_rows('attempt_log',
             p_attempts, format('select * from watchpump.%I where delivery_id = any ($1)', p_attempts),
             v_ids, p_from, p_to));
