@@ -298,7 +298,7 @@ async fn the_paused_watches_gauge_counts_a_paused_watch_and_every_watch_of_a_pau
 
 /// A resume that commits while the operator's task is holding paused
 /// watches' deliveries leaves nothing held: the task waits for the resume
-/// (watchpump.pause_lock()), then sees the watch live. Before, it read the
+/// (watchpump.pause_key()), then sees the watch live. Before, it read the
 /// watch as paused, held a delivery queued during the pause that the resume
 /// had already passed over, and nothing ever released it.
 #[tokio::test]
@@ -427,4 +427,62 @@ async fn a_pause_under_way_delays_no_other_service_nor_the_operators_round() {
     .await;
     assert_eq!(round.await.unwrap(), (0, 1), "preview's delivery held");
     busy.commit().await.unwrap();
+}
+
+/// However many services are paused, one operator's round takes the pause
+/// locks of at most 32 of them (PostgreSQL's lock table is shared and
+/// bounded), and the rounds after it hold the rest.
+#[tokio::test]
+async fn a_round_locks_at_most_32_paused_services_and_later_rounds_hold_the_rest() {
+    let db = TestDb::new().await;
+    for n in 0..40 {
+        let (svc, _) = db
+            .add_service(&format!("svc{n}"), "http://127.0.0.1:9")
+            .await;
+        db.add_watch(svc.id, "app", "acme/", all()).await;
+        sqlx::query("select watchpump.set_service_paused($1, true)")
+            .bind(svc.id)
+            .execute(&db.pool)
+            .await
+            .unwrap();
+    }
+    // Queued during the pauses, not yet held: one delivery per service.
+    db.emit("acme/a", "push", json!({})).await;
+    let unheld =
+        "select count(*) from watchpump.queue where next_attempt_at <> watchpump.held_until()";
+    assert_eq!(scalar(&db, unheld).await, 40);
+
+    let mut round = db.pool.begin().await.unwrap();
+    let (_, held): (i32, i32) =
+        sqlx::query_as("select superseded, held from watchpump.hold_paused(10000)")
+            .fetch_one(&mut *round)
+            .await
+            .unwrap();
+    let locks: i64 = sqlx::query_scalar(
+        "select count(*) from pg_locks where locktype = 'advisory' and pid = pg_backend_pid()",
+    )
+    .fetch_one(&mut *round)
+    .await
+    .unwrap();
+    round.commit().await.unwrap();
+    assert_eq!(
+        (held, locks),
+        (32, 32),
+        "32 services' locks, their deliveries held"
+    );
+    assert_eq!(scalar(&db, unheld).await, 8);
+    for _ in 0..50 {
+        sqlx::query("select * from watchpump.hold_paused(10000)")
+            .execute(&db.pool)
+            .await
+            .unwrap();
+        if scalar(&db, unheld).await == 0 {
+            break;
+        }
+    }
+    assert_eq!(scalar(&db, unheld).await, 0, "later rounds hold the rest");
+}
+
+async fn scalar(db: &TestDb, sql: &str) -> i64 {
+    sqlx::query_scalar(sql).fetch_one(&db.pool).await.unwrap()
 }

@@ -153,38 +153,39 @@ language sql stable as $$
     )
 $$;
 
--- The lock between pausing or resuming a service's watches (exclusive:
--- set_watch_paused(), set_service_paused()) and holding the deliveries of
--- its paused watches (shared: hold_paused()), until the transaction ends.
--- Without it, a hold_paused() that read a watch as paused just before its
--- resume committed held what that resume had not seen, and nothing
--- released it. One lock per service: a consumer pausing and resuming in a
--- loop delays only its own pauses, never another service's. With p_wait
--- false, a shared lock is taken only if free (returns whether it was). In
--- the class of claim()'s locks.
-create or replace function watchpump.pause_lock(p_service_id bigint, p_shared boolean, p_wait boolean default true)
-returns boolean
-language plpgsql as $$
-declare
-    v_key integer := hashtext('watchpump.pause/' || p_service_id);
-begin
-    if not p_shared then
-        perform pg_advisory_xact_lock(2003856752, v_key);
-    elsif p_wait then
-        perform pg_advisory_xact_lock_shared(2003856752, v_key);
-    else
-        return pg_try_advisory_xact_lock_shared(2003856752, v_key);
-    end if;
-    return true;
-end
+-- The advisory lock of a service's pauses, in the class of claim()'s
+-- locks: pausing or resuming (set_watch_paused(), set_service_paused())
+-- takes it exclusively, holding the paused watches' deliveries
+-- (hold_paused()) shared, until the transaction ends. Without it, a
+-- hold_paused() that read a watch as paused just before its resume
+-- committed held what that resume had not seen, and nothing released it.
+-- One lock per service: a consumer pausing and resuming in a loop delays
+-- only its own pauses, never another service's.
+create or replace function watchpump.pause_key(p_service_id bigint) returns integer
+language sql immutable as $$
+    select hashtext('watchpump.pause/' || p_service_id)
+$$;
+
+-- The paused watches of the services `p_service_ids`: paused themselves, or
+-- with their whole service.
+create or replace function watchpump.paused_watches(p_service_ids bigint[]) returns setof bigint
+language sql stable as $$
+    select w.id from watchpump.watches w
+    where w.paused_at is not null and w.service_id = any (p_service_ids)
+    union
+    select w.id from watchpump.services s
+    join watchpump.watches w on w.service_id = s.id
+    where s.paused_at is not null and s.id = any (p_service_ids)
 $$;
 
 -- Holds the queued deliveries of paused watches and services, and lets
 -- news supersede among them: the operator's periodic task
--- (src/operator/worker.rs) calls it, for every service with a paused
--- watch whose pause lock is free. A service being paused or resumed right
--- now is left to the next round (its pause holds its own deliveries at
--- once: hold_paused_of()), so that no consumer can keep the task waiting.
+-- (src/operator/worker.rs) calls it. It takes the pause locks of at most
+-- HOLD_SERVICES = 32 services with a paused watch, chosen at random, and
+-- only those free: a service being paused or resumed right now is left to
+-- a later round (its pause holds its own deliveries at once:
+-- hold_paused_of()), so that no consumer can keep the task waiting, and
+-- however many services are paused, a round holds at most 32 locks.
 -- Bounded: at most p_max deliveries superseded and p_max held per call
 -- (the rest at the next). Returns (superseded, held).
 create or replace function watchpump.hold_paused(p_max integer)
@@ -197,12 +198,15 @@ declare
 begin
     -- Which watches are paused is read by hold_paused_of() after taking
     -- these locks: a resume under way has committed by then, and none
-    -- commits until this has (watchpump.pause_lock()).
-    select coalesce(array_agg(x.id order by x.id), '{}') into v_services
-    from (select w.service_id as id from watchpump.watches w where w.paused_at is not null
-          union
-          select s.id from watchpump.services s where s.paused_at is not null) x
-    where watchpump.pause_lock(x.id, true, false);
+    -- commits until this has.
+    select coalesce(array_agg(x.id), '{}') into v_services
+    from (select p.id
+          from (select w.service_id as id from watchpump.watches w where w.paused_at is not null
+                union
+                select s.id from watchpump.services s where s.paused_at is not null) p
+          order by random()
+          limit 32) x
+    where pg_try_advisory_xact_lock_shared(2003856752, watchpump.pause_key(x.id));
     return query select * from watchpump.hold_paused_of(v_services, p_max);
 end
 $$;
@@ -222,17 +226,9 @@ declare
 begin
     -- The (watch, object)s of paused watches with more than one delivery
     -- queued, under the order rule's lock (claim() takes the same).
-    with paused as (
-        select w.id from watchpump.watches w
-        where w.paused_at is not null and w.service_id = any (p_service_ids)
-        union
-        select w.id from watchpump.services s
-        join watchpump.watches w on w.service_id = s.id
-        where s.paused_at is not null and s.id = any (p_service_ids)
-    ),
-    crowded as (
+    with crowded as (
         select q.watch_id, q.object
-        from paused p
+        from watchpump.paused_watches(p_service_ids) as p (id)
         join watchpump.queue q on q.watch_id = p.id
         group by q.watch_id, q.object
         having count(*) > 1
@@ -247,17 +243,9 @@ begin
         from watchpump.supersede_older(v_watch_ids, v_objects, p_max);
     end if;
 
-    with paused as (
-        select w.id from watchpump.watches w
-        where w.paused_at is not null and w.service_id = any (p_service_ids)
-        union
-        select w.id from watchpump.services s
-        join watchpump.watches w on w.service_id = s.id
-        where s.paused_at is not null and s.id = any (p_service_ids)
-    ),
-    due as (
+    with due as (
         select q.id
-        from paused p
+        from watchpump.paused_watches(p_service_ids) as p (id)
         join watchpump.queue q on q.watch_id = p.id
         where q.next_attempt_at <> watchpump.held_until()
           and not coalesce(q.lease_until > now(), false)
@@ -302,7 +290,7 @@ language plpgsql as $$
 declare
     v_paused_at timestamptz;
 begin
-    perform watchpump.pause_lock(p_service_id, false);
+    perform pg_advisory_xact_lock(2003856752, watchpump.pause_key(p_service_id));
     select w.paused_at into v_paused_at
     from watchpump.watches w
     where w.id = p_watch_id and w.service_id = p_service_id and w.removed_at is null
@@ -334,7 +322,7 @@ declare
     v_paused_at timestamptz;
     v_watch_ids bigint[];
 begin
-    perform watchpump.pause_lock(p_service_id, false);
+    perform pg_advisory_xact_lock(2003856752, watchpump.pause_key(p_service_id));
     select s.paused_at into v_paused_at
     from watchpump.services s
     where s.id = p_service_id and s.removed_at is null
