@@ -42,6 +42,7 @@ const FILES: &[SqlFile] = &[
     sql_file!("migrations", "0016_window_index", false),
     sql_file!("migrations", "0017_staged_failures", false),
     sql_file!("migrations", "0018_service_pause_lock", false),
+    sql_file!("migrations", "0019_make_partition_table", false),
     sql_file!("functions", "0050_registry", true),
     sql_file!("functions", "0100_emit", true),
     sql_file!("functions", "0150_kinds", true),

@@ -530,45 +530,62 @@ $$;
 -- partitioned by UTC day; retention drops whole days. These run inside
 -- prune(), in one pump at a time.
 
--- Adds the partition of `p_parent` for [p_from, p_to): a table made like
--- the parent with the indexes of its template, filled with the rows of the
--- range that went to the DEFAULT partition meanwhile (none, unless
--- maintenance fell behind), then attached. ATTACH locks the parent only
--- against DDL (SHARE UPDATE EXCLUSIVE), and the CHECK constraint spares it
--- a scan of the new table; it scans the DEFAULT partition, which is small.
+-- Makes `p_name`, a table like `p_parent` with the indexes of its
+-- template, for [p_from, p_to): filled first by the statement `p_fill`
+-- (if any; `%I` in it names the table, `$1` is `p_ids`), then indexed
+-- (each index built once), then proven in range by a CHECK constraint
+-- `<p_name>_range`, which spares a scan when it is attached as a
+-- partition. Returns the rows filled.
+create or replace function watchpump.make_partition_table(
+    p_parent text, p_name text, p_from timestamptz, p_to timestamptz,
+    p_fill text default null, p_ids bigint[] default null
+) returns bigint
+language plpgsql as $$
+declare
+    t       watchpump.partition_templates;
+    v_index text;
+    v_rows  bigint := 0;
+begin
+    select * into strict t from watchpump.partition_templates where parent = p_parent;
+    execute format('create table watchpump.%I (like watchpump.%I including defaults including constraints) with (%s)',
+                   p_name, p_parent, t.storage);
+    if p_fill is not null then
+        execute format(p_fill, p_name) using p_ids;
+        get diagnostics v_rows = row_count;
+    end if;
+    foreach v_index in array t.indexes loop
+        execute format(v_index, p_name);
+    end loop;
+    execute format('alter table watchpump.%I add constraint %I check (%I is not null and %I >= %L and %I < %L)',
+                   p_name, p_name || '_range', t.key, t.key, p_from, t.key, p_to);
+    return v_rows;
+end
+$$;
+
+-- Adds the partition of `p_parent` for [p_from, p_to), filled with the
+-- rows of the range that went to the DEFAULT partition meanwhile (none,
+-- unless maintenance fell behind), then attached. ATTACH locks the parent
+-- only against DDL (SHARE UPDATE EXCLUSIVE), and the CHECK constraint
+-- spares it a scan of the new table; it scans the DEFAULT partition, which
+-- is small. And the day's kept table, where settle() writes the day's
+-- failures as they fail (stage_failed()), and that retirement puts in the
+-- day's place: attached to `staged_<p_parent>` until then.
 create or replace function watchpump.add_partition(p_parent text, p_from timestamptz, p_to timestamptz)
 returns text
 language plpgsql as $$
 declare
-    t       watchpump.partition_templates;
-    v_name  text := p_parent || '_' || to_char(p_from at time zone 'UTC', 'YYYYMMDD');
-    v_index text;
+    v_name text := p_parent || '_' || to_char(p_from at time zone 'UTC', 'YYYYMMDD');
+    v_key  text;
 begin
-    select * into strict t from watchpump.partition_templates where parent = p_parent;
-    execute format('create table watchpump.%I (like watchpump.%I including defaults including constraints) with (%s)',
-                   v_name, p_parent, t.storage);
-    execute format('with moved as (delete from watchpump.%I where %I >= %L and %I < %L returning *)
-                    insert into watchpump.%I select * from moved',
-                   p_parent || '_kept', t.key, p_from, t.key, p_to, v_name);
-    foreach v_index in array t.indexes loop
-        execute format(v_index, v_name);
-    end loop;
-    execute format('alter table watchpump.%I add constraint %I check (%I is not null and %I >= %L and %I < %L)',
-                   v_name, v_name || '_range', t.key, t.key, p_from, t.key, p_to);
+    select t.key into strict v_key from watchpump.partition_templates t where t.parent = p_parent;
+    perform watchpump.make_partition_table(p_parent, v_name, p_from, p_to,
+        format('with moved as (delete from watchpump.%I where %I >= %L and %I < %L returning *)
+                insert into watchpump.%%I select * from moved',
+               p_parent || '_kept', v_key, p_from, v_key, p_to));
     execute format('alter table watchpump.%I attach partition watchpump.%I for values from (%L) to (%L)',
                    p_parent, v_name, p_from, p_to);
     execute format('alter table watchpump.%I drop constraint %I', v_name, v_name || '_range');
-    -- Its kept table, where settle() writes the day's failures as they
-    -- fail (stage_failed()), and that retirement puts in the day's place:
-    -- indexed already, and with the CHECK constraint that spares a scan
-    -- when it is attached to `p_parent` then.
-    execute format('create table watchpump.%I (like watchpump.%I including defaults including constraints) with (%s)',
-                   v_name || '_kept', p_parent, t.storage);
-    foreach v_index in array t.indexes loop
-        execute format(v_index, v_name || '_kept');
-    end loop;
-    execute format('alter table watchpump.%I add constraint %I check (%I is not null and %I >= %L and %I < %L)',
-                   v_name || '_kept', v_name || '_kept_range', t.key, t.key, p_from, t.key, p_to);
+    perform watchpump.make_partition_table(p_parent, v_name || '_kept', p_from, p_to);
     execute format('alter table watchpump.%I attach partition watchpump.%I for values from (%L) to (%L)',
                    'staged_' || p_parent, v_name || '_kept', p_from, p_to);
     insert into watchpump.partitions (name, parent, from_at, to_at, staged)
@@ -678,35 +695,6 @@ begin
 end
 $$;
 
--- Copies into a new table `<p_partition>_kept`, shaped and indexed like
--- the partitions of `p_parent`, the rows that the query `p_rows` selects
--- (given `p_ids` as $1), and proves its range with a CHECK constraint so
--- that attaching it later need not scan it. Bulk work: the rows first,
--- then each index built once. Returns the rows copied.
-create or replace function watchpump.copy_kept_rows(
-    p_parent text, p_partition text, p_rows text, p_ids bigint[], p_from timestamptz, p_to timestamptz
-) returns bigint
-language plpgsql as $$
-declare
-    t       watchpump.partition_templates;
-    v_name  text := p_partition || '_kept';
-    v_index text;
-    v_rows  bigint;
-begin
-    select * into strict t from watchpump.partition_templates where parent = p_parent;
-    execute format('create table watchpump.%I (like watchpump.%I including defaults including constraints) with (%s)',
-                   v_name, p_parent, t.storage);
-    execute format('insert into watchpump.%I %s', v_name, p_rows) using p_ids;
-    get diagnostics v_rows = row_count;
-    foreach v_index in array t.indexes loop
-        execute format(v_index, v_name);
-    end loop;
-    execute format('alter table watchpump.%I add constraint %I check (%I is not null and %I >= %L and %I < %L)',
-                   v_name, v_name || '_range', t.key, t.key, p_from, t.key, p_to);
-    return v_rows;
-end
-$$;
-
 -- Retires a day (or the v2 tables) whose every delivery is past retention
 -- without holding up emit() or the pump while rows are copied:
 --   1. Under SHARE locks on the day's settled and changes partitions only
@@ -788,11 +776,7 @@ begin
                        v_settled, v_settled || '_kept')
             into v_staged using now() - p_failed_retention;
     end if;
-    v_copy_from := clock_timestamp();
-    if v_staged then
-        v_counts := watchpump.keep_staged(v_settled, v_changes, v_attempts, v_from, p_to,
-                                          p_retention, p_failed_retention);
-    else
+    if not v_staged then
         -- The kept tables made with the day, if any, give way to copies.
         for v_part in
             select p.name, p.parent from watchpump.partitions p
@@ -802,7 +786,12 @@ begin
                            'staged_' || v_part.parent, v_part.name || '_kept');
             execute format('drop table watchpump.%I', v_part.name || '_kept');
         end loop;
-        v_copy_from := clock_timestamp();
+    end if;
+    v_copy_from := clock_timestamp();
+    if v_staged then
+        v_counts := watchpump.keep_staged(v_settled, v_changes, v_attempts, v_from, p_to,
+                                          p_retention, p_failed_retention);
+    else
         v_counts := watchpump.copy_what_retention_keeps(v_settled, v_changes, v_attempts, v_from, p_to,
                                                         p_retention, p_failed_retention);
     end if;
@@ -962,7 +951,7 @@ $$;
 
 -- Step 1 of keep_what_retention_keeps() for a day without kept tables
 -- made with it: copies what retention keeps of it into new `<day>_kept`
--- tables (copy_kept_rows()), returns the rows each holds (as
+-- tables (make_partition_table()), returns the rows each holds (as
 -- keep_staged()). The day's kept attempts are copied too, without a lock
 -- on attempt_log, because the attempt rows of a settled delivery never
 -- change (complete() folds only into the rows of a delivery it holds);
@@ -980,11 +969,12 @@ declare
 begin
     if p_settled is not null then
         -- Through the partial failed index and the BRIN on finished_at.
-        v_counts := v_counts || jsonb_build_object('settled', watchpump.copy_kept_rows('settled', p_settled, format(
+        v_counts := v_counts || jsonb_build_object('settled', watchpump.make_partition_table(
+            'settled', p_settled || '_kept', p_from, p_to, 'insert into watchpump.%I ' || format(
             'select * from watchpump.%1$I where state = ''failed'' and finished_at >= %2$L
              union all
              select * from watchpump.%1$I where finished_at >= %3$L and state <> ''failed''',
-            p_settled, now() - p_failed_retention, now() - p_retention), null, p_from, p_to));
+            p_settled, now() - p_failed_retention, now() - p_retention)));
     end if;
     -- Changes (and, below, attempts) that a delivery still needs: one kept
     -- of the day, a queued one, one in the DEFAULT partition of the same
@@ -993,14 +983,18 @@ begin
         -- An array, so that the index is probed in key order (the heap in
         -- physical order): a third of the time of a join in hash order.
         v_ids := watchpump.changes_to_keep(v_kept, p_from, p_to);
-        v_counts := v_counts || jsonb_build_object('changes', watchpump.copy_kept_rows('changes', p_changes,
-            format('select * from watchpump.%I where id = any ($1)', p_changes), v_ids, p_from, p_to));
+        v_counts := v_counts || jsonb_build_object('changes', watchpump.make_partition_table(
+            'changes', p_changes || '_kept', p_from, p_to,
+            'insert into watchpump.%I ' || format('select * from watchpump.%I where id = any ($1)', p_changes),
+            v_ids));
     end if;
     if p_attempts is not null then
         v_ids := watchpump.attempts_to_keep(v_kept, p_from, p_to, true);
-        v_counts := v_counts || jsonb_build_object('attempt_log', watchpump.copy_kept_rows('attempt_log',
-            p_attempts, format('select * from watchpump.%I where delivery_id = any ($1)', p_attempts),
-            v_ids, p_from, p_to));
+        v_counts := v_counts || jsonb_build_object('attempt_log', watchpump.make_partition_table(
+            'attempt_log', p_attempts || '_kept', p_from, p_to,
+            'insert into watchpump.%I ' || format('select * from watchpump.%I where delivery_id = any ($1)',
+                                                  p_attempts),
+            v_ids));
     end if;
     return v_counts;
 end
