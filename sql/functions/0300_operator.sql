@@ -611,20 +611,31 @@ $$;
 create or replace function watchpump.stage_failed(p_ids bigint[]) returns void
 language plpgsql as $$
 begin
-    insert into watchpump.staged_settled
-    select s.* from watchpump.settled s
-    where s.id = any (p_ids) and s.state = 'failed' and watchpump.is_staged('settled', s.created_at)
-    on conflict do nothing;
-    insert into watchpump.staged_changes
-    select c.* from watchpump.changes c
-    where c.id = any (array(select s.change_id from watchpump.settled s
-                            where s.id = any (p_ids) and s.state = 'failed'))
-      and watchpump.is_staged('changes', c.occurred_at)
-    on conflict do nothing;
-    delete from watchpump.staged_attempt_log a where a.delivery_id = any (p_ids);
+    -- One statement, the failed rows looked up once. The delete and the
+    -- insert of attempts do not meet: the delete sees only the rows there
+    -- before the statement.
+    with failed as materialized (
+        select s.* from watchpump.settled s where s.id = any (p_ids) and s.state = 'failed'
+    ),
+    rows as (
+        insert into watchpump.staged_settled
+        select f.* from failed f where watchpump.is_staged('settled', f.created_at)
+        on conflict do nothing
+    ),
+    changes as (
+        insert into watchpump.staged_changes
+        select c.* from watchpump.changes c
+        where c.id = any (array(select f.change_id from failed f))
+          and watchpump.is_staged('changes', c.occurred_at)
+        on conflict do nothing
+    ),
+    unstaged as (
+        delete from watchpump.staged_attempt_log a where a.delivery_id in (select f.id from failed f)
+    )
     insert into watchpump.staged_attempt_log
     select a.* from watchpump.attempt_log a
-    where a.delivery_id = any (p_ids) and watchpump.is_staged('attempt_log', a.started_at);
+    where a.delivery_id = any (array(select f.id from failed f))
+      and watchpump.is_staged('attempt_log', a.started_at);
 end
 $$;
 
