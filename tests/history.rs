@@ -1147,10 +1147,7 @@ async fn retiring_a_day_while_producers_emit_and_a_pump_delivers_loses_nothing()
     });
     let mut retired = false;
     for _ in 0..200 {
-        sqlx::query("select * from watchpump.prune('7 days', '30 days', 500)")
-            .execute(&db.pool)
-            .await
-            .unwrap();
+        prune(&db).await;
         retired = scalar(&db, "select count(*) from watchpump.partitions where kept").await > 0;
         if retired {
             break;
@@ -1604,21 +1601,6 @@ async fn day_suffix(db: &TestDb, days_ago: i32) -> String {
     .unwrap()
 }
 
-/// Settles queued deliveries as `state` through `watchpump.settle()`, as
-/// the pump does.
-async fn settle_as(db: &TestDb, id: i64, state: &str, status: i32) {
-    sqlx::query(
-        "select * from watchpump.settle(array[$1::bigint], array[$2::text], array[null::bigint],
-                                        array[$3::integer], array[null::text])",
-    )
-    .bind(id)
-    .bind(state)
-    .bind(status)
-    .execute(&db.pool)
-    .await
-    .unwrap();
-}
-
 async fn prune(db: &TestDb) {
     sqlx::query("select * from watchpump.prune('7 days', '30 days', 500)")
         .execute(&db.pool)
@@ -1669,7 +1651,7 @@ async fn a_days_failures_are_kept_in_the_table_they_were_written_to_as_they_fail
         .execute(&db.pool)
         .await
         .unwrap();
-    settle_as(&db, late, "delivered", 200).await;
+    set_state(&db, &[late], "delivered", None).await;
     // Retried, attempted again today, failed again.
     let again = scalar(
         &db,
@@ -1689,7 +1671,7 @@ async fn a_days_failures_are_kept_in_the_table_they_were_written_to_as_they_fail
     .execute(&db.pool)
     .await
     .unwrap();
-    settle_as(&db, again, "failed", 503).await;
+    set_state(&db, &[again], "failed", None).await;
 
     prune(&db).await;
     assert_eq!(
@@ -1722,20 +1704,16 @@ async fn a_days_failures_are_kept_in_the_table_they_were_written_to_as_they_fail
         failures,
         "nothing else"
     );
-    let attempts = |id: i64| {
-        let pool = db.pool.clone();
-        async move {
-            sqlx::query_scalar::<_, i32>(
-                "select attempt from watchpump.attempt_log where delivery_id = $1 order by attempt",
-            )
-            .bind(id)
-            .fetch_all(&pool)
-            .await
-            .unwrap()
-        }
-    };
-    assert_eq!(attempts(late).await, vec![1], "the late delivery's attempt");
-    assert_eq!(attempts(again).await, vec![1, 2], "each attempt once");
+    assert_eq!(
+        attempt_rows(&db, "attempt_log", late).await,
+        vec![(1, 1)],
+        "the late delivery's attempt"
+    );
+    assert_eq!(
+        attempt_rows(&db, "attempt_log", again).await,
+        vec![(1, 1), (2, 1)],
+        "each attempt once"
+    );
     assert_eq!(
         scalar(&db, "select count(*) from watchpump.attempt_log").await,
         failures + 1,
