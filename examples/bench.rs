@@ -34,6 +34,8 @@ mod filters;
 mod hanging;
 #[path = "scenarios/history.rs"]
 mod history;
+#[path = "scenarios/legs.rs"]
+mod legs;
 #[path = "scenarios/resync.rs"]
 mod resync;
 #[path = "scenarios/scale.rs"]
@@ -56,6 +58,7 @@ async fn main() {
     std::fs::create_dir_all(concat!(env!("CARGO_MANIFEST_DIR"), "/target/bench")).unwrap();
     let scenarios: Vec<(&str, Scenario)> = vec![
         ("trickle", |b| Box::pin(trickle(b))),
+        ("trickle-legs", |b| Box::pin(legs::legs(b))),
         ("bulk-1", |b| Box::pin(bulk_one(b))),
         ("bulk", |b| Box::pin(bulk(b))),
         ("fanout", |b| Box::pin(fanout(b))),
