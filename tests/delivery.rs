@@ -235,3 +235,71 @@ async fn concurrent_emitters_on_one_object_get_increasing_sequences_in_commit_or
         );
     }
 }
+
+/// At a trickle (one change at a time, the pump asleep between them) a
+/// delivery costs the database three claims: the one that takes it, the
+/// one that follows the pump's sleeper row (it sees what committed while
+/// the pump registered), and the one after its write-back (which ends its
+/// lease, and may free newer news of its object). Not a fourth right after
+/// the first, nor one when its send finishes with its consumer's window
+/// not full: those found nothing. Counted by PostgreSQL
+/// (`track_functions`), over 20 changes.
+#[tokio::test]
+async fn a_delivery_at_a_trickle_costs_three_claims() {
+    let db = TestDb::new().await;
+    sqlx::query(&format!(
+        "alter database {} set track_functions = 'pl'",
+        db.name
+    ))
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let consumer = Receiver::start().await;
+    let (service, _) = db.add_service("deploy", &consumer.base_url()).await;
+    db.add_watch(service.id, "app", "acme/", all()).await;
+    let mut cfg = pump_config();
+    // No sweep, and so no claim after one, while the changes go.
+    cfg.sweep_interval_ms = 600_000;
+    let pump = RunningPump::start(&db.pool, cfg);
+    const CHANGES: usize = 20;
+    for n in 0..CHANGES {
+        // One at a time: each waits for the last to be written back.
+        db.emit(&format!("acme/repo/refs/heads/b{n}"), "push", json!({}))
+            .await;
+        consumer.wait_for(n + 1, WAIT).await;
+        while db.count_state("delivered").await < n as i64 + 1 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    pump.stop().await.unwrap();
+    // A backend reports its counts as its connection closes.
+    let mut claims = 0i64;
+    for _ in 0..100 {
+        claims = sqlx::query_scalar(
+            "select coalesce(sum(calls), 0)::int8 from pg_stat_user_functions
+             where schemaname = 'watchpump' and funcname = 'claim'",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        let open: i64 = sqlx::query_scalar(
+            "select count(*) from pg_stat_activity
+             where datname = current_database() and application_name = 'watchpump-pump'",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        if open == 0 && claims > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The start-up's claim and the one after the sleeper row (and one
+    // for the listener's first connection), then three a delivery at most;
+    // a fourth a delivery made 80 and more (90 before).
+    assert!(
+        claims >= CHANGES as i64 && claims <= 3 * CHANGES as i64 + 6,
+        "{claims} claims for {CHANGES} deliveries"
+    );
+}

@@ -31,8 +31,9 @@ const CLAIM_ERROR_PAUSE: Duration = Duration::from_millis(250);
 /// After finding work the pump lingers: for `linger` it polls every
 /// `poll_interval` instead of asking emitters to NOTIFY, so that a busy pump
 /// costs producers nothing at commit. Idle for longer, it registers asleep
-/// and waits for a NOTIFY, its sweep, a retry or probe time, or a finished
-/// send.
+/// and waits for a NOTIFY, its sweep, a retry or probe time, a write-back
+/// (which ends leases), or a finished send that frees a slot a claim was
+/// short of.
 pub(super) async fn claim_loop(
     shared: &Arc<Shared>,
     done: mpsc::UnboundedSender<Answered>,
@@ -75,12 +76,20 @@ pub(super) async fn claim_loop(
                 asleep = false;
                 // Poll only when busy: at a trickle, NOTIFY is cheap for
                 // producers and wakes the pump sooner than a poll would.
-                if rate.add(claimed.len(), Instant::now()) >= shared.cfg.linger_above_per_sec as f64
-                {
+                let busy = rate.add(claimed.len(), Instant::now())
+                    >= shared.cfg.linger_above_per_sec as f64;
+                if busy {
                     last_work = Some(Instant::now());
                 }
                 dispatch(shared, claimed, fence, &done);
-                continue;
+                // Busy, claim again at once. At a trickle, go to sleep now:
+                // the claim that follows the sleeper row (below) is the one
+                // more claim, and it sees what committed since this one. An
+                // empty claim before it would cost the database a claim()
+                // per delivery for nothing.
+                if busy {
+                    continue;
+                }
             }
             Ok(_) => {}
             Err(e) => {
@@ -184,9 +193,11 @@ pub(super) async fn claim(shared: &Shared) -> Result<(Vec<Claimed>, Fence)> {
         Ok(limits) => limits,
         Err(cap) => {
             metrics::counter!(m::CLAIMS_HELD, "cap" => cap).increment(1);
+            shared.claims_held.store(true, Ordering::Relaxed);
             return Ok((Vec::new(), fence));
         }
     };
+    shared.claims_held.store(false, Ordering::Relaxed);
     // Rate-limited services (issue 20) get at most their tokens.
     let taken = super::rate::take(&shared.pool, &shared.rates, &mut slots).await?;
     let claimed = store::claim(
@@ -294,13 +305,24 @@ pub(super) fn dispatch(
             // the write-back instead, so that the gone watch's other
             // deliveries are dropped before one of them is sent.
             let gone = finished.result == AttemptResult::Gone;
+            // The slot it frees is worth a claim now only if a claim was
+            // short of slots: its service's, or the pump's (the caps).
+            // Otherwise the write-back's wake-up (the completer's) comes
+            // soon enough, and is the one that can find more: it ends the
+            // lease that kept the (watch, object)'s newer news waiting.
+            let was_full = shared
+                .health
+                .lock()
+                .unwrap()
+                .is_full(finished.claimed.service_id)
+                || shared.claims_held.load(Ordering::Relaxed);
             let came_back = !gone && answered(&shared, &finished);
             let _ = done.send(Answered {
                 finished,
                 came_back,
                 slot_held: gone,
             });
-            if !gone {
+            if !gone && was_full {
                 shared.signals.wake.notify_one();
             }
         });

@@ -198,6 +198,14 @@ impl Health {
         }
     }
 
+    /// Whether `service_id` has as many requests in flight as its window
+    /// allows (or is down, one probe at a time): a claim gets none of it.
+    pub fn is_full(&self, service_id: i64) -> bool {
+        self.services
+            .get(&service_id)
+            .is_some_and(|s| s.down.is_some() || s.in_flight >= s.window.min(self.cap))
+    }
+
     pub fn in_flight(&self, service_id: i64) -> u32 {
         self.services.get(&service_id).map_or(0, |s| s.in_flight)
     }
@@ -305,6 +313,23 @@ mod tests {
         assert_eq!(h.slots(now).default_free, 2);
         h.finished(1, Answer::Answered, now);
         assert_eq!(slot_of(&h.slots(now), 1), (1, false));
+    }
+
+    #[test]
+    fn a_service_is_full_when_its_window_is_in_flight_or_it_is_down() {
+        let now = Instant::now();
+        let mut h = Health::new(2, 1, 1, policy());
+        assert!(!h.is_full(1), "unknown: nothing in flight");
+        h.claimed(1, "a", now);
+        assert!(h.is_full(1), "the first window is one request");
+        h.finished(1, Answer::Answered, now);
+        assert!(!h.is_full(1));
+        h.claimed(1, "a", now);
+        assert!(!h.is_full(1), "an answer widened the window to two");
+        h.claimed(1, "a", now);
+        assert!(h.is_full(1), "two in flight, the cap");
+        h.finished(1, Answer::Failed, now);
+        assert!(h.is_full(1), "down after one failure: probes only");
     }
 
     #[test]

@@ -24,7 +24,7 @@ pub mod wakeup;
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -61,6 +61,10 @@ struct Shared {
     /// ([`crate::delivery::Payload::metered`]); capped by
     /// `WATCHPUMP_MAX_IN_FLIGHT_BYTES`.
     in_flight_bytes: Arc<AtomicU64>,
+    /// Whether the last claim was held back by a global cap
+    /// (`WATCHPUMP_MAX_IN_FLIGHT`, `WATCHPUMP_MAX_IN_FLIGHT_BYTES`): then
+    /// every finished send wakes the claim loop, as each frees room.
+    claims_held: AtomicBool,
     /// Whether any service has a rate (issue 20, [`rate::Limited`]).
     rates: rate::Limited,
 }
@@ -88,6 +92,7 @@ impl Pump {
             retries: Mutex::new(Wakeups::default()),
             destinations: Mutex::new(HashMap::new()),
             in_flight_bytes: Arc::new(AtomicU64::new(0)),
+            claims_held: AtomicBool::new(false),
             rates: rate::Limited::default(),
             cfg,
         };
