@@ -59,7 +59,7 @@ type Spans = Arc<Mutex<Vec<SpanTimes>>>;
 
 pub async fn legs(b: Bench) -> Outcome {
     let spans: Spans = Arc::default();
-    let endpoint = collector(spans.clone()).await;
+    let endpoint = collector(spans.clone());
     let consumer = Consumer::start(1).await;
     let services = b.services(&consumer).await;
     b.watch(services[0], "acme/").await;
@@ -224,25 +224,13 @@ fn attempts(spans: &Spans) -> usize {
 }
 
 /// An OTLP/HTTP collector on loopback, on a thread of its own (as in
-/// `traces`), that keeps each span's name, trace id and start.
-async fn collector(spans: Spans) -> String {
-    let app = Router::new()
-        .route("/v1/traces", post(receive))
-        .with_state(spans);
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.set_nonblocking(true).unwrap();
-    let addr = listener.local_addr().unwrap();
-    std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        runtime.block_on(async move {
-            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-            axum::serve(listener, app).await.unwrap()
-        });
-    });
-    format!("http://{addr}")
+/// `traces`), that keeps each span's name, trace id, start and end.
+fn collector(spans: Spans) -> String {
+    super::traces::serve_apart(
+        Router::new()
+            .route("/v1/traces", post(receive))
+            .with_state(spans),
+    )
 }
 
 async fn receive(State(spans): State<Spans>, body: Bytes) -> axum::http::StatusCode {

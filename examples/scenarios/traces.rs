@@ -326,9 +326,16 @@ fn pump_process(b: &Bench, bin: &str, env: &[(&str, &str)]) -> super::PumpProces
 /// own: decoding a batch of 512 spans must not hold up the consumer's
 /// answers, which run on this process's runtime.
 async fn collector(spans: Arc<AtomicUsize>) -> String {
-    let app = Router::new()
-        .route("/v1/traces", post(receive))
-        .with_state(spans);
+    serve_apart(
+        Router::new()
+            .route("/v1/traces", post(receive))
+            .with_state(spans),
+    )
+}
+
+/// Serves `app` on a loopback port, on a thread and runtime of its own
+/// (see [`collector`]); returns its URL.
+pub(super) fn serve_apart(app: Router) -> String {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     listener.set_nonblocking(true).unwrap();
     let addr = listener.local_addr().unwrap();

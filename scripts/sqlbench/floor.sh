@@ -1,11 +1,4 @@
 #!/bin/bash
 # 20,000 emits, then floor.sql BATCH at a time: the least the storage costs
 # a delivery, beside claim_complete.sh's figure (README.md).
-set -euo pipefail
-db=$1; batch=${2:-10}
-here=$(cd "$(dirname "$0")" && pwd)
-psql -X -q "$db" -c "select count(watchpump.emit('acme/r/b' || n, 'push', '{\"after\": \"9f2c1e\"}'))
-                     from generate_series(1, 20000) n" -c "vacuum analyze watchpump.queue" >/dev/null
-/usr/lib/postgresql/15/bin/pgbench -M prepared -n -c 1 -t $((20000 / batch)) -D batch="$batch" \
-    -f "$here/floor.sql" "$db" 2>&1 |
-    awk -v b="$batch" '/latency average/ { printf "%.1f µs a delivery (batches of %d)\n", $4 * 1000 / b, b }'
+exec "$(dirname "$0")/claim_complete.sh" "$1" "${2:-10}" floor.sql
