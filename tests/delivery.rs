@@ -264,14 +264,14 @@ async fn a_delivery_at_a_trickle_costs_three_claims() {
     const CHANGES: usize = 20;
     for n in 0..CHANGES {
         // One at a time: each waits for the last to be written back.
-        db.emit(&format!("acme/repo/refs/heads/b{n}"), "push", json!({}))
+        let change = db
+            .emit(&format!("acme/repo/refs/heads/b{n}"), "push", json!({}))
             .await;
-        consumer.wait_for(n + 1, WAIT).await;
-        while db.count_state("delivered").await < n as i64 + 1 {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        db.wait_state(delivery_of(&db, change).await, "delivered", WAIT)
+            .await;
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    assert_eq!(consumer.count(), CHANGES);
     pump.stop().await.unwrap();
     // A backend reports its counts as its connection closes.
     let mut claims = 0i64;
