@@ -79,21 +79,12 @@ pub async fn legs(b: Bench) -> Outcome {
         tick.tick().await;
         let trace_id = rand::random::<u128>() | 1;
         let mut tx = b.pool.begin().await.unwrap();
-        let id: i64 = sqlx::query_scalar(
-            "with c as materialized (select set_config('watchpump.traceparent', $3, true))
-             select watchpump.emit($1, 'push', $2) from c",
+        let id = super::traces::emit_under(
+            &mut tx,
+            &format!("acme/repo/refs/heads/b{}", n % 500),
+            &super::traces::traceparent_of(trace_id, true),
         )
-        .bind(format!("acme/repo/refs/heads/b{}", n % 500))
-        .bind(sqlx::types::Json(
-            json!({"after": "9f2c1e", "paths": ["src/main.rs"]}),
-        ))
-        .bind(format!(
-            "00-{trace_id:032x}-{:016x}-01",
-            rand::random::<u64>() | 1
-        ))
-        .fetch_one(&mut *tx)
-        .await
-        .unwrap();
+        .await;
         tx.commit().await.unwrap();
         committed.insert(id, (trace_id, SystemTime::now()));
     }
@@ -116,32 +107,31 @@ pub async fn legs(b: Bench) -> Outcome {
     }
 
     let legs = split(&spans, &committed, &consumer);
-    let p = |v: &[f64], q: f64| percentile(v, q);
+    let p50_p99 = |v: &[f64]| (percentile(v, 0.5), percentile(v, 0.99));
+    let (total_p50, total_p99) = p50_p99(&legs.total);
+    let parts = [
+        ("wake", &legs.wake),
+        ("claim", &legs.claim),
+        ("dispatch", &legs.dispatch),
+        ("send", &legs.send),
+    ];
+    let mut json = json!({
+        "rate_per_s": RATE, "seconds": SECONDS, "changes": total, "split": legs.total.len(),
+        "total_ms": {"p50": total_p50, "p99": total_p99},
+        "claim_exec_us_per_call": claim_us, "claim_calls": claim_calls,
+    });
+    let mut said = Vec::new();
+    for (name, v) in parts {
+        let (p50, p99) = p50_p99(v);
+        said.push(format!("{name} p50 {p50:.2} (p99 {p99:.2})"));
+        json[format!("{name}_ms")] = json!({"p50": p50, "p99": p99});
+    }
     let line = format!(
-        "{RATE}/s for {SECONDS}s, traces on: commit->consumer p50 {:.2} ms (p99 {:.2}) = wake p50 {:.2} (p99 {:.2}) + claim p50 {:.2} (p99 {:.2}) + dispatch p50 {:.2} (p99 {:.2}) + send p50 {:.2} (p99 {:.2}) ms; claim() executes {:.0} µs a call in PostgreSQL ({claim_calls} calls for {total} deliveries); {} of {total} split{}",
-        p(&legs.total, 0.5),
-        p(&legs.total, 0.99),
-        p(&legs.wake, 0.5),
-        p(&legs.wake, 0.99),
-        p(&legs.claim, 0.5),
-        p(&legs.claim, 0.99),
-        p(&legs.dispatch, 0.5),
-        p(&legs.dispatch, 0.99),
-        p(&legs.send, 0.5),
-        p(&legs.send, 0.99),
-        claim_us,
+        "{RATE}/s for {SECONDS}s, traces on: commit->consumer p50 {total_p50:.2} ms (p99 {total_p99:.2}) = {} ms; claim() executes {claim_us:.0} µs a call in PostgreSQL ({claim_calls} calls for {total} deliveries); {} of {total} split{}",
+        said.join(" + "),
         legs.total.len(),
         if all { "" } else { ", INCOMPLETE" },
     );
-    let json = json!({
-        "rate_per_s": RATE, "seconds": SECONDS, "changes": total, "split": legs.total.len(),
-        "total_ms": {"p50": p(&legs.total, 0.5), "p99": p(&legs.total, 0.99)},
-        "wake_ms": {"p50": p(&legs.wake, 0.5), "p99": p(&legs.wake, 0.99)},
-        "claim_ms": {"p50": p(&legs.claim, 0.5), "p99": p(&legs.claim, 0.99)},
-        "dispatch_ms": {"p50": p(&legs.dispatch, 0.5), "p99": p(&legs.dispatch, 0.99)},
-        "send_ms": {"p50": p(&legs.send, 0.5), "p99": p(&legs.send, 0.99)},
-        "claim_exec_us_per_call": claim_us, "claim_calls": claim_calls,
-    });
     Outcome { line, json }
 }
 

@@ -208,32 +208,49 @@ fn pump_env(mode: &Mode, endpoint: &str) -> Vec<(&'static str, String)> {
 
 /// A producer request's trace context, sampled with probability `ratio`.
 fn traceparent(ratio: f64) -> String {
-    let sampled = rand::random::<f64>() < ratio;
+    traceparent_of(rand::random::<u128>() | 1, rand::random::<f64>() < ratio)
+}
+
+/// The trace context of a producer request in trace `trace_id`.
+pub(super) fn traceparent_of(trace_id: u128, sampled: bool) -> String {
     format!(
-        "00-{:032x}-{:016x}-{}",
-        rand::random::<u128>() | 1,
+        "00-{trace_id:032x}-{:016x}-{}",
         rand::random::<u64>() | 1,
         if sampled { "01" } else { "00" }
     )
 }
 
+const PAYLOAD: &str = r#"{"after": "9f2c1e", "paths": ["src/main.rs"]}"#;
+
 async fn emit(conn: &mut sqlx::PgConnection, object: &str, mode: &Mode) -> i64 {
-    let payload = json!({"after": "9f2c1e", "paths": ["src/main.rs"]});
     match mode.sampled {
-        None => watchpump::emit(conn, object, "push", &payload)
-            .await
-            .unwrap(),
-        Some(ratio) => sqlx::query_scalar(
-            "with c as materialized (select set_config('watchpump.traceparent', $3, true))
-                 select watchpump.emit($1, 'push', $2) from c",
-        )
-        .bind(object)
-        .bind(sqlx::types::Json(&payload))
-        .bind(traceparent(ratio))
-        .fetch_one(conn)
-        .await
-        .unwrap(),
+        None => {
+            let payload: serde_json::Value = serde_json::from_str(PAYLOAD).unwrap();
+            watchpump::emit(conn, object, "push", &payload)
+                .await
+                .unwrap()
+        }
+        Some(ratio) => emit_under(conn, object, &traceparent(ratio)).await,
     }
+}
+
+/// A change emitted as a producer's request with `traceparent` emits it
+/// (its transaction's `watchpump.traceparent`).
+pub(super) async fn emit_under(
+    conn: &mut sqlx::PgConnection,
+    object: &str,
+    traceparent: &str,
+) -> i64 {
+    sqlx::query_scalar(
+        "with c as materialized (select set_config('watchpump.traceparent', $3, true))
+             select watchpump.emit($1, 'push', $2::jsonb) from c",
+    )
+    .bind(object)
+    .bind(PAYLOAD)
+    .bind(traceparent)
+    .fetch_one(conn)
+    .await
+    .unwrap()
 }
 
 /// Deliveries per second from the pump's start to the last arrival, and the
