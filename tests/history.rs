@@ -828,6 +828,19 @@ fn assert_pruned(what: &str, plan: &str, days: usize) {
     }
 }
 
+/// How many rows the scans of the history's partitions that ran once (the
+/// page's ids, not its lookups by key) returned, in an EXPLAIN ANALYZE
+/// plan.
+fn history_rows_read(plan: &str) -> u64 {
+    plan.lines()
+        .filter(|l| l.contains(" on settled_") && l.contains("loops=1)"))
+        .filter_map(|l| {
+            let (_, after) = l.split_once("actual rows=")?;
+            after.split_whitespace().next()?.parse::<u64>().ok()
+        })
+        .sum()
+}
+
 /// The plan of `sql` as run, for [`assert_pruned`].
 async fn analyzed(db: &TestDb, sql: &str) -> String {
     let lines: Vec<String> = sqlx::query_scalar(&format!(
@@ -932,6 +945,16 @@ async fn every_page_is_a_bounded_index_scan_at_300_000_deliveries() {
             None,
         ),
         (
+            "a time window's next page",
+            DeliveryFilter {
+                since: Some(hour_ago - chrono::Duration::hours(1)),
+                until: Some(hour_ago),
+                before: Some(one - 5_000),
+                ..Default::default()
+            },
+            None,
+        ),
+        (
             "a wide time window",
             DeliveryFilter {
                 since: Some(hour_ago - chrono::Duration::hours(30)),
@@ -956,11 +979,11 @@ async fn every_page_is_a_bounded_index_scan_at_300_000_deliveries() {
         let plan = lines.join("\n");
         assert_bounded(what, &plan, &days);
         assert!(plan.contains("Limit"), "{what}: no limit pushed:\n{plan}");
-        if *what == "a time window" {
-            // Narrow: a range of the index on (created_at, id), not a
-            // walk of the day by id. (Index-only where the day's
-            // visibility map is set, as autovacuum leaves it: the bench
-            // measures that.)
+        if what.contains("time window") {
+            // A range of the index on (created_at, id), walked backwards
+            // from `until`, not a walk of the day by id nor a read of the
+            // whole window. (Index-only where the day's visibility map is
+            // set, as autovacuum leaves it: the bench measures that.)
             assert!(
                 plan.contains("Index Cond: ((created_at >= "),
                 "{what}: not read through the index on created_at:\n{plan}"
@@ -978,7 +1001,19 @@ async fn every_page_is_a_bounded_index_scan_at_300_000_deliveries() {
             *service,
         );
         let lines: Vec<String> = q.build_query_scalar().fetch_all(&db.pool).await.unwrap();
-        assert_pruned(what, &lines.join("\n"), 2);
+        let analyzed = lines.join("\n");
+        assert_pruned(what, &analyzed, 2);
+        // The page's ids are read from the history's indexes, stopping
+        // after the page: an hour holds 4,500 deliveries here, a wide
+        // window 40,000.
+        let read = history_rows_read(&analyzed);
+        let limit = filter.limit.unwrap_or(50) as u64;
+        if what.contains("time window") || *what == "newest" || *what == "a next page" {
+            assert!(
+                read <= 2 * limit,
+                "{what}: {read} rows read for a page of {limit}:\n{analyzed}"
+            );
+        }
     }
     let newest_failures = watchpump::operator::store::newest_failures_query(50);
     assert_pruned("newest failures", &analyzed(&db, &newest_failures).await, 2);
@@ -1309,9 +1344,10 @@ async fn retention_exports_what_it_retired_and_how_old_the_history_is() {
     assert!((4.0 * 86_400.0..5.0 * 86_400.0).contains(&age), "{age} s");
 }
 
-/// A narrow time window's pages (read through created_at, then the newest
-/// ids) are the newest deliveries created in the window, page after page,
-/// even where ids and creation times disagree (a replay, a v2 row).
+/// A time window's pages are its deliveries newest created first (then by
+/// id), page after page, even where ids and creation times disagree (a
+/// replay, a v2 row, overlapping transactions), and a page's cursor is its
+/// last delivery wherever it lies.
 #[tokio::test]
 async fn a_time_windows_pages_are_its_newest_deliveries_page_after_page() {
     use watchpump::operator::store::{page_query, DeliveryFilter};
@@ -1331,9 +1367,32 @@ async fn a_time_windows_pages_are_its_newest_deliveries_page_after_page() {
     let day = chrono::Utc::now().date_naive() - chrono::Duration::days(1);
     let since = day.and_hms_opt(10, 0, 0).unwrap().and_utc();
     let until = day.and_hms_opt(11, 30, 0).unwrap().and_utc();
+    // A run of deliveries created at one time, as one emit() transaction
+    // makes them, which pages must split by id; and two still queued,
+    // created in the window, one of them among that run.
+    let tie = day.and_hms_opt(10, 45, 0).unwrap().and_utc();
+    sqlx::query("update watchpump.settled set created_at = $1 where id % 7 = 0")
+        .bind(tie)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    for (object, at) in [
+        ("acme/q1", tie),
+        ("acme/q2", since + chrono::Duration::minutes(5)),
+    ] {
+        let change = db.emit(object, "push", json!({})).await;
+        sqlx::query("update watchpump.queue set created_at = $1 where change_id = $2")
+            .bind(at)
+            .bind(change)
+            .execute(&db.pool)
+            .await
+            .unwrap();
+    }
     let expected: Vec<i64> = sqlx::query_scalar(
-        "select id from watchpump.settled where created_at >= $1 and created_at < $2
-         order by id desc",
+        "select id from (select id, created_at from watchpump.settled
+                         union all select id, created_at from watchpump.queue) d
+         where created_at >= $1 and created_at < $2
+         order by created_at desc, id desc",
     )
     .bind(since)
     .bind(until)
@@ -1368,6 +1427,36 @@ async fn a_time_windows_pages_are_its_newest_deliveries_page_after_page() {
         read.extend(page);
     }
     assert_eq!(read, expected);
+
+    // A cursor still in the queue: the page after it is what follows it.
+    let page_after = |before: i64| {
+        let filter = DeliveryFilter {
+            since: Some(since),
+            until: Some(until),
+            before: Some(before),
+            limit: Some(40),
+            ..Default::default()
+        };
+        let pool = db.pool.clone();
+        async move {
+            let mut q = page_query("", &filter, None);
+            q.build()
+                .fetch_all(&pool)
+                .await
+                .unwrap()
+                .iter()
+                .map(|r| r.get::<i64, _>("delivery_id"))
+                .collect::<Vec<i64>>()
+        }
+    };
+    let queued = scalar(&db, "select min(id) from watchpump.queue").await;
+    let at = expected.iter().position(|id| *id == queued).unwrap();
+    let follows: Vec<i64> = expected[at + 1..].iter().take(40).copied().collect();
+    assert!(!follows.is_empty());
+    assert_eq!(page_after(queued).await, follows);
+    // A cursor that no longer exists (retention removed it) ends the list.
+    let gone = scalar(&db, "select max(id) + 1000 from watchpump.settled").await;
+    assert_eq!(page_after(gone).await, Vec::<i64>::new());
 }
 
 /// The rows of (delivery id, attempt, repeats) in `table`, in order.

@@ -192,8 +192,8 @@ async fn one_size(b: &Bench, size: i64) -> serde_json::Value {
         .is_ok_and(|r| r.status().is_success())
     })
     .await;
-    // An hour in the middle of yesterday: the window reads every delivery
-    // of it (src/operator/store.rs, NARROW_WINDOW), a ninth of a day's.
+    // An hour in the middle of yesterday: a page in creation order, read
+    // backwards from its end (src/operator/store.rs, PageOrder).
     let yesterday = chrono::Utc::now().date_naive() - chrono::Duration::days(1);
     let window = format!(
         "since={}T12:00:00Z&until={}T13:00:00Z",

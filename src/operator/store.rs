@@ -125,7 +125,9 @@ pub struct Warning {
 }
 
 /// Which deliveries to list: every filter is optional; `before` is the
-/// keyset cursor (the last id of the previous page), newest first.
+/// keyset cursor (the last id of the previous page), newest first in the
+/// page's order ([`PageOrder`]: by id, or by creation time when `until` is
+/// given).
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DeliveryFilter {
@@ -238,13 +240,14 @@ pub async fn deliveries(pool: &PgPool, filter: &DeliveryFilter) -> Result<Vec<De
 /// The statement behind [`deliveries`], after `prefix` (tests put
 /// `explain` there to check its plan). Keyset-paginated in two steps, so
 /// that its plan cannot depend on statistics that flip: first the page's
-/// ids, newest first, from the queue and from the history separately, each
-/// an index scan that stops after `limit` rows (the history's per-day
-/// partitions each walk an index backwards: its primary key, `(service_id,
-/// id)`, `(object, id)`, or the partial index of failed rows; a time window
-/// leaves only its days); then each of the `limit` rows of `delivery_log`,
-/// one lookup by key per id. (`order by ... limit` over the view's union
-/// and joins was planned either way: 6 ms or 2 s at 1 M rows.)
+/// ids in page order ([`PageOrder`]), from the queue and from the history
+/// separately, each an index scan that stops after `limit` rows (the
+/// history's per-day partitions each walk an index backwards: its primary
+/// key, `(service_id, id)`, `(object, id)`, `(created_at, id)`, or the
+/// partial index of failed rows; a time filter leaves only its days); then
+/// each of the `limit` rows of `delivery_log`, one lookup by key per id.
+/// (`order by ... limit` over the view's union and joins was planned either
+/// way: 6 ms or 2 s at 1 M rows.)
 ///
 /// The lookup is a lateral subquery with `limit 1`, which the planner
 /// cannot flatten into a join: it stays a nested loop of key lookups, never
@@ -273,6 +276,7 @@ pub fn page_query_of<'a>(
     // Callers validate their own bound (MAX_PAGE here, the consumer API's
     // 1,000); this only keeps any caller's page finite.
     let limit = filter.limit.unwrap_or(50).clamp(1, PAGE_CEILING);
+    let order = PageOrder::of(filter);
     let state = filter
         .state
         .as_ref()
@@ -286,9 +290,23 @@ pub fn page_query_of<'a>(
         Some(State::InFlight) => (Some(" and d.lease_until > now()"), None),
         Some(other) => (None, Some(format!(" and d.state = '{other}'"))),
     };
-    let mut q: QueryBuilder<Postgres> = QueryBuilder::new(format!(
-        "{prefix}with page as (select u.id, u.created_at from ("
-    ));
+    let mut q: QueryBuilder<Postgres> = QueryBuilder::new(prefix);
+    q.push("with ");
+    if let (PageOrder::CreatedAt, Some(before)) = (order, filter.before) {
+        // Where the previous page ended: its last delivery's creation time,
+        // in the queue or the history (one probe of each day's index on
+        // id). A cursor that retention has since removed finds none, and
+        // the listing ends there.
+        q.push(
+            "cursor as (select coalesce(\
+             (select c.created_at from watchpump.queue c where c.id = ",
+        )
+        .push_bind(before)
+        .push("), (select c.created_at from watchpump.settled c where c.id = ")
+        .push_bind(before)
+        .push(")) as created_at), ");
+    }
+    q.push("page as (select u.id, u.created_at from (");
     let mut first = true;
     for (table, state_condition) in [("queue", queued.map(str::to_string)), ("settled", settled)] {
         let Some(state_condition) = state_condition else {
@@ -298,58 +316,77 @@ pub fn page_query_of<'a>(
             q.push(" union all ");
         }
         first = false;
-        if narrow_window(filter) {
-            // Every row of the window through the index on created_at,
-            // then the newest ids: `offset 0` keeps the planner from
-            // walking the id index instead (it guesses the window's rows
-            // are spread over the day, where they lie together: 270 ms).
-            // The index holds the id too (0016_window_index.sql), so the
-            // read is index-only; read newest first, the ids come mostly
-            // in falling order, and the top-N sort rejects nearly every
-            // one with a single comparison (in rising order each replaced
-            // the heap's least: an hour of 92,000 rows 20 -> 13 ms).
-            q.push(format!(
-                "(select w.id, w.created_at from (select d.id, d.created_at \
-                 from watchpump.{table} d where true{state_condition}"
-            ));
-            push_conditions(&mut q, filter, service_id);
-            q.push(format!(
-                " order by d.created_at desc offset 0) w order by w.id desc limit {limit})"
-            ));
-        } else {
-            q.push(format!(
-                "(select d.id, d.created_at from watchpump.{table} d where true{state_condition}"
-            ));
-            push_conditions(&mut q, filter, service_id);
-            q.push(format!(" order by d.id desc limit {limit})"));
+        q.push(format!(
+            "(select d.id, d.created_at from watchpump.{table} d where true{state_condition}"
+        ));
+        push_conditions(&mut q, filter, service_id);
+        match (order, filter.before) {
+            (PageOrder::Id, Some(before)) => {
+                q.push(" and d.id < ").push_bind(before);
+            }
+            (PageOrder::CreatedAt, Some(before)) => {
+                q.push(" and (d.created_at, d.id) < ((select created_at from cursor), ")
+                    .push_bind(before)
+                    .push(")");
+            }
+            (_, None) => {}
         }
+        q.push(format!(" order by {} limit {limit})", order.keys("d")));
     }
     q.push(format!(
-        ") u order by u.id desc limit {limit}) \
+        ") u order by {} limit {limit}) \
          select l.* from page p cross join lateral (\
          select {columns} from watchpump.delivery_log l \
          where l.delivery_id = p.id and l.created_at = p.created_at limit 1) l \
-         order by p.id desc"
+         order by {}",
+        order.keys("u"),
+        order.keys("p")
     ));
     q
 }
 
-/// The widest time window (`since` to `until`) whose page reads every
-/// delivery in it through the history's index on `created_at` (about
-/// 92,000 rows an hour at 20 M deliveries of history, 2.2 M a day: 13 ms
-/// on the 2-core bench host). A wider or open window walks the id index newest
-/// first and stops after the page, which reads at most the newer rows of
-/// the window's last day (a day partition): cheaper than reading a wide
-/// window whole, dearer for a narrow window deep in a busy day (40-270 ms
-/// for an hour at 5 M). Either way the cost is bounded by a day of
-/// deliveries, not by the history. tests/history.rs checks both plans.
-pub const NARROW_WINDOW: chrono::Duration = chrono::Duration::hours(2);
-
-fn narrow_window(filter: &DeliveryFilter) -> bool {
-    matches!((filter.since, filter.until), (Some(since), Some(until)) if until - since <= NARROW_WINDOW)
+/// The order of a page of deliveries, newest first, and so what its
+/// cursor (`before`, the last delivery of the previous page) means.
+///
+/// A page that ends at a time (`until`) is in creation order: the history's
+/// index on `(created_at, id)` reads it backwards from `until` and stops
+/// after the page, at any history. By id, such a page had to read every
+/// delivery of the window to find its newest ids (ids and creation times
+/// disagree where transactions overlap: an id is drawn at insert, a
+/// creation time is its transaction's start): an hour of a day of 2.2 M
+/// deliveries is 92,000 rows, 13-26 ms, and a wider window deep in a day up
+/// to a day's rows. Every other page is by id, which its indexes walk
+/// newest first and stop after the page (a `since` alone keeps the newest
+/// rows, so its walk stops too).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PageOrder {
+    /// `id desc`; the next page is `id < before`.
+    Id,
+    /// `created_at desc, id desc`; the next page is what comes after the
+    /// delivery `before` in that order.
+    CreatedAt,
 }
 
-/// The filter's conditions on a table of deliveries aliased `d`.
+impl PageOrder {
+    pub fn of(filter: &DeliveryFilter) -> Self {
+        if filter.until.is_some() {
+            Self::CreatedAt
+        } else {
+            Self::Id
+        }
+    }
+
+    /// The `order by` keys on the table aliased `alias`.
+    fn keys(self, alias: &str) -> String {
+        match self {
+            Self::Id => format!("{alias}.id desc"),
+            Self::CreatedAt => format!("{alias}.created_at desc, {alias}.id desc"),
+        }
+    }
+}
+
+/// The filter's conditions on a table of deliveries aliased `d`, but its
+/// cursor ([`PageOrder`] says what `before` means).
 fn push_conditions<'a>(
     q: &mut QueryBuilder<'a, Postgres>,
     filter: &'a DeliveryFilter,
@@ -377,9 +414,6 @@ fn push_conditions<'a>(
     }
     if let Some(until) = filter.until {
         q.push(" and d.created_at < ").push_bind(until);
-    }
-    if let Some(before) = filter.before {
-        q.push(" and d.id < ").push_bind(before);
     }
 }
 
