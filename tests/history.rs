@@ -480,9 +480,10 @@ async fn a_populated_v2_database_migrates_in_place_without_losing_a_row() {
         "ids go on: {change} after {last_change}"
     );
     // The newest of each of the 10 queued objects and of the retried one,
-    // and the new one.
-    let (old, new): (i64, i64) = sqlx::query_as(
-        "select count(*) filter (where change_id <= $1), count(*) filter (where change_id > $1)
+    // and the new one, each with its change.
+    let (old, new, with_change): (i64, i64, i64) = sqlx::query_as(
+        "select count(*) filter (where change_id <= $1), count(*) filter (where change_id > $1),
+                count(*) filter (where payload is not null and kind = 'push')
          from watchpump.claim('p', '{}', '{}', '{}', 10000, '1 minute', 10000)",
     )
     .bind(last_change)
@@ -490,6 +491,7 @@ async fn a_populated_v2_database_migrates_in_place_without_losing_a_row() {
     .await
     .unwrap();
     assert_eq!((old, new), (11, 1), "old and new deliveries are claimed");
+    assert_eq!(with_change, 12, "each with its change");
     let pruned: (i32, bool) =
         sqlx::query_as("select deliveries, more from watchpump.prune('7 days', '30 days', 500)")
             .fetch_one(&pool)
@@ -1079,7 +1081,8 @@ async fn a_delivery_created_after_its_change_still_shows_its_change() {
 /// day's partition of `changes`), and by its id alone for a delivery older
 /// than that rule (a v2 row, or a ping from before it, that an operator
 /// retried): it is sent whole either way, never held under a lease with
-/// nothing sent.
+/// nothing sent, and takes its change's time, so that the next claim finds
+/// it by day.
 #[tokio::test]
 async fn claim_finds_a_deliverys_change_by_its_day_and_by_its_id_alone_when_the_times_differ() {
     let db = TestDb::new().await;
@@ -1120,6 +1123,18 @@ async fn claim_finds_a_deliverys_change_by_its_day_and_by_its_id_alone_when_the_
     let payload: serde_json::Value =
         serde_json::from_str(claimed[1].2.as_deref().unwrap()).unwrap();
     assert_eq!(payload, json!({"n": 2}), "and sent with its payload");
+    // Its time is now its change's: the next claim finds it in that day.
+    let same: bool = sqlx::query_scalar(
+        "select bool_and(q.created_at = c.occurred_at)
+         from watchpump.queue q join watchpump.changes c on c.id = q.change_id",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert!(
+        same,
+        "claim() gives an out-of-rule delivery its change's time"
+    );
 }
 
 /// A ping's delivery takes its change's time, as emit()'s do.

@@ -233,6 +233,10 @@ declare
     v_probes       boolean[];
     v_ids          bigint[];
     v_older        bigint[];
+    v_locked       bigint[];
+    v_from         timestamptz;
+    v_to           timestamptz;
+    v_missing      boolean;
 begin
     -- The rule needs a fresh snapshot per statement.
     if current_setting('transaction_isolation') <> 'read committed' then
@@ -360,35 +364,63 @@ begin
     --    before each stay under p_max_bytes (so the first always goes).
     --    A delivery left out stays pending; its older news, if any, was
     --    superseded by it above, which the order rule allows.
-    v_ids := array(
+    --
+    --    Each change is looked up by id and time: a delivery's created_at
+    --    is its change's occurred_at (emit(), ping(), a replay), so the
+    --    look-up reads that day's partition only. The days the claimed
+    --    deliveries span (v_from, v_to) are given to this statement and
+    --    step 5's as values known when each starts: PostgreSQL then prunes
+    --    the other days' partitions before it starts a scan of them. Pruned
+    --    at run time alone (by each row's time), every day's index scan was
+    --    started for each look-up, and a claim of one row cost 190 us more
+    --    at 13 days of partitions than at 4 (BENCHMARKS.md, issue 18,
+    --    fourth session).
+    --
+    --    A delivery whose change is not at its created_at (a v2 row,
+    --    queued before that rule) is found missing here: its created_at is
+    --    set to its change's time (the day retention keeps the two in), by
+    --    a look-up by id in every day that runs only then, and the step is
+    --    done again. A change still not found leaves its delivery out, to
+    --    its deadline, as before.
+    v_locked := v_ids;
+    for v_pass in 1..2 loop
+        select min(q.created_at), max(q.created_at) into v_from, v_to
+        from watchpump.queue q where q.id = any (v_locked);
         with per_change as (
             select q.change_id, min(q.created_at) as occurred_at, min(q.id) as first_id,
                    array_agg(q.id) as ids
             from watchpump.queue q
-            where q.id = any (v_ids)
+            where q.id = any (v_locked)
             group by q.change_id
         ),
-        weighed as (
-            select p.ids,
-                   coalesce(sum(ch.payload_bytes) over (order by p.first_id
-                            rows between unbounded preceding and 1 preceding), 0) as bytes_before
+        found as materialized (
+            select p.ids, p.first_id, ch.payload_bytes
             from per_change p
-            -- By id and time: a delivery's created_at is its change's
-            -- occurred_at (emit()), so the look-up prunes to that day's
-            -- partition at run time, instead of probing every day's. A
-            -- delivery older than that rule (a v2 row an operator
-            -- retried) finds its change by id alone: the second branch
-            -- runs only when the first finds nothing.
-            cross join lateral (
-                (select c.payload_bytes from watchpump.changes c
-                 where c.id = p.change_id and c.occurred_at = p.occurred_at)
-                union all
-                (select c.payload_bytes from watchpump.changes c where c.id = p.change_id)
-                limit 1
-            ) ch
+            left join lateral (
+                select c.payload_bytes from watchpump.changes c
+                where c.id = p.change_id and c.occurred_at = p.occurred_at
+                  and c.occurred_at >= v_from and c.occurred_at <= v_to
+            ) ch on true
+        ),
+        weighed as (
+            select f.ids,
+                   coalesce(sum(f.payload_bytes) over (order by f.first_id
+                            rows between unbounded preceding and 1 preceding), 0) as bytes_before
+            from found f
+            where f.payload_bytes is not null
         )
-        select unnest(w.ids) from weighed w where w.bytes_before < greatest(p_max_bytes, 1)
-    );
+        select coalesce((select array_agg(i.id) from weighed w cross join unnest(w.ids) as i (id)
+                         where w.bytes_before < greatest(p_max_bytes, 1)), '{}'),
+               exists (select 1 from found f where f.payload_bytes is null)
+        into v_ids, v_missing;
+        exit when not v_missing or v_pass = 2;
+        update watchpump.queue q set created_at = c.occurred_at
+        from watchpump.changes c
+        where q.id = any (v_locked) and c.id = q.change_id and c.occurred_at <> q.created_at;
+    end loop;
+    if cardinality(v_ids) = 0 then
+        return;
+    end if;
 
     -- 5. The lease: a HOT update (no indexed column changes).
     return query
@@ -412,14 +444,12 @@ begin
            case when c.first_of_change then ch.payload::text end, c.expired,
            ch.traceparent, ch.tracestate, c.replay
     from ordered c
-    -- By id and time, as in step 4.
+    -- By id and time, in the days step 4 found them in.
     cross join lateral (
-        (select x.object, x.kind, x.sequence, x.occurred_at, x.payload, x.traceparent, x.tracestate
-         from watchpump.changes x where x.id = c.change_id and x.occurred_at = c.created_at)
-        union all
-        (select x.object, x.kind, x.sequence, x.occurred_at, x.payload, x.traceparent, x.tracestate
-         from watchpump.changes x where x.id = c.change_id)
-        limit 1
+        select x.object, x.kind, x.sequence, x.occurred_at, x.payload, x.traceparent, x.tracestate
+        from watchpump.changes x
+        where x.id = c.change_id and x.occurred_at = c.created_at
+          and x.occurred_at >= v_from and x.occurred_at <= v_to
     ) ch
     cross join lateral (
         select x.resource from watchpump.watches x where x.id = c.watch_id offset 0
