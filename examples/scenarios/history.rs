@@ -305,6 +305,11 @@ async fn fill_history(b: &Bench, size: i64) {
             .await
             .unwrap();
     }
+    // The fill wrote gigabytes in minutes, which a pump's history, written
+    // over days, never leaves behind at once: the checkpoint that writes
+    // them out is done here, not during bulk-1 (at 20 M, runs without this
+    // measured 0.66-0.95x fresh: BENCHMARKS.md, issue 18, fourth session).
+    sqlx::raw_sql("checkpoint").execute(&b.pool).await.unwrap();
 }
 
 /// A panel session's cookie, or none if the log-in was refused.
