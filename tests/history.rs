@@ -1076,6 +1076,17 @@ async fn a_delivery_created_after_its_change_still_shows_its_change() {
     );
 }
 
+/// Whether every queued delivery's `created_at` is its change's time.
+async fn queued_at_their_changes_time(db: &TestDb) -> bool {
+    sqlx::query_scalar(
+        "select bool_and(q.created_at = c.occurred_at)
+         from watchpump.queue q join watchpump.changes c on c.id = q.change_id",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap()
+}
+
 /// claim() finds a delivery's change by its id and its time (a delivery's
 /// `created_at` is its change's `occurred_at`, so the look-up reads one
 /// day's partition of `changes`), and by its id alone for a delivery older
@@ -1090,13 +1101,7 @@ async fn claim_finds_a_deliverys_change_by_its_day_and_by_its_id_alone_when_the_
     db.add_watch(service.id, "app", "acme/", all()).await;
     let on_its_day = db.emit("acme/web/main", "push", json!({"n": 1})).await;
     let out_of_rule = db.emit("acme/api/main", "push", json!({"n": 2})).await;
-    let same: bool = sqlx::query_scalar(
-        "select bool_and(q.created_at = c.occurred_at)
-         from watchpump.queue q join watchpump.changes c on c.id = q.change_id",
-    )
-    .fetch_one(&db.pool)
-    .await
-    .unwrap();
+    let same = queued_at_their_changes_time(&db).await;
     assert!(same, "emit() gives a delivery its change's time");
     // Three days off: another day's partition (or the DEFAULT one).
     sqlx::query(
@@ -1124,13 +1129,7 @@ async fn claim_finds_a_deliverys_change_by_its_day_and_by_its_id_alone_when_the_
         serde_json::from_str(claimed[1].2.as_deref().unwrap()).unwrap();
     assert_eq!(payload, json!({"n": 2}), "and sent with its payload");
     // Its time is now its change's: the next claim finds it in that day.
-    let same: bool = sqlx::query_scalar(
-        "select bool_and(q.created_at = c.occurred_at)
-         from watchpump.queue q join watchpump.changes c on c.id = q.change_id",
-    )
-    .fetch_one(&db.pool)
-    .await
-    .unwrap();
+    let same = queued_at_their_changes_time(&db).await;
     assert!(
         same,
         "claim() gives an out-of-rule delivery its change's time"
