@@ -127,7 +127,7 @@ pub struct Warning {
 /// Which deliveries to list: every filter is optional; `before` is the
 /// keyset cursor (the last id of the previous page), newest first in the
 /// page's order ([`PageOrder`]: by id, or by creation time when `until` is
-/// given).
+/// the only filter besides `since`).
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DeliveryFilter {
@@ -276,7 +276,7 @@ pub fn page_query_of<'a>(
     // Callers validate their own bound (MAX_PAGE here, the consumer API's
     // 1,000); this only keeps any caller's page finite.
     let limit = filter.limit.unwrap_or(50).clamp(1, PAGE_CEILING);
-    let order = PageOrder::of(filter);
+    let order = PageOrder::of(filter, service_id);
     let state = filter
         .state
         .as_ref()
@@ -348,16 +348,22 @@ pub fn page_query_of<'a>(
 /// The order of a page of deliveries, newest first, and so what its
 /// cursor (`before`, the last delivery of the previous page) means.
 ///
-/// A page that ends at a time (`until`) is in creation order: the history's
-/// index on `(created_at, id)` reads it backwards from `until` and stops
-/// after the page, at any history. By id, such a page had to read every
-/// delivery of the window to find its newest ids (ids and creation times
-/// disagree where transactions overlap: an id is drawn at insert, a
-/// creation time is its transaction's start): an hour of a day of 2.2 M
-/// deliveries is 92,000 rows, 13-26 ms, and a wider window deep in a day up
-/// to a day's rows. Every other page is by id, which its indexes walk
-/// newest first and stop after the page (a `since` alone keeps the newest
-/// rows, so its walk stops too).
+/// A page that ends at a time (`until`) and filters by nothing else is in
+/// creation order: the history's index on `(created_at, id)` reads it
+/// backwards from `until` and stops after the page, at any history. By id,
+/// such a page had to read every delivery of the window to find its newest
+/// ids (ids and creation times disagree where transactions overlap: an id
+/// is drawn at insert, a creation time is its transaction's start): an
+/// hour of a day of 2.2 M deliveries is 92,000 rows, 13-26 ms, and a wider
+/// window deep in a day up to a day's rows.
+///
+/// Every other page is by id, which its indexes walk newest first and stop
+/// after the page: `(service_id, id)`, `(object, id)`, the failed rows', or
+/// the primary key (a `since` alone keeps the newest rows, so its walk stops
+/// too). With a service, an object, a watch or a state, a page in creation
+/// order would have had to sort all of that filter's rows before `until`
+/// (an object's whole history), or walk the window's rows for the few that
+/// match: `tests/history.rs` saw both plans.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PageOrder {
     /// `id desc`; the next page is `id < before`.
@@ -368,8 +374,12 @@ pub enum PageOrder {
 }
 
 impl PageOrder {
-    pub fn of(filter: &DeliveryFilter) -> Self {
-        if filter.until.is_some() {
+    pub fn of(filter: &DeliveryFilter, service_id: Option<i64>) -> Self {
+        let narrowed = service_id.is_some()
+            || filter.watch_id.is_some()
+            || filter.object.is_some()
+            || filter.state.is_some();
+        if filter.until.is_some() && !narrowed {
             Self::CreatedAt
         } else {
             Self::Id
