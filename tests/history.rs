@@ -1444,39 +1444,12 @@ async fn a_time_windows_pages_are_its_newest_deliveries_page_after_page() {
     .unwrap();
     assert!(expected.len() > 100, "{}", expected.len());
 
-    let mut read = Vec::new();
-    let mut before = None;
-    loop {
+    // The window's page of 40 after the delivery `before` (or its first).
+    let page_after = |before: Option<i64>| {
         let filter = DeliveryFilter {
             since: Some(since),
             until: Some(until),
             before,
-            limit: Some(40),
-            ..Default::default()
-        };
-        let mut q = page_query("", &filter, None);
-        let page: Vec<i64> = q
-            .build()
-            .fetch_all(&db.pool)
-            .await
-            .unwrap()
-            .iter()
-            .map(|r| r.get::<i64, _>("delivery_id"))
-            .collect();
-        if page.is_empty() {
-            break;
-        }
-        before = page.last().copied();
-        read.extend(page);
-    }
-    assert_eq!(read, expected);
-
-    // A cursor still in the queue: the page after it is what follows it.
-    let page_after = |before: i64| {
-        let filter = DeliveryFilter {
-            since: Some(since),
-            until: Some(until),
-            before: Some(before),
             limit: Some(40),
             ..Default::default()
         };
@@ -1492,14 +1465,27 @@ async fn a_time_windows_pages_are_its_newest_deliveries_page_after_page() {
                 .collect::<Vec<i64>>()
         }
     };
+    let mut read = Vec::new();
+    let mut before = None;
+    loop {
+        let page = page_after(before).await;
+        if page.is_empty() {
+            break;
+        }
+        before = page.last().copied();
+        read.extend(page);
+    }
+    assert_eq!(read, expected);
+
+    // A cursor still in the queue: the page after it is what follows it.
     let queued = scalar(&db, "select min(id) from watchpump.queue").await;
     let at = expected.iter().position(|id| *id == queued).unwrap();
     let follows: Vec<i64> = expected[at + 1..].iter().take(40).copied().collect();
     assert!(!follows.is_empty());
-    assert_eq!(page_after(queued).await, follows);
+    assert_eq!(page_after(Some(queued)).await, follows);
     // A cursor that no longer exists (retention removed it) ends the list.
     let gone = scalar(&db, "select max(id) + 1000 from watchpump.settled").await;
-    assert_eq!(page_after(gone).await, Vec::<i64>::new());
+    assert_eq!(page_after(Some(gone)).await, Vec::<i64>::new());
 }
 
 /// The rows of (delivery id, attempt, repeats) in `table`, in order.

@@ -306,12 +306,13 @@ begin
     --    queued delivery of each (by sequence, then id: supersede_older()),
     --    if it is due (or probed) and nothing of its (watch, object) is in
     --    flight; noting which have older ones. Lock those rows, skipping
-    --    any another transaction holds.
+    --    any another transaction holds. Their first and last created_at
+    --    bound the days step 4 and 5 read their changes in.
     with newest as materialized (
-        select n.id, n.has_older
+        select n.id, n.has_older, n.created_at
         from unnest(v_watch_ids, v_objects, v_probes) as k (watch_id, object, probe)
         cross join lateral (
-            select q.id, q.next_attempt_at,
+            select q.id, q.next_attempt_at, q.created_at,
                    exists (select 1 from watchpump.queue o
                            where o.watch_id = k.watch_id and o.object = k.object
                              and (o.sequence, o.id) < (q.sequence, q.id)) as has_older
@@ -332,8 +333,9 @@ begin
         where q.id = any (array(select n.id from newest n)) and not coalesce(q.lease_until > now(), false)
         for update skip locked
     )
-    select coalesce(array_agg(n.id), '{}'), coalesce(array_agg(n.id) filter (where n.has_older), '{}')
-    into v_ids, v_older
+    select coalesce(array_agg(n.id), '{}'), coalesce(array_agg(n.id) filter (where n.has_older), '{}'),
+           min(n.created_at), max(n.created_at)
+    into v_ids, v_older, v_from, v_to
     from newest n
     where n.id in (select l.id from locked l);
 
@@ -369,12 +371,14 @@ begin
     --    is its change's occurred_at (emit(), ping(), a replay), so the
     --    look-up reads that day's partition only. The days the claimed
     --    deliveries span (v_from, v_to) are given to this statement and
-    --    step 5's as values known when each starts: PostgreSQL then prunes
-    --    the other days' partitions before it starts a scan of them. Pruned
-    --    at run time alone (by each row's time), every day's index scan was
-    --    started for each look-up, and a claim of one row cost 190 us more
-    --    at 13 days of partitions than at 4 (BENCHMARKS.md, issue 18,
-    --    fourth session).
+    --    step 5's as values known when each starts (step 2 read them):
+    --    PostgreSQL then prunes the other days' partitions before it starts
+    --    a scan of them. Pruned at run time alone (by each row's time),
+    --    every day's index scan was started for each look-up: a claim and
+    --    write-back of one row at 13 days of partitions took a median of
+    --    756 us, 683 us pruned so (BENCHMARKS.md, issue 18, fourth
+    --    session). A null payload_bytes (never null in changes) is a
+    --    change not found.
     --
     --    A delivery whose change is not at its created_at (a v2 row,
     --    queued before that rule) is found missing here: its created_at is
@@ -384,8 +388,6 @@ begin
     --    its deadline, as before.
     v_locked := v_ids;
     for v_pass in 1..2 loop
-        select min(q.created_at), max(q.created_at) into v_from, v_to
-        from watchpump.queue q where q.id = any (v_locked);
         with per_change as (
             select q.change_id, min(q.created_at) as occurred_at, min(q.id) as first_id,
                    array_agg(q.id) as ids
@@ -417,6 +419,8 @@ begin
         update watchpump.queue q set created_at = c.occurred_at
         from watchpump.changes c
         where q.id = any (v_locked) and c.id = q.change_id and c.occurred_at <> q.created_at;
+        select min(q.created_at), max(q.created_at) into v_from, v_to
+        from watchpump.queue q where q.id = any (v_locked);
     end loop;
     if cardinality(v_ids) = 0 then
         return;
