@@ -55,6 +55,11 @@ do $grants$
 declare
     v_function regprocedure;
 begin
+    -- prune()'s lock, which every maker and dropper of days of history
+    -- takes (add_partition(), prune()): a GRANT on all tables that meets
+    -- a table being created or dropped fails ("tuple concurrently
+    -- updated"), and a pump whose start-up fails exits.
+    perform pg_advisory_xact_lock(2003856752, hashtext('watchpump.prune'));
     for v_function in
         select p.oid::regprocedure from pg_proc p
         where p.pronamespace = 'watchpump'::regnamespace

@@ -286,3 +286,59 @@ async fn an_owner_without_createrole_migrates_and_grants_to_roles_a_dba_made() {
         sqlx::query(&sql).execute(&admin.pool).await.unwrap();
     }
 }
+
+/// A pump that starts while another pump's operator task makes and retires
+/// days of history grants on every table of the schema (`sql/roles.sql`).
+/// A GRANT that meets a table being created or dropped fails ("tuple
+/// concurrently updated"), and a pump whose start-up fails exits: a chaos
+/// run in CI lost a pump so. The grants and the partition makers therefore
+/// take turns on prune()'s lock; here `migrate` runs again and again beside
+/// days made and retired, and never fails.
+#[tokio::test]
+async fn migrate_beside_days_made_and_retired_never_fails() {
+    let db = TestDb::new().await;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let churn = {
+        let (pool, stop) = (db.pool.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut retired = 0;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                // A day 40 days ago, made as add_partitions_ahead() makes
+                // days, then retired by prune() (it is past retention).
+                let made = sqlx::query(
+                    "select watchpump.add_partition(t, d, d + interval '1 day')
+                     from unnest(array['changes', 'settled', 'attempt_log']) t,
+                          (select date_trunc('day', now() at time zone 'UTC') at time zone 'UTC'
+                                  - interval '40 days' as d) day
+                     where not exists (select from watchpump.partitions p
+                                       where p.parent = t and p.from_at = d)",
+                )
+                .execute(&pool)
+                .await;
+                let pruned = sqlx::query("select * from watchpump.prune('7 days', '30 days', 500)")
+                    .execute(&pool)
+                    .await;
+                let gone: Result<bool, _> = sqlx::query_scalar(
+                    "select not exists (select from watchpump.partitions p
+                                        where p.from_at < now() - interval '39 days')",
+                )
+                .fetch_one(&pool)
+                .await;
+                if made.is_ok() && pruned.is_ok() && gone.is_ok_and(|gone| gone) {
+                    retired += 1;
+                }
+            }
+            retired
+        })
+    };
+    for round in 0..150 {
+        if let Err(e) = watchpump::schema::migrate(&db.pool).await {
+            stop.store(true, std::sync::atomic::Ordering::SeqCst);
+            panic!("migrate {round} failed beside days made and retired: {e}");
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let retired = churn.await.unwrap();
+    assert!(retired > 0, "no day was made and retired meanwhile");
+    eprintln!("{retired} days made and retired beside 150 runs of migrate");
+}

@@ -577,6 +577,10 @@ declare
     v_name text := p_parent || '_' || to_char(p_from at time zone 'UTC', 'YYYYMMDD');
     v_key  text;
 begin
+    -- prune()'s lock (held already when prune() or add_partitions_ahead()
+    -- calls this): one maker of partitions at a time, and none while
+    -- sql/roles.sql grants on all tables.
+    perform pg_advisory_xact_lock(2003856752, hashtext('watchpump.prune'));
     select t.key into strict v_key from watchpump.partition_templates t where t.parent = p_parent;
     perform watchpump.make_partition_table(p_parent, v_name, p_from, p_to,
         format('with moved as (delete from watchpump.%I where %I >= %L and %I < %L returning *)

@@ -120,8 +120,10 @@ impl Pumps {
         for mut p in self.running.drain(..) {
             match p.child.try_wait() {
                 Ok(Some(status)) => self.unexpected.push(format!(
-                    "pump {} exited by itself ({status}); see target/chaos/{}.log",
-                    p.name, p.name
+                    "pump {} exited by itself ({status}){}; see target/chaos/{}.log",
+                    p.name,
+                    last_words(&p.name),
+                    p.name
                 )),
                 _ => still.push(p),
             }
@@ -182,8 +184,10 @@ impl Pumps {
                 Ok(Some(status)) if status.success() => return None,
                 Ok(Some(status)) => {
                     return Some(format!(
-                        "pump {} exited with {status} on SIGTERM; see target/chaos/{}.log",
-                        p.name, p.name
+                        "pump {} exited with {status} on SIGTERM{}; see target/chaos/{}.log",
+                        p.name,
+                        last_words(&p.name),
+                        p.name
                     ))
                 }
                 _ if Instant::now() > deadline => {
@@ -198,6 +202,18 @@ impl Pumps {
             }
         }
     }
+}
+
+/// What a pump said as it exited (`watchpump: <error>` on stderr, its
+/// last line), for the violation: CI keeps the test's output, not
+/// `target/chaos/`.
+fn last_words(name: &str) -> String {
+    let log = std::fs::read_to_string(log_dir().join(format!("{name}.log"))).unwrap_or_default();
+    log.lines()
+        .rev()
+        .find(|line| line.starts_with("watchpump: "))
+        .map(|line| format!(", saying {line:?}"))
+        .unwrap_or_default()
 }
 
 fn terminate(child: &Child) {
