@@ -40,11 +40,19 @@ mod legs;
 mod resync;
 #[path = "scenarios/scale.rs"]
 mod scale;
+#[path = "scenarios/send_floor.rs"]
+mod send_floor;
 #[path = "scenarios/traces.rs"]
 mod traces;
 
 #[tokio::main]
 async fn main() {
+    // send-floor's client process (examples/scenarios/send_floor.rs).
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("--send-floor-client") {
+        send_floor::client(&args[2], args[3].parse().unwrap()).await;
+        return;
+    }
     // The pumps it starts inherit the key their signing secrets are sealed with.
     if std::env::var_os("WATCHPUMP_SECRET_KEY").is_none() {
         std::env::set_var(
@@ -74,6 +82,7 @@ async fn main() {
         ("scale", |b| Box::pin(scale::scale(b))),
         ("traces", |b| Box::pin(traces::traces(b))),
         ("resync", |b| Box::pin(resync::resync(b))),
+        ("send-floor", |_| Box::pin(send_floor::send_floor())),
     ];
     println!(
         "watchpump bench — {} cores, {}",
