@@ -42,8 +42,13 @@ mod resync;
 mod scale;
 #[path = "scenarios/send_floor.rs"]
 mod send_floor;
+/// The v2 schema and its fill, shared with tests/history.rs.
+#[path = "../tests/fixtures/storage_v2/mod.rs"]
+mod storage_v2;
 #[path = "scenarios/traces.rs"]
 mod traces;
+#[path = "scenarios/upgrade.rs"]
+mod upgrade;
 
 #[tokio::main]
 async fn main() {
@@ -83,6 +88,7 @@ async fn main() {
         ("traces", |b| Box::pin(traces::traces(b))),
         ("resync", |b| Box::pin(resync::resync(b))),
         ("send-floor", |_| Box::pin(send_floor::send_floor())),
+        ("upgrade-v2", |b| Box::pin(upgrade::upgrade_v2(b))),
     ];
     println!(
         "watchpump bench — {} cores, {}",
@@ -291,15 +297,7 @@ struct PumpProcess {
 impl PumpProcess {
     /// CPU seconds used so far (user + system).
     fn cpu_seconds(&self) -> f64 {
-        let stat =
-            std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap_or_default();
-        let fields: Vec<&str> = stat
-            .rsplit_once(')')
-            .map(|(_, r)| r.split_whitespace().collect())
-            .unwrap_or_default();
-        let ticks: f64 = fields.get(11).and_then(|u| u.parse().ok()).unwrap_or(0.0)
-            + fields.get(12).and_then(|s| s.parse().ok()).unwrap_or(0.0);
-        ticks / 100.0
+        cpu_seconds_of(&format!("/proc/{}/stat", self.child.id()))
     }
 
     /// Peak resident memory in MiB.
@@ -817,6 +815,19 @@ where
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     true
+}
+
+/// A process's CPU seconds so far (user + system), from its
+/// `/proc/<pid>/stat`.
+fn cpu_seconds_of(stat_path: &str) -> f64 {
+    let stat = std::fs::read_to_string(stat_path).unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, r)| r.split_whitespace().collect())
+        .unwrap_or_default();
+    let ticks: f64 = fields.get(11).and_then(|u| u.parse().ok()).unwrap_or(0.0)
+        + fields.get(12).and_then(|s| s.parse().ok()).unwrap_or(0.0);
+    ticks / 100.0
 }
 
 fn num_cpus() -> usize {

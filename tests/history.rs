@@ -6,6 +6,8 @@
 //! (A NULL payload is `{}` for filters too: tests/bounds.rs.)
 
 mod common;
+#[path = "fixtures/storage_v2/mod.rs"]
+mod storage_v2;
 
 use std::time::Duration;
 
@@ -293,36 +295,6 @@ async fn the_delivery_window_is_read_where_each_delivery_is_created() {
     assert!(refused.is_err());
 }
 
-/// The schema as v2 left it: migrations 0001..0007 and the functions of
-/// that release (tests/fixtures/storage_v2, as they were at 505c60a).
-fn v2_files() -> Vec<watchpump::sql_files::SqlFile> {
-    use watchpump::sql_files::SqlFile;
-    macro_rules! file {
-        ($path:literal, $name:literal, $reapply:literal) => {
-            SqlFile {
-                name: $name,
-                sql: include_str!(concat!("../", $path, "/", $name, ".sql")),
-                reapply_on_change: $reapply,
-            }
-        };
-    }
-    vec![
-        file!("sql/migrations", "0001_core", false),
-        file!("sql/migrations", "0002_operator", false),
-        file!("sql/migrations", "0003_service_lifecycle", false),
-        file!("sql/migrations", "0004_storage_v2", false),
-        file!("sql/migrations", "0005_bounds", false),
-        file!("sql/migrations", "0006_encrypted_secrets", false),
-        file!("sql/migrations", "0007_kinds", false),
-        file!("tests/fixtures/storage_v2", "0050_registry", true),
-        file!("tests/fixtures/storage_v2", "0100_emit", true),
-        file!("tests/fixtures/storage_v2", "0150_kinds", true),
-        file!("tests/fixtures/storage_v2", "0200_pump", true),
-        file!("tests/fixtures/storage_v2", "0300_operator", true),
-        file!("tests/fixtures/storage_v2", "0400_metrics", true),
-    ]
-}
-
 /// A digest of every row of a table, in id order (of the columns v2 had:
 /// actions gained two).
 async fn digest(pool: &sqlx::PgPool, table: &str) -> (i64, String) {
@@ -353,44 +325,16 @@ async fn digest(pool: &sqlx::PgPool, table: &str) -> (i64, String) {
 #[tokio::test]
 async fn a_populated_v2_database_migrates_in_place_without_losing_a_row() {
     let (_url, pool) = blank_database().await;
-    watchpump::sql_files::apply(&pool, "watchpump", &v2_files())
+    watchpump::sql_files::apply(&pool, "watchpump", &storage_v2::files())
         .await
         .unwrap();
     // Eight days of history shaped like the pump's: 2,000 changes, most
     // delivered, one in twenty failed (with its attempts), one in ten
     // still queued, an operator's retry.
-    sqlx::raw_sql(
-        "insert into watchpump.services (name, base_url, token_hash)
-         values ('deploy', 'http://127.0.0.1:9', sha256('t'));
-         insert into watchpump.watches (service_id, resource, object)
-         select id, 'app', 'acme/' from watchpump.services;
-         insert into watchpump.changes (object, kind, sequence, payload, occurred_at, payload_bytes)
-         select 'acme/o' || (n % 100), 'push', n, jsonb_build_object('n', n),
-                now() - n * interval '6 minutes', 8
-         from generate_series(1, 2000) n;
-         insert into watchpump.settled (id, change_id, watch_id, service_id, object, state, attempts,
-                                        next_attempt_at, deadline, last_status, last_error, created_at,
-                                        finished_at, last_started_at, last_duration_ms, last_pump)
-         select nextval('watchpump.delivery_ids'), c.id, w.id, w.service_id, c.object,
-                case when c.id % 20 = 0 then 'failed' else 'delivered' end, 1, c.occurred_at,
-                c.occurred_at + interval '1 day',
-                case when c.id % 20 = 0 then 500 else 200 end,
-                case when c.id % 20 = 0 then 'deadline passed' end,
-                c.occurred_at, c.occurred_at + interval '1 second', c.occurred_at, 1.5, 'p'
-         from watchpump.changes c, watchpump.watches w
-         where c.id % 10 <> 5;
-         insert into watchpump.attempt_log (delivery_id, attempt, started_at, duration_ms, status, error,
-                                            pump, first_status, first_error, statuses)
-         select s.id, 1, s.created_at, 1, 500, 'HTTP 500', 'p', 500, 'HTTP 500', '{\"500\": 1}'
-         from watchpump.settled s where s.state = 'failed';
-         insert into watchpump.queue (change_id, watch_id, service_id, object, deadline)
-         select c.id, w.id, w.service_id, c.object, now() + interval '1 day'
-         from watchpump.changes c, watchpump.watches w
-         where c.id % 10 = 5;",
-    )
-    .execute(&pool)
-    .await
-    .unwrap();
+    sqlx::raw_sql(&storage_v2::fill(2000))
+        .execute(&pool)
+        .await
+        .unwrap();
     let failed: i64 =
         sqlx::query_scalar("select id from watchpump.settled where state = 'failed' limit 1")
             .fetch_one(&pool)

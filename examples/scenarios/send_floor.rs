@@ -89,7 +89,7 @@ pub async fn client(url: &str, n: usize) {
     // Warm the pool, as a pump's first deliveries do.
     sender.send(claimed(0), target.clone()).await;
     let next = Arc::new(AtomicI64::new(1));
-    let cpu_before = own_cpu_seconds();
+    let cpu_before = super::cpu_seconds_of("/proc/self/stat");
     let started = Instant::now();
     let workers: Vec<_> = (0..CONCURRENCY)
         .map(|_| {
@@ -114,7 +114,7 @@ pub async fn client(url: &str, n: usize) {
         w.await.unwrap();
     }
     let elapsed = started.elapsed();
-    let cpu = own_cpu_seconds() - cpu_before;
+    let cpu = super::cpu_seconds_of("/proc/self/stat") - cpu_before;
     println!(
         "{}",
         json!({
@@ -146,16 +146,4 @@ fn claimed(id: i64) -> Claimed {
         expired_lease_of: None,
         trace: None,
     }
-}
-
-/// This process's CPU seconds (user + system).
-fn own_cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map(|(_, r)| r.split_whitespace().collect())
-        .unwrap_or_default();
-    let ticks: f64 = fields.get(11).and_then(|u| u.parse().ok()).unwrap_or(0.0)
-        + fields.get(12).and_then(|s| s.parse().ok()).unwrap_or(0.0);
-    ticks / 100.0
 }
