@@ -36,6 +36,8 @@ mod hanging;
 mod history;
 #[path = "scenarios/legs.rs"]
 mod legs;
+#[path = "scenarios/peer.rs"]
+mod peer;
 #[path = "scenarios/resync.rs"]
 mod resync;
 #[path = "scenarios/scale.rs"]
@@ -89,6 +91,7 @@ async fn main() {
         ("resync", |b| Box::pin(resync::resync(b))),
         ("send-floor", |_| Box::pin(send_floor::send_floor())),
         ("upgrade-v2", |b| Box::pin(upgrade::upgrade_v2(b))),
+        ("peer", |b| Box::pin(peer::peer(b))),
     ];
     println!(
         "watchpump bench — {} cores, {}",
@@ -302,14 +305,7 @@ impl PumpProcess {
 
     /// Peak resident memory in MiB.
     fn peak_rss_mib(&self) -> f64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
-            .unwrap_or_default();
-        status
-            .lines()
-            .find(|l| l.starts_with("VmHWM:"))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|kb| kb.parse::<f64>().ok())
-            .map_or(0.0, |kb| kb / 1024.0)
+        peak_rss_mib_of(&format!("/proc/{}/status", self.child.id()))
     }
 
     fn stop(mut self) {
@@ -828,6 +824,17 @@ fn cpu_seconds_of(stat_path: &str) -> f64 {
     let ticks: f64 = fields.get(11).and_then(|u| u.parse().ok()).unwrap_or(0.0)
         + fields.get(12).and_then(|s| s.parse().ok()).unwrap_or(0.0);
     ticks / 100.0
+}
+
+/// A process's peak resident memory in MiB, from its `/proc/<pid>/status`.
+fn peak_rss_mib_of(status_path: &str) -> f64 {
+    std::fs::read_to_string(status_path)
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|kb| kb.parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0)
 }
 
 fn num_cpus() -> usize {
