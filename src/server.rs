@@ -103,8 +103,9 @@ pub const START_UP_PATIENCE: Duration = Duration::from_secs(30);
 
 /// Migrates the schema and reads the registered services. The database
 /// answered a moment ago ([`connect`]); if it goes away now (a restart, a
-/// failover), start-up waits for it, up to [`START_UP_PATIENCE`], instead
-/// of exiting and leaving the restart to a supervisor.
+/// failover), or another transaction is in the way ([`is_contention`]),
+/// start-up tries again, up to [`START_UP_PATIENCE`], instead of exiting
+/// and leaving the restart to a supervisor.
 async fn prepare_database(pool: &PgPool) -> Result<Vec<services::Service>> {
     let started = tokio::time::Instant::now();
     loop {
@@ -120,9 +121,25 @@ async fn prepare_database(pool: &PgPool) -> Result<Vec<services::Service>> {
                 tracing::warn!(error = %e, "the database went away during start-up; trying again");
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
+            Err(Error::Database(e))
+                if is_contention(&e) && started.elapsed() < START_UP_PATIENCE =>
+            {
+                tracing::warn!(error = %e, "start-up met another transaction's lock; trying again");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
             done => return done,
         }
     }
+}
+
+/// Another transaction was in the way: a lock held past the role's or the
+/// database's `lock_timeout` (55P03; a DBA's safeguard for migrations, which
+/// the migration's advisory lock honours too), a deadlock (40P01, with a
+/// pump's maintenance making a day's partitions), a serialization failure
+/// (40001). The same statements succeed once it is done.
+fn is_contention(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(d)
+        if d.code().is_some_and(|c| matches!(&*c, "55P03" | "40P01" | "40001")))
 }
 
 /// The connection broke or the server is shutting down or starting up: the

@@ -1,6 +1,8 @@
 //! `serve` started while its database is down (a restart, a failover, a
 //! host booting in the wrong order) waits for it and starts when it is
-//! back; a database that waiting cannot cure is reported at once.
+//! back; so does one whose start-up meets another transaction's lock past
+//! its `lock_timeout`; a database that waiting cannot cure is reported at
+//! once.
 //!
 //! A project-local cluster of its own (`target/pg-late`), because this
 //! test stops and starts it.
@@ -141,5 +143,92 @@ async fn serve_with_a_database_that_does_not_exist_exits_at_once_saying_so() {
     assert!(
         !stderr.contains("trying again"),
         "a missing database is not waited for, waiting cannot cure it: {stderr}"
+    );
+}
+
+/// A DBA's `lock_timeout` (here the database's own, 100 ms) and a
+/// transaction holding what `migrate` waits for (its advisory lock, as
+/// another pump's or a deploy's migrate holds it) for 3 s: start-up's
+/// first try fails with 55P03, and `serve` tries again rather than exiting,
+/// then runs once the lock is released.
+#[tokio::test]
+async fn serve_whose_start_up_meets_a_lock_past_lock_timeout_tries_again_and_runs() {
+    let db = TestDb::new().await;
+    let database: String = sqlx::query_scalar("select current_database()::text")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    sqlx::query(&format!(
+        "alter database {database} set lock_timeout = '100ms'"
+    ))
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let mut holder = db.pool.acquire().await.unwrap();
+    sqlx::query("select pg_advisory_lock(hashtext('watchpump.migrate'))")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+
+    let mut child = KillOnDrop(
+        watchpump_cli(Some(&db.url))
+            .arg("serve")
+            .env("WATCHPUMP_LISTEN", "127.0.0.1:0")
+            .env("WATCHPUMP_METRICS_LISTEN", "off")
+            .env("WATCHPUMP_PRODUCER", PRODUCER)
+            .env("WATCHPUMP_PRODUCER_TOKEN", PRODUCER_TOKEN)
+            .env("WATCHPUMP_PUMP_NAME", "behind-a-lock")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        child.0.try_wait().unwrap().is_none(),
+        "serve exited when its migrate met a lock past lock_timeout"
+    );
+    sqlx::query("select pg_advisory_unlock(hashtext('watchpump.migrate'))")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    drop(holder);
+
+    // Its pump runs: idle, it registers as asleep.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let asleep: bool = sqlx::query_scalar(
+            "select exists (select 1 from watchpump.sleepers where pump = 'behind-a-lock')",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        if asleep {
+            break;
+        }
+        assert!(
+            child.0.try_wait().unwrap().is_none(),
+            "serve exited after the lock was released"
+        );
+        assert!(
+            Instant::now() < deadline,
+            "serve's pump did not run within 30 s of the lock's release"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    child.0.kill().unwrap();
+    child.0.wait().unwrap();
+    let mut logs = String::new();
+    child
+        .0
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut logs)
+        .unwrap();
+    assert!(
+        logs.contains("start-up met another transaction's lock; trying again")
+            && logs.contains("lock timeout"),
+        "each try is logged with its cause:\n{logs}"
     );
 }
