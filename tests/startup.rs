@@ -49,58 +49,50 @@ impl Drop for StopOnDrop {
     }
 }
 
-#[tokio::test]
-async fn serve_started_before_its_database_waits_for_it_and_then_runs() {
-    let port = free_port().to_string();
-    let _stop = StopOnDrop;
-    // Created once (initdb), then stopped: the database is "down".
-    let url = dev_postgres(&["start", "pg-late", &port, "off"]);
-    dev_postgres(&["stop", "pg-late"]);
+/// `watchpump serve` on `url`, its API on a free port, no metrics, its
+/// log (stderr) kept for [`stop_and_read_logs`].
+fn serve(url: &str) -> Command {
+    let mut command = watchpump_cli(Some(url));
+    command
+        .arg("serve")
+        .env("WATCHPUMP_LISTEN", "127.0.0.1:0")
+        .env("WATCHPUMP_METRICS_LISTEN", "off")
+        .env("WATCHPUMP_PRODUCER", PRODUCER)
+        .env("WATCHPUMP_PRODUCER_TOKEN", PRODUCER_TOKEN)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    command
+}
 
-    let mut child = KillOnDrop(
-        watchpump_cli(Some(&url))
-            .arg("serve")
-            .env("WATCHPUMP_LISTEN", "127.0.0.1:0")
-            .env("WATCHPUMP_METRICS_LISTEN", "off")
-            .env("WATCHPUMP_PRODUCER", PRODUCER)
-            .env("WATCHPUMP_PRODUCER_TOKEN", PRODUCER_TOKEN)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    // Down for a while: serve keeps trying and does not exit.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    assert!(
-        child.0.try_wait().unwrap().is_none(),
-        "serve exited while its database was down instead of waiting for it"
-    );
-
-    dev_postgres(&["start", "pg-late", &port, "off"]);
-    let pool = watchpump::server::connect(&url, 1).await.unwrap();
-    // Up again: serve connects, migrates and runs.
-    let deadline = Instant::now() + Duration::from_secs(60);
+/// Waits until `check` (a boolean query) is true, failing if `serve`
+/// exits meanwhile or `limit` passes.
+async fn wait_while_serving(
+    child: &mut KillOnDrop,
+    pool: &sqlx::PgPool,
+    check: &str,
+    limit: Duration,
+    waited_for: &str,
+) {
+    let deadline = Instant::now() + limit;
     loop {
-        let migrated: Option<String> =
-            sqlx::query_scalar("select to_regclass('watchpump.settings')::text")
-                .fetch_one(&pool)
-                .await
-                .unwrap();
-        if migrated.is_some() {
-            break;
+        let done: bool = sqlx::query_scalar(check).fetch_one(pool).await.unwrap();
+        if done {
+            return;
         }
         assert!(
             child.0.try_wait().unwrap().is_none(),
-            "serve exited although its database came back"
+            "serve exited while waiting for {waited_for}"
         );
         assert!(
             Instant::now() < deadline,
-            "serve did not migrate the database within 60 s of its start"
+            "waited {limit:?} for {waited_for}"
         );
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert!(child.0.try_wait().unwrap().is_none(), "serve is running");
-    pool.close().await;
+}
+
+/// Kills a running `serve` and returns what it logged.
+fn stop_and_read_logs(mut child: KillOnDrop) -> String {
     child.0.kill().unwrap();
     child.0.wait().unwrap();
     let mut logs = String::new();
@@ -111,6 +103,39 @@ async fn serve_started_before_its_database_waits_for_it_and_then_runs() {
         .unwrap()
         .read_to_string(&mut logs)
         .unwrap();
+    logs
+}
+
+#[tokio::test]
+async fn serve_started_before_its_database_waits_for_it_and_then_runs() {
+    let port = free_port().to_string();
+    let _stop = StopOnDrop;
+    // Created once (initdb), then stopped: the database is "down".
+    let url = dev_postgres(&["start", "pg-late", &port, "off"]);
+    dev_postgres(&["stop", "pg-late"]);
+
+    let mut child = KillOnDrop(serve(&url).spawn().unwrap());
+    // Down for a while: serve keeps trying and does not exit.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        child.0.try_wait().unwrap().is_none(),
+        "serve exited while its database was down instead of waiting for it"
+    );
+
+    dev_postgres(&["start", "pg-late", &port, "off"]);
+    let pool = watchpump::server::connect(&url, 1).await.unwrap();
+    // Up again: serve connects, migrates and runs.
+    wait_while_serving(
+        &mut child,
+        &pool,
+        "select to_regclass('watchpump.settings') is not null",
+        Duration::from_secs(60),
+        "serve, its database back, to migrate it",
+    )
+    .await;
+    assert!(child.0.try_wait().unwrap().is_none(), "serve is running");
+    pool.close().await;
+    let logs = stop_and_read_logs(child);
     assert!(
         logs.contains("cannot connect to the database yet; trying again")
             && logs.contains("Connection refused"),
@@ -126,14 +151,7 @@ async fn serve_with_a_database_that_does_not_exist_exits_at_once_saying_so() {
         admin.rsplit_once('/').unwrap().0,
         rand::random::<u32>()
     );
-    let out = watchpump_cli(Some(&missing))
-        .arg("serve")
-        .env("WATCHPUMP_LISTEN", "127.0.0.1:0")
-        .env("WATCHPUMP_METRICS_LISTEN", "off")
-        .env("WATCHPUMP_PRODUCER", PRODUCER)
-        .env("WATCHPUMP_PRODUCER_TOKEN", PRODUCER_TOKEN)
-        .output()
-        .unwrap();
+    let out = serve(&missing).output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "serve must fail: {stderr}");
     assert!(
@@ -171,15 +189,8 @@ async fn serve_whose_start_up_meets_a_lock_past_lock_timeout_tries_again_and_run
         .unwrap();
 
     let mut child = KillOnDrop(
-        watchpump_cli(Some(&db.url))
-            .arg("serve")
-            .env("WATCHPUMP_LISTEN", "127.0.0.1:0")
-            .env("WATCHPUMP_METRICS_LISTEN", "off")
-            .env("WATCHPUMP_PRODUCER", PRODUCER)
-            .env("WATCHPUMP_PRODUCER_TOKEN", PRODUCER_TOKEN)
+        serve(&db.url)
             .env("WATCHPUMP_PUMP_NAME", "behind-a-lock")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
             .spawn()
             .unwrap(),
     );
@@ -195,37 +206,15 @@ async fn serve_whose_start_up_meets_a_lock_past_lock_timeout_tries_again_and_run
     drop(holder);
 
     // Its pump runs: idle, it registers as asleep.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let asleep: bool = sqlx::query_scalar(
-            "select exists (select 1 from watchpump.sleepers where pump = 'behind-a-lock')",
-        )
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
-        if asleep {
-            break;
-        }
-        assert!(
-            child.0.try_wait().unwrap().is_none(),
-            "serve exited after the lock was released"
-        );
-        assert!(
-            Instant::now() < deadline,
-            "serve's pump did not run within 30 s of the lock's release"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    child.0.kill().unwrap();
-    child.0.wait().unwrap();
-    let mut logs = String::new();
-    child
-        .0
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut logs)
-        .unwrap();
+    wait_while_serving(
+        &mut child,
+        &db.pool,
+        "select exists (select 1 from watchpump.sleepers where pump = 'behind-a-lock')",
+        Duration::from_secs(30),
+        "serve's pump, the lock released, to run",
+    )
+    .await;
+    let logs = stop_and_read_logs(child);
     assert!(
         logs.contains("start-up met another transaction's lock; trying again")
             && logs.contains("lock timeout"),
