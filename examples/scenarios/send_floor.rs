@@ -4,8 +4,9 @@
 //! A process of its own (this binary, `--send-floor-client URL N`) sends N
 //! deliveries shaped like bulk-1's through the pump's own
 //! [`watchpump::pump::send::Sender`] (the same client, pool, signing,
-//! body and answer handling), 16 at a time as a pump sends to one service,
-//! to the bench's consumer in this process. It has no database: no claim,
+//! body and answer handling), as many at a time as a pump sends to one
+//! service (`WATCHPUMP_SERVICE_CONCURRENCY`'s default, from the pump's own
+//! configuration), to the bench's consumer in this process. It has no database: no claim,
 //! no write-back, no listener, no sweep. Its CPU time per delivery is what
 //! the pump cannot spend less than on the send path alone; bulk-1's pump
 //! CPU less this figure is what the rest of the pump costs.
@@ -23,9 +24,6 @@ use watchpump::pump::send::Sender;
 use super::{Consumer, Outcome};
 
 const DELIVERIES: usize = 50_000;
-/// A pump's sends to one service at once (`WATCHPUMP_SERVICE_CONCURRENCY`'s
-/// default).
-const CONCURRENCY: usize = 16;
 
 pub async fn send_floor() -> Outcome {
     let consumer = Consumer::start(1).await;
@@ -58,7 +56,8 @@ pub async fn send_floor() -> Outcome {
         .collect();
     Outcome {
         line: format!(
-            "{DELIVERIES} sends, no database, 3 runs: client CPU {} µs/delivery, {} deliveries/s",
+            "{DELIVERIES} sends, {} at a time, no database, 3 runs: client CPU {} µs/delivery, {} deliveries/s",
+            rounds[0]["concurrency"],
             cpu.iter()
                 .map(|c| format!("{c:.1}"))
                 .collect::<Vec<_>>()
@@ -68,7 +67,7 @@ pub async fn send_floor() -> Outcome {
                 .collect::<Vec<_>>()
                 .join(", "),
         ),
-        json: json!({"deliveries": DELIVERIES, "concurrency": CONCURRENCY, "runs": rounds}),
+        json: json!({"deliveries": DELIVERIES, "runs": rounds}),
     }
 }
 
@@ -91,7 +90,8 @@ pub async fn client(url: &str, n: usize) {
     let next = Arc::new(AtomicI64::new(1));
     let cpu_before = super::cpu_seconds_of("/proc/self/stat");
     let started = Instant::now();
-    let workers: Vec<_> = (0..CONCURRENCY)
+    let concurrency = cfg.service_concurrency;
+    let workers: Vec<_> = (0..concurrency)
         .map(|_| {
             let (sender, target, next) = (sender.clone(), target.clone(), next.clone());
             tokio::spawn(async move {
@@ -118,6 +118,7 @@ pub async fn client(url: &str, n: usize) {
     println!(
         "{}",
         json!({
+            "concurrency": concurrency,
             "cpu_s": cpu,
             "cpu_us_per_delivery": cpu * 1e6 / n as f64,
             "deliveries_per_s": n as f64 / elapsed.max(Duration::from_micros(1)).as_secs_f64(),
