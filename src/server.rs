@@ -117,14 +117,15 @@ async fn prepare_database(pool: &PgPool) -> Result<Vec<services::Service>> {
             services::list(pool).await
         };
         match attempt.await {
-            Err(Error::Database(e)) if is_gone(&e) && started.elapsed() < START_UP_PATIENCE => {
-                tracing::warn!(error = %e, "the database went away during start-up; trying again");
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-            Err(Error::Database(e))
-                if is_contention(&e) && started.elapsed() < START_UP_PATIENCE =>
-            {
-                tracing::warn!(error = %e, "start-up met another transaction's lock; trying again");
+            Err(Error::Database(e)) if started.elapsed() < START_UP_PATIENCE => {
+                let why = if is_gone(&e) {
+                    "the database went away during start-up; trying again"
+                } else if is_contention(&e) {
+                    "start-up met another transaction's lock; trying again"
+                } else {
+                    return Err(Error::Database(e));
+                };
+                tracing::warn!(error = %e, "{why}");
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
             done => return done,
