@@ -15,6 +15,15 @@
 # service that starts at every boot.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+# A clean run writes about 8 GiB under target/ (the debug and release
+# builds, the test cluster's databases and WAL). A disk that fills midway
+# makes PostgreSQL stop with "No space left on device" and every later test
+# fail to connect, which reads like a bug; so say so before starting.
+free_kib=$(df -Pk "$root" | awk 'NR == 2 { print $4 }')
+if [ -n "$free_kib" ] && [ "$free_kib" -lt $((8 * 1024 * 1024)) ]; then
+  echo "test-deps: warning: $((free_kib / 1024 / 1024)) GiB free where the tests write ($root/target);" \
+    "a clean run needs about 8 GiB, and a full disk stops the test cluster midway" >&2
+fi
 # Python's standardwebhooks, the independent implementation the signing
 # interop test (tests/signing_interop.rs) checks our signatures against, and
 # Python's cryptography, whose ed25519 checks our v1a signatures
