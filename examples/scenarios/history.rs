@@ -380,8 +380,13 @@ fn free_addr() -> String {
 
 /// The costliest statements since the last reset, per delivery.
 async fn print_statements(b: &Bench, phase: &str, deliveries: usize) {
-    let top: Vec<(String, f64, i64)> = sqlx::query_as(
-        "select left(regexp_replace(s.query, '\\s+', ' ', 'g'), 90), s.total_exec_time, s.calls
+    // Besides the time: pages read from outside shared buffers, pages
+    // dirtied, and the WAL's full-page images and bytes, each a delivery;
+    // what tells a cold index from a slow plan when a size runs slower.
+    let top: Vec<(String, f64, i64, f64, f64, f64, f64)> = sqlx::query_as(
+        "select left(regexp_replace(s.query, '\\s+', ' ', 'g'), 90), s.total_exec_time, s.calls,
+                s.shared_blks_read::float8, s.shared_blks_dirtied::float8,
+                s.wal_fpi::float8, s.wal_bytes::float8
          from pg_stat_statements s
          where s.dbid = (select oid from pg_database where datname = current_database())
          order by s.total_exec_time desc limit 12",
@@ -389,10 +394,16 @@ async fn print_statements(b: &Bench, phase: &str, deliveries: usize) {
     .fetch_all(&b.pool)
     .await
     .unwrap_or_default();
-    for (query, ms, calls) in &top {
+    let per = |x: f64| x / deliveries as f64;
+    for (query, ms, calls, read, dirtied, fpi, wal) in &top {
         println!(
-            "    {phase}: {:>7.1} µs/delivery {calls:>6} calls  {query}",
-            ms * 1000.0 / deliveries as f64
+            "    {phase}: {:>7.1} µs/delivery {calls:>6} calls; a delivery: {:.2} pages read, \
+             {:.2} dirtied, {:.2} full-page images, {:.0} WAL bytes  {query}",
+            per(ms * 1000.0),
+            per(*read),
+            per(*dirtied),
+            per(*fpi),
+            per(*wal),
         );
     }
 }
