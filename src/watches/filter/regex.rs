@@ -344,7 +344,8 @@ impl Regex {
                         "like_regex: character range `{lo}-{hi}` is inverted"
                     ));
                 }
-                self.ci_span = self.ci_span.saturating_add(hi as u32 - lo as u32);
+                // `a-z` is 26 code points to fold, not 25.
+                self.ci_span = self.ci_span.saturating_add(hi as u32 - lo as u32 + 1);
                 if self.case_insensitive && self.ci_span > MAX_REGEX_CI_RANGE {
                     return Err(format!(
                         "like_regex: with flag `i`, the character ranges of a pattern may span \

@@ -65,6 +65,13 @@ fn like_regex_rules() {
         "may span at most 4096 characters in all",
     );
     assert!(parse(r#"$.a like_regex "[\u0100-\u0900][\u0a00-\u1000]" flag "i""#).is_ok());
+    // The span counts code points, both ends included: 4,096 exactly is
+    // taken, one more refused.
+    assert!(parse(r#"$.a like_regex "[\u0100-\u10ff]" flag "i""#).is_ok());
+    assert_refused(
+        r#"$.a like_regex "[\u0100-\u1100]" flag "i""#,
+        "may span at most 4096 characters in all",
+    );
     assert!(parse(r#"$.a like_regex "[\u0001-\u{10FFFF}]""#).is_ok());
     let long = format!(r#"$.a like_regex "{}""#, "a".repeat(MAX_REGEX_LEN + 1));
     assert_refused(&long, "at most 128 characters");
