@@ -19,8 +19,7 @@ const MIN_SECRET: usize = 4;
 /// `text` with every secret replaced by [`MASK`]:
 ///
 /// - each of `secrets` (the producer's token, the admin token) wherever it
-///   appears, and a beginning of one that ends the text (an answer is
-///   stored cut at 512 bytes, maybe in the middle of a token);
+///   appears;
 /// - the value of an `Authorization` header echoed back
 ///   (`authorization: ...`, `"Authorization":"..."`), keeping its scheme;
 /// - `Bearer <token>` and `Basic <credentials>` anywhere (the scheme kept);
@@ -28,10 +27,26 @@ const MIN_SECRET: usize = 4;
 /// - signing secrets, `whsec_<base64>`;
 /// - the user and password of a URL, `scheme://user:pass@host`.
 pub fn mask(text: &str, secrets: &[&str]) -> String {
+    mask_with(text, secrets, false)
+}
+
+/// [`mask`] for a text cut at a length limit (a consumer's answer, kept to
+/// its first 512 bytes): also a beginning of one of `secrets`, from its
+/// first 4 characters, that ends the text, as the cut may fall in the middle
+/// of a token. Only there: in a text that was not cut, a string that ends
+/// as a secret begins (`web-prod` beside a token `prod…`) is no secret, and
+/// masking it would garble a payload or a name.
+pub fn mask_cut(text: &str, secrets: &[&str]) -> String {
+    mask_with(text, secrets, true)
+}
+
+fn mask_with(text: &str, secrets: &[&str], cut: bool) -> String {
     let mut out = text.to_string();
     for secret in secrets.iter().filter(|s| s.len() >= MIN_SECRET) {
         out = out.replace(secret, MASK);
-        out = mask_cut_secret(&out, secret);
+        if cut {
+            out = mask_cut_secret(&out, secret);
+        }
     }
     let out = mask_header_values(&out);
     let out = mask_scheme_values(&out);
@@ -221,11 +236,22 @@ mod tests {
     }
 
     #[test]
-    fn a_secret_cut_off_at_the_end_is_masked() {
-        assert_eq!(m("token was: produc"), format!("token was: {MASK}"));
-        assert_eq!(m("wps_7_abcdef"), format!("wps_7_{MASK}"));
+    fn a_secret_cut_off_at_the_end_of_a_cut_text_is_masked() {
+        let cut = |text: &str| mask_cut(text, &["producer-secret", "admin-token-for-tests"]);
+        assert_eq!(cut("token was: produc"), format!("token was: {MASK}"));
+        assert_eq!(cut("wps_7_abcdef"), format!("wps_7_{MASK}"));
         // Too short a beginning to be one.
-        assert_eq!(m("the pro"), "the pro");
+        assert_eq!(cut("the pro"), "the pro");
+        // A whole secret anywhere, as in any text.
+        assert_eq!(cut("producer-secret!"), format!("{MASK}!"));
+    }
+
+    #[test]
+    fn a_text_not_cut_keeps_an_end_that_only_looks_like_a_secrets_beginning() {
+        assert_eq!(m("resource: web-produc"), "resource: web-produc");
+        assert_eq!(m("admin-to"), "admin-to");
+        // What looks like a token by its own shape is masked all the same.
+        assert_eq!(m("wps_7_abcdef"), format!("wps_7_{MASK}"));
     }
 
     #[test]

@@ -114,3 +114,85 @@ async fn rows_stored_before_masking_are_masked_in_the_admin_api_and_the_panel() 
         assert_masked(&path, &server.panel_get(&path).await);
     }
 }
+
+/// A consumer whose answer is longer than what is kept (512 bytes) and has
+/// the producer's token, bare, where the cut falls: the kept head ends with
+/// the token's first characters.
+async fn long_echo_consumer() -> SocketAddr {
+    let app = axum::Router::new().route(
+        "/{*path}",
+        post(|headers: HeaderMap| async move {
+            let authorization = headers["authorization"].to_str().unwrap().to_string();
+            let token = authorization.trim_start_matches("Bearer ").to_string();
+            format!("{}{token} and more", "x".repeat(500))
+        }),
+    );
+    serve(app).await
+}
+
+#[tokio::test]
+async fn an_answer_cut_in_the_middle_of_a_token_is_stored_with_the_cut_end_masked() {
+    let db = TestDb::new().await;
+    let consumer = long_echo_consumer().await;
+    let (service, _) = db.add_service("echo", &format!("http://{consumer}")).await;
+    db.add_watch(service.id, "app", "acme/", all()).await;
+    let change = db.emit("acme/web", "push", json!({})).await;
+    let id = delivery_of(&db, change).await;
+    let pump = RunningPump::start(&db.pool, pump_config());
+    db.wait_state(id, "delivered", WAIT).await;
+    pump.stop().await.unwrap();
+
+    let head: String =
+        sqlx::query_scalar("select response_head from watchpump.attempts where delivery_id = $1")
+            .bind(id)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    let kept = &PRODUCER_TOKEN[..12];
+    assert!(!head.contains(kept), "the cut token shows {kept:?}: {head}");
+    assert_eq!(head, format!("{}{MASK}", "x".repeat(500)));
+}
+
+/// Masking a token cut off at the end applies to answers that were cut,
+/// not to what a producer or a consumer named: a payload or a name that
+/// happens to end as a token begins is shown as it was sent.
+#[tokio::test]
+async fn a_payload_ending_as_a_token_begins_is_shown_as_sent() {
+    let db = TestDb::new().await;
+    let consumer = echo_consumer().await;
+    let (service, service_token) = db.add_service("echo", &format!("http://{consumer}")).await;
+    let resource = format!("web-{}", &PRODUCER_TOKEN[..8]);
+    db.add_watch(service.id, &resource, "acme/", all()).await;
+    let note = format!("signed by {}", &PRODUCER_TOKEN[..8]);
+    let who = ADMIN_TOKEN[..9].to_string();
+    let change = db
+        .emit("acme/web", "push", json!({ "note": note, "who": who }))
+        .await;
+    let id = delivery_of(&db, change).await;
+    let pump = RunningPump::start(&db.pool, pump_config());
+    db.wait_state(id, "delivered", WAIT).await;
+    pump.stop().await.unwrap();
+
+    let server = AppServer::start(&db.pool, &operator_config()).await;
+    let admin: Value = serde_json::from_str(
+        &server
+            .admin_get(&format!("/api/v1/admin/deliveries/{id}"))
+            .await,
+    )
+    .unwrap();
+    assert_eq!(admin["delivery"]["resource"], json!(resource), "{admin}");
+    let own: Value = reqwest::Client::new()
+        .get(server.url(&format!("/api/v1/deliveries/{id}")))
+        .bearer_auth(&service_token)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(own["body"]["payload"]["note"], json!(note), "{own}");
+    assert_eq!(own["body"]["payload"]["who"], json!(who), "{own}");
+    assert_eq!(own["body"]["resource"], json!(resource), "{own}");
+    let page = server.panel_get(&format!("/panel/deliveries/{id}")).await;
+    assert!(page.contains(&note), "the panel shows the note as sent");
+}

@@ -185,10 +185,11 @@ impl Sender {
             }
         }
         let token = self.authorization.trim_start_matches("Bearer ");
+        let cut = head.len() >= RESPONSE_HEAD_BYTES;
         Ok(Answer {
             status,
             retry_after,
-            head: storable_text(&head, &[token]),
+            head: storable_text(&head, &[token], cut),
         })
     }
 }
@@ -363,12 +364,15 @@ impl hyper::body::Body for PartsBody {
 /// Bytes as text PostgreSQL can store: invalid UTF-8 and NUL (which `text`
 /// refuses, failing the whole batch of outcomes) become U+FFFD; and without
 /// secrets: `secrets` and anything that looks like a credential are masked
-/// ([`crate::redact`]), as a consumer may echo its request back.
-fn storable_text(bytes: &[u8], secrets: &[&str]) -> String {
-    crate::redact::mask(
-        &String::from_utf8_lossy(bytes).replace('\0', "\u{FFFD}"),
-        secrets,
-    )
+/// ([`crate::redact`]), as a consumer may echo its request back. `cut`: the
+/// bytes are the first of a longer answer, which may end inside a token.
+fn storable_text(bytes: &[u8], secrets: &[&str], cut: bool) -> String {
+    let text = String::from_utf8_lossy(bytes).replace('\0', "\u{FFFD}");
+    if cut {
+        crate::redact::mask_cut(&text, secrets)
+    } else {
+        crate::redact::mask(&text, secrets)
+    }
 }
 
 /// The error with its causes, which is where reqwest keeps the useful part
@@ -381,7 +385,7 @@ fn describe(e: &reqwest::Error) -> String {
         text.push_str(&cause.to_string());
         source = cause.source();
     }
-    storable_text(text.as_bytes(), &[])
+    storable_text(text.as_bytes(), &[], false)
 }
 
 #[cfg(test)]
@@ -403,6 +407,6 @@ mod tests {
 
     #[test]
     fn answers_are_stored_without_nul_bytes() {
-        assert_eq!(storable_text(b"a\0b\xff", &[]), "a\u{FFFD}b\u{FFFD}");
+        assert_eq!(storable_text(b"a\0b\xff", &[], false), "a\u{FFFD}b\u{FFFD}");
     }
 }
