@@ -94,12 +94,21 @@ impl Settings {
     /// applies before it stores an answer), wherever they appear (a
     /// consumer may echo a header back in its answer).
     pub fn mask(&self, text: &str) -> String {
-        let secrets: Vec<&str> = [Some(&self.producer_token), self.admin_token.as_ref()]
+        crate::redact::mask(text, &self.secrets())
+    }
+
+    /// [`Settings::mask`] for a text the panel cut to a length: a secret's
+    /// beginning that ends it is masked too ([`crate::redact::mask_cut`]).
+    pub fn mask_cut(&self, text: &str) -> String {
+        crate::redact::mask_cut(text, &self.secrets())
+    }
+
+    fn secrets(&self) -> Vec<&str> {
+        [Some(&self.producer_token), self.admin_token.as_ref()]
             .into_iter()
             .flatten()
             .map(String::as_str)
-            .collect();
-        crate::redact::mask(text, &secrets)
+            .collect()
     }
 
     /// `value` with [`Settings::mask`] applied to every string in it.
@@ -154,6 +163,14 @@ mod tests {
         op.admin_token = Some("admin-token-for-tests".into());
         let pump = PumpConfig::new("git", "producer-secret");
         Settings::new(&op, &pump, "127.0.0.1:8080".parse().unwrap())
+    }
+
+    #[test]
+    fn a_secrets_beginning_at_the_end_is_masked_only_in_a_cut_text() {
+        let s = settings();
+        assert_eq!(s.mask_cut("cut at: producer-se"), format!("cut at: {MASK}"));
+        assert_eq!(s.mask_cut("cut at: admin-tok"), format!("cut at: {MASK}"));
+        assert_eq!(s.mask("a name: web-producer"), "a name: web-producer");
     }
 
     #[test]

@@ -307,9 +307,12 @@ fn request_as_sent(d: &Delivery, sent: &store::Sent, s: &Settings) -> String {
     };
     let request = request::render(&url, m.delivery_id, m.attempt, &m.body(&s.producer), MASK);
     // Cut, then masked: the masking recognises a credential by its start,
-    // and a known secret's beginning at the end of the text (it was made
-    // for answers stored cut at 512 bytes).
-    let shown = s.mask(prefix(&request, SHOWN_REQUEST_BYTES));
+    // and, in a text that was cut, a known secret's beginning at its end.
+    let shown = if request.len() > SHOWN_REQUEST_BYTES {
+        s.mask_cut(prefix(&request, SHOWN_REQUEST_BYTES))
+    } else {
+        s.mask(&request)
+    };
     let note = if request.len() > SHOWN_REQUEST_BYTES {
         format!(
             r#"<p class="note" id="request-cut">The first {} KiB of {} bytes are shown.</p>"#,
