@@ -6,7 +6,11 @@
 //!   not send it (the database was slow: here a row lock holds the claim's
 //!   transaction open past the lease);
 //! - after a request the pump gave up on, nothing more of its (watch,
-//!   object) is sent for the hold, neither its retry nor newer news.
+//!   object) is sent for the hold, neither its retry nor newer news;
+//! - a request whose connection broke after it arrived, long before its
+//!   timeout, holds its stream as if it had run the whole timeout, and the
+//!   hold after (the partition fault of `make chaos` found the gap: a
+//!   consumer's answer cut off by the network).
 
 mod common;
 
@@ -209,5 +213,114 @@ async fn after_a_request_with_no_answer_nothing_of_its_stream_goes_for_the_hold(
         db.delivery_state(first).await,
         "superseded",
         "the older news gives way to the newer after the hold"
+    );
+}
+
+/// A consumer on a raw socket that reads each request whole, then answers
+/// 200, except the first, whose connection it closes unanswered at once: to
+/// the pump, a connection broken long before its request timeout, after
+/// the request arrived (the network cut the answer off). Returns the
+/// address and the arrivals' times.
+async fn breaks_the_first_connection() -> (std::net::SocketAddr, Arc<Mutex<Vec<Instant>>>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = loopback().await;
+    let addr = listener.local_addr().unwrap();
+    let arrivals: Arc<Mutex<Vec<Instant>>> = Arc::default();
+    let seen = arrivals.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut socket, _)) = listener.accept().await else {
+                return;
+            };
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 8192];
+                loop {
+                    // One whole request: its head, then content-length bytes.
+                    let whole = buf.windows(4).position(|w| w == b"\r\n\r\n").map(|end| {
+                        let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+                        let length = head
+                            .lines()
+                            .find_map(|l| l.strip_prefix("content-length:"))
+                            .and_then(|v| v.trim().parse::<usize>().ok())
+                            .unwrap_or(0);
+                        end + 4 + length
+                    });
+                    if let Some(size) = whole.filter(|&size| buf.len() >= size) {
+                        buf.drain(..size);
+                        let first = {
+                            let mut seen = seen.lock().unwrap();
+                            seen.push(Instant::now());
+                            seen.len() == 1
+                        };
+                        if first {
+                            return; // dropped unanswered: the connection closes
+                        }
+                        let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n";
+                        if socket.write_all(ok).await.is_err() {
+                            return;
+                        }
+                        continue;
+                    }
+                    match socket.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+            });
+        }
+    });
+    (addr, arrivals)
+}
+
+#[tokio::test]
+async fn a_connection_broken_before_the_timeout_holds_the_stream_for_the_timeout_and_the_hold() {
+    let db = TestDb::new().await;
+    let (addr, arrivals) = breaks_the_first_connection().await;
+    let (svc, _) = db.add_service("deploy", &format!("http://{addr}")).await;
+    db.add_watch(svc.id, "app", OBJECT, all()).await;
+    // Request timeout 1.5 s, hold 300 ms: the consumer had the first
+    // request, the pump lost its connection a few milliseconds later. The
+    // consumer may work on it for the rest of the 1.5 s, and the hold after:
+    // nothing more of the stream may arrive sooner than 1.8 s after it.
+    let _pump = pump(
+        &db,
+        "broken",
+        &[
+            ("WATCHPUMP_LEASE_MS", "5000"),
+            ("WATCHPUMP_REQUEST_TIMEOUT_MS", "1500"),
+            ("WATCHPUMP_HOLD_AFTER_NO_ANSWER_MS", "300"),
+            ("WATCHPUMP_SWEEP_INTERVAL_MS", "100"),
+        ],
+    );
+    let first = delivery_of(&db, db.emit(OBJECT, "push", json!({"n": 1})).await).await;
+    eventually(WAIT, "the first request arrives", || async {
+        !arrivals.lock().unwrap().is_empty()
+    })
+    .await;
+    let newer = delivery_of(&db, db.emit(OBJECT, "push", json!({"n": 2})).await).await;
+    db.wait_state(newer, "delivered", WAIT).await;
+
+    let attempts: Vec<(Option<i32>, Option<String>, f64)> = sqlx::query_as(
+        "select status, error, duration_ms from watchpump.attempts where delivery_id = $1",
+    )
+    .bind(first)
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert!(
+        attempts.iter().all(|(status, error, ms)| status.is_none()
+            && error
+                .as_deref()
+                .is_some_and(|e| !e.starts_with("not sent: "))
+            && *ms < 1000.0),
+        "the first request's connection broke, sent, well before its timeout: {attempts:?}"
+    );
+    let arrivals = arrivals.lock().unwrap().clone();
+    let gap = arrivals[1] - arrivals[0];
+    assert!(
+        gap >= Duration::from_millis(1700),
+        "the next request of the stream came {gap:?} after the one whose connection broke"
     );
 }

@@ -40,9 +40,11 @@
 --      or not (a pump cut off from here stops claiming and its requests
 --      still end in time);
 --   c. after an attempt with no answer, complete() keeps lease_until a
---      hold ahead (no leaseholder): neither the retry nor newer news of the
---      (watch, object) goes before a consumer still busy with the
---      abandoned request has had that hold to finish.
+--      hold ahead (no leaseholder), counted from when the request timeout
+--      would have ended the request (a broken connection ends it sooner):
+--      neither the retry nor newer news of the (watch, object) goes before
+--      a consumer still busy with the abandoned request has had its
+--      request timeout and that hold to finish.
 -- The promise that follows is in docs/protocol.md ("One at a time").
 --
 -- Why each function here sets `jit = off` and `force_generic_plan`: the
@@ -673,10 +675,15 @@ begin
             -- timeout, a broken connection) holds the (watch, object) for the
             -- pump's hold, since the consumer may still be working on it; a
             -- request that never left ('not sent: ', src/pump/send.rs) does not.
+            -- A request given up on before its timeout (its connection broke
+            -- after it arrived) may be worked on for the rest of that timeout
+            -- too: the hold counts from when the timeout would have ended it.
             lease_until = case when x.status is null
                                 and x.error not like 'not sent: %' then now() + coalesce(
                 nullif(current_setting('watchpump.hold_after_no_answer', true), '')::interval,
-                interval '0') end,
+                interval '0') + greatest(coalesce(
+                nullif(current_setting('watchpump.request_timeout', true), '')::interval,
+                interval '0') - make_interval(secs => coalesce(x.duration, 0) / 1000), interval '0') end,
             leased_by = null,
             last_status = x.status, last_error = x.error
         from decided x

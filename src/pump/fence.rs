@@ -14,8 +14,12 @@
 //! timeout` (reqwest's timeout covers connecting, sending and the
 //! answer). After an attempt with no answer the consumer may still be
 //! working on it, so the next request of its (watch, object) waits `hold`
-//! more (`complete()` holds the stream, or the lease still runs). Hence the
-//! rule checked here, just before a request is signed and sent:
+//! more (`complete()` holds the stream, or the lease still runs). A request
+//! whose connection broke sooner (its answer cut off by the network, after
+//! the consumer had it) is held as if it had run its whole timeout: the
+//! consumer is owed the same time to finish whichever way the pump lost
+//! it. Hence the rule checked here, just before a request is signed and
+//! sent:
 //!
 //! > start only if `now + request timeout + hold <= asked + lease`
 //!

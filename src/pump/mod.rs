@@ -74,7 +74,7 @@ impl Pump {
     /// few connections (see [`pump_pool`]); `pool` itself is not used.
     pub fn new(pool: PgPool, cfg: PumpConfig) -> Result<Self> {
         cfg.validate().map_err(Error::Config)?;
-        let pool = pump_pool(&pool, cfg.hold_after_no_answer());
+        let pool = pump_pool(&pool, cfg.hold_after_no_answer(), cfg.request_timeout());
         let sender = Sender::new(&cfg).map_err(|e| Error::Config(format!("HTTP client: {e}")))?;
         let health = Health::new(
             cfg.service_concurrency,
@@ -185,13 +185,20 @@ pub struct Step {
 /// producer's own transactions, which create the deliveries, keep their own
 /// setting.
 ///
-/// `hold_after_no_answer` goes to `watchpump.complete()` as the session
-/// setting `watchpump.hold_after_no_answer` (a placeholder setting, read
-/// with `current_setting(..., true)`): after an attempt with no answer it
-/// holds the (watch, object) that long ([`fence`]). Like the settings above
+/// `hold_after_no_answer` and `request_timeout` go to `watchpump.complete()`
+/// as the session settings `watchpump.hold_after_no_answer` and
+/// `watchpump.request_timeout` (placeholder settings, read with
+/// `current_setting(..., true)`): after an attempt with no answer it holds
+/// the (watch, object) for the hold, counted from when the request timeout
+/// would have ended the request ([`fence`]). Like the settings above
 /// it needs session pooling, not a transaction-pooling proxy.
-pub fn pump_pool(pool: &PgPool, hold_after_no_answer: Duration) -> PgPool {
+pub fn pump_pool(
+    pool: &PgPool,
+    hold_after_no_answer: Duration,
+    request_timeout: Duration,
+) -> PgPool {
     let hold = format!("{}ms", hold_after_no_answer.as_millis());
+    let timeout = format!("{}ms", request_timeout.as_millis());
     let options = (*pool.connect_options())
         .clone()
         // claim() decides the order rule with a fresh snapshot per statement.
@@ -200,6 +207,7 @@ pub fn pump_pool(pool: &PgPool, hold_after_no_answer: Duration) -> PgPool {
             // (PostgreSQL reads the space escaped; sqlx does not escape it.)
             ("default_transaction_isolation", r"read\ committed"),
             ("watchpump.hold_after_no_answer", hold.as_str()),
+            ("watchpump.request_timeout", timeout.as_str()),
         ])
         .application_name("watchpump-pump");
     sqlx::postgres::PgPoolOptions::new()

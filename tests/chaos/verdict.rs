@@ -267,8 +267,18 @@ fn order_violations(
             forgiven += 1;
         } else if let Some(prev) = busy_until.filter(|p| r.arrived < p.ended) {
             found.push(format!(
-                "watch {watch}, {object}: delivery {} (sequence {}) arrived while delivery {} (sequence {}) was still being answered",
-                r.delivery_id, r.sequence, prev.delivery_id, prev.sequence
+                "watch {watch}, {object}: delivery {} (sequence {}) arrived while delivery {} (sequence {}) was still being answered \
+                 (that one: attempt {}, arrived {}, ended {}, {}; this one: attempt {}, arrived {})",
+                r.delivery_id,
+                r.sequence,
+                prev.delivery_id,
+                prev.sequence,
+                prev.attempt,
+                prev.arrived.format("%H:%M:%S%.3f"),
+                prev.ended.format("%H:%M:%S%.3f"),
+                if prev.hung { "no answer in time" } else { "answered" },
+                r.attempt,
+                r.arrived.format("%H:%M:%S%.3f"),
             ));
         }
         if busy_until.is_none_or(|p| r.ended > p.ended) {
