@@ -41,24 +41,29 @@ fn assert_masked(what: &str, text: &str) {
     assert!(text.contains(MASK), "{what}: {text}");
 }
 
-#[tokio::test]
-async fn an_echoed_authorization_header_is_stored_and_shown_masked() {
-    let db = TestDb::new().await;
-    let consumer = echo_consumer().await;
+/// One change delivered to `consumer` (service "echo", watching "acme/"):
+/// its delivery id and the head of the answer as stored.
+async fn deliver_one(db: &TestDb, consumer: SocketAddr) -> (i64, String) {
     let (service, _) = db.add_service("echo", &format!("http://{consumer}")).await;
     db.add_watch(service.id, "app", "acme/", all()).await;
     let change = db.emit("acme/web", "push", json!({})).await;
-    let id = delivery_of(&db, change).await;
+    let id = delivery_of(db, change).await;
     let pump = RunningPump::start(&db.pool, pump_config());
     db.wait_state(id, "delivered", WAIT).await;
     pump.stop().await.unwrap();
-
-    let head: String =
+    let head =
         sqlx::query_scalar("select response_head from watchpump.attempts where delivery_id = $1")
             .bind(id)
             .fetch_one(&db.pool)
             .await
             .unwrap();
+    (id, head)
+}
+
+#[tokio::test]
+async fn an_echoed_authorization_header_is_stored_and_shown_masked() {
+    let db = TestDb::new().await;
+    let (id, head) = deliver_one(&db, echo_consumer().await).await;
     assert_masked("the stored response_head", &head);
     assert!(
         head.contains(&format!("authorization: Bearer {MASK}")),
@@ -133,21 +138,7 @@ async fn long_echo_consumer() -> SocketAddr {
 #[tokio::test]
 async fn an_answer_cut_in_the_middle_of_a_token_is_stored_with_the_cut_end_masked() {
     let db = TestDb::new().await;
-    let consumer = long_echo_consumer().await;
-    let (service, _) = db.add_service("echo", &format!("http://{consumer}")).await;
-    db.add_watch(service.id, "app", "acme/", all()).await;
-    let change = db.emit("acme/web", "push", json!({})).await;
-    let id = delivery_of(&db, change).await;
-    let pump = RunningPump::start(&db.pool, pump_config());
-    db.wait_state(id, "delivered", WAIT).await;
-    pump.stop().await.unwrap();
-
-    let head: String =
-        sqlx::query_scalar("select response_head from watchpump.attempts where delivery_id = $1")
-            .bind(id)
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
+    let (_, head) = deliver_one(&db, long_echo_consumer().await).await;
     let kept = &PRODUCER_TOKEN[..12];
     assert!(!head.contains(kept), "the cut token shows {kept:?}: {head}");
     assert_eq!(head, format!("{}{MASK}", "x".repeat(500)));
@@ -181,15 +172,12 @@ async fn a_payload_ending_as_a_token_begins_is_shown_as_sent() {
     )
     .unwrap();
     assert_eq!(admin["delivery"]["resource"], json!(resource), "{admin}");
-    let own: Value = reqwest::Client::new()
-        .get(server.url(&format!("/api/v1/deliveries/{id}")))
-        .bearer_auth(&service_token)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let own = json_of(
+        reqwest::Client::new()
+            .get(server.url(&format!("/api/v1/deliveries/{id}")))
+            .bearer_auth(&service_token),
+    )
+    .await;
     assert_eq!(own["body"]["payload"]["note"], json!(note), "{own}");
     assert_eq!(own["body"]["payload"]["who"], json!(who), "{own}");
     assert_eq!(own["body"]["resource"], json!(resource), "{own}");
