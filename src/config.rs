@@ -285,8 +285,9 @@ pub struct PumpConfig {
 
     /// After an attempt that got no answer (the request timed out or its
     /// connection broke), how long nothing more of its (watch, object) is
-    /// sent: time for a consumer still working on the abandoned request to
-    /// finish (docs/protocol.md, "One at a time"). Default: the request
+    /// sent, counted from when the request timeout would have ended it:
+    /// time for a consumer still working on the abandoned request to finish
+    /// (docs/protocol.md, "One at a time"). Default: the request
     /// timeout, but at most a quarter of what the lease leaves beyond it
     /// (the rest is the time a claimed delivery may wait to be sent:
     /// src/pump/fence.rs). The lease must exceed the request timeout plus

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use axum::routing::get;
 use common::*;
 use serde_json::{json, Value};
+use watchpump::redact::MASK;
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -789,6 +790,27 @@ async fn a_large_body_is_shown_cut_at_64_kib_with_its_size() {
         );
         assert!(!html.contains("yyyy"), "past the cut");
         assert!(!html.contains("_cc"), "a token at the cut is masked");
+    }
+
+    // The producer's token, bare in a payload, cut at every offset the
+    // same way: what is left of it at the cut is masked too, unless it is
+    // too short (under 4 characters) to tell.
+    let bare = vec![PRODUCER_TOKEN; 200].join(" ");
+    for k in 0..=PRODUCER_TOKEN.len() {
+        let payload = json!({"a": "x".repeat(62_000 + k), "bb": bare, "ccc": "y".repeat(2_000)});
+        let change = db.emit(&format!("acme/bare-{k}"), "push", payload).await;
+        let id = delivery_of(&db, change).await;
+        let html = server.panel_get(&format!("/panel/deliveries/{id}")).await;
+        let request = html
+            .split(r#"<pre id="request">"#)
+            .nth(1)
+            .and_then(|rest| rest.split("</pre>").next())
+            .expect("the request as sent");
+        let last = request.rsplit(' ').next().unwrap();
+        assert!(
+            last == MASK || (last.chars().count() < 4 && PRODUCER_TOKEN.starts_with(last)),
+            "the request ends with {last:?}"
+        );
     }
 
     // A small body is shown whole, without the note.

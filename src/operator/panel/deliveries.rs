@@ -308,12 +308,14 @@ fn request_as_sent(d: &Delivery, sent: &store::Sent, s: &Settings) -> String {
     let request = request::render(&url, m.delivery_id, m.attempt, &m.body(&s.producer), MASK);
     // Cut, then masked: the masking recognises a credential by its start,
     // and, in a text that was cut, a known secret's beginning at its end.
-    let shown = if request.len() > SHOWN_REQUEST_BYTES {
-        s.mask_cut(prefix(&request, SHOWN_REQUEST_BYTES))
+    let cut = request.len() > SHOWN_REQUEST_BYTES;
+    let shown = prefix(&request, SHOWN_REQUEST_BYTES);
+    let shown = if cut {
+        s.mask_cut(shown)
     } else {
-        s.mask(&request)
+        s.mask(shown)
     };
-    let note = if request.len() > SHOWN_REQUEST_BYTES {
+    let note = if cut {
         format!(
             r#"<p class="note" id="request-cut">The first {} KiB of {} bytes are shown.</p>"#,
             SHOWN_REQUEST_BYTES / 1024,
