@@ -222,56 +222,60 @@ async fn after_a_request_with_no_answer_nothing_of_its_stream_goes_for_the_hold(
 /// the request arrived (the network cut the answer off). Returns the
 /// address and the arrivals' times.
 async fn breaks_the_first_connection() -> (std::net::SocketAddr, Arc<Mutex<Vec<Instant>>>) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = loopback().await;
     let addr = listener.local_addr().unwrap();
     let arrivals: Arc<Mutex<Vec<Instant>>> = Arc::default();
     let seen = arrivals.clone();
     tokio::spawn(async move {
-        loop {
-            let Ok((mut socket, _)) = listener.accept().await else {
-                return;
-            };
-            let seen = seen.clone();
-            tokio::spawn(async move {
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 8192];
-                loop {
-                    // One whole request: its head, then content-length bytes.
-                    let whole = buf.windows(4).position(|w| w == b"\r\n\r\n").map(|end| {
-                        let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
-                        let length = head
-                            .lines()
-                            .find_map(|l| l.strip_prefix("content-length:"))
-                            .and_then(|v| v.trim().parse::<usize>().ok())
-                            .unwrap_or(0);
-                        end + 4 + length
-                    });
-                    if let Some(size) = whole.filter(|&size| buf.len() >= size) {
-                        buf.drain(..size);
-                        let first = {
-                            let mut seen = seen.lock().unwrap();
-                            seen.push(Instant::now());
-                            seen.len() == 1
-                        };
-                        if first {
-                            return; // dropped unanswered: the connection closes
-                        }
-                        let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n";
-                        if socket.write_all(ok).await.is_err() {
-                            return;
-                        }
-                        continue;
-                    }
-                    match socket.read(&mut chunk).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                    }
-                }
-            });
+        while let Ok((socket, _)) = listener.accept().await {
+            tokio::spawn(answer_or_break(socket, seen.clone()));
         }
     });
     (addr, arrivals)
+}
+
+/// Reads requests off one connection, noting each arrival; closes it at
+/// the first request of all, answers 200 to the others.
+async fn answer_or_break(mut socket: tokio::net::TcpStream, seen: Arc<Mutex<Vec<Instant>>>) {
+    use tokio::io::AsyncWriteExt;
+    let mut buf = Vec::new();
+    while read_request(&mut socket, &mut buf).await {
+        let first = {
+            let mut seen = seen.lock().unwrap();
+            seen.push(Instant::now());
+            seen.len() == 1
+        };
+        let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n";
+        if first || socket.write_all(ok).await.is_err() {
+            return; // dropped unanswered: the connection closes
+        }
+    }
+}
+
+/// Reads one whole request (its head, then content-length bytes) into
+/// `buf` and takes it out; false once the connection ends.
+async fn read_request(socket: &mut tokio::net::TcpStream, buf: &mut Vec<u8>) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut chunk = [0u8; 8192];
+    loop {
+        let size = buf.windows(4).position(|w| w == b"\r\n\r\n").map(|end| {
+            let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+            let length = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .unwrap_or(0);
+            end + 4 + length
+        });
+        if let Some(size) = size.filter(|&size| buf.len() >= size) {
+            buf.drain(..size);
+            return true;
+        }
+        match socket.read(&mut chunk).await {
+            Ok(0) | Err(_) => return false,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
 }
 
 #[tokio::test]
