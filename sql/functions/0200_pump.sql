@@ -570,6 +570,12 @@ declare
     v_attempts   integer[];
     v_done       bigint[] := '{}';
     v_done_services bigint[];
+    -- The pump's hold after no answer and its request timeout: session
+    -- settings of its connections (src/pump/mod.rs); none elsewhere.
+    v_hold       interval := coalesce(nullif(current_setting('watchpump.hold_after_no_answer', true), '')::interval,
+                                      interval '0');
+    v_timeout    interval := coalesce(nullif(current_setting('watchpump.request_timeout', true), '')::interval,
+                                      interval '0');
 begin
     -- 1. The delivered ones this pump still holds are settled at once: the
     --    delete checks the lease as it takes the row lock (settle()'s
@@ -678,12 +684,10 @@ begin
             -- A request given up on before its timeout (its connection broke
             -- after it arrived) may be worked on for the rest of that timeout
             -- too: the hold counts from when the timeout would have ended it.
-            lease_until = case when x.status is null
-                                and x.error not like 'not sent: %' then now() + coalesce(
-                nullif(current_setting('watchpump.hold_after_no_answer', true), '')::interval,
-                interval '0') + greatest(coalesce(
-                nullif(current_setting('watchpump.request_timeout', true), '')::interval,
-                interval '0') - make_interval(secs => coalesce(x.duration, 0) / 1000), interval '0') end,
+            lease_until = case when x.status is null and x.error not like 'not sent: %'
+                               then now() + v_hold
+                                    + greatest(v_timeout - make_interval(secs => coalesce(x.duration, 0) / 1000),
+                                               interval '0') end,
             leased_by = null,
             last_status = x.status, last_error = x.error
         from decided x
