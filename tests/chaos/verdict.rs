@@ -76,11 +76,71 @@ pub async fn settled(pool: &PgPool, limit: Duration) -> Result<(), String> {
         }
         if Instant::now() > deadline {
             return Err(format!(
-                "not settled {limit:?} after consumers turned healthy: {pending} pending, {in_flight} in flight"
+                "not settled {limit:?} after consumers turned healthy: {pending} pending, {in_flight} in flight; {}",
+                unsettled(pool).await
             ));
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// What keeps the first few unsettled deliveries waiting, for the message
+/// of a run that did not settle: when they are due, their lease (or hold),
+/// pauses, removals and rates.
+async fn unsettled(pool: &PgPool) -> String {
+    let rows: Vec<(
+        i64,
+        String,
+        i64,
+        String,
+        i32,
+        f64,
+        Option<f64>,
+        Option<String>,
+    )> = sqlx::query_as(
+        "select q.id, s.name, q.watch_id, q.object, q.attempts,
+                    extract(epoch from q.next_attempt_at - now())::float8,
+                    extract(epoch from q.lease_until - now())::float8, q.leased_by
+             from watchpump.queue q join watchpump.services s on s.id = q.service_id
+             order by q.id limit 5",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap_or_default();
+    let mut shown = Vec::new();
+    for (id, service, watch, object, attempts, due_in, lease_in, leased_by) in rows {
+        let why: (
+            Option<String>,
+            bool,
+            bool,
+            bool,
+            bool,
+            Option<i32>,
+            Option<i32>,
+            i64,
+        ) = sqlx::query_as(
+            "select q.last_error, w.paused_at is not null, s.paused_at is not null,
+                        w.removed_at is not null, s.removed_at is not null,
+                        s.max_rate, s.consumer_rate,
+                        (select count(*) from watchpump.queue o
+                         where o.watch_id = q.watch_id and o.object = q.object)
+                 from watchpump.queue q
+                 join watchpump.watches w on w.id = q.watch_id
+                 join watchpump.services s on s.id = q.service_id
+                 where q.id = $1",
+        )
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .unwrap_or_default();
+        shown.push(format!(
+            "delivery {id} ({service}, watch {watch}, {object}): {attempts} attempts, due in {due_in:.1} s, \
+             lease {lease_in:?} s by {leased_by:?}, last error {:?}, paused watch {} service {}, \
+             removed watch {} service {}, rates {:?}/{:?}, {} queued of its stream",
+            why.0, why.1, why.2, why.3, why.4, why.5, why.6, why.7
+        ));
+    }
+    shown.join("; ")
 }
 
 pub struct Judged {
