@@ -24,6 +24,8 @@ use sqlx::PgPool;
 
 const PRODUCER_TOKEN: &str = "bench-producer-token";
 
+#[path = "scenarios/backlog.rs"]
+mod backlog;
 #[path = "scenarios/bounds.rs"]
 mod bounds;
 #[path = "scenarios/budget.rs"]
@@ -76,6 +78,7 @@ async fn main() {
         ("trickle-legs", |b| Box::pin(legs::legs(b))),
         ("bulk-1", |b| Box::pin(bulk_one(b))),
         ("bulk", |b| Box::pin(bulk(b))),
+        ("backlog", |b| Box::pin(backlog::backlog(b))),
         ("fanout", |b| Box::pin(fanout(b))),
         ("producer", |b| Box::pin(producer(b))),
         ("supersession", |b| Box::pin(supersession(b))),

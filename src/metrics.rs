@@ -38,6 +38,12 @@ pub const WAKEUPS: &str = "watchpump_wakeups_total";
 pub const LISTENER_RECONNECTS: &str = "watchpump_listener_reconnects_total";
 pub const CLAIMED_BATCH_SIZE: &str = "watchpump_claimed_batch_size";
 pub const IN_FLIGHT: &str = "watchpump_in_flight";
+/// Deliveries this pump claimed ahead and holds, waiting for a request to
+/// free up, per consumer service (issue 33).
+pub const CLAIMED_AHEAD: &str = "watchpump_claimed_ahead";
+/// Claimed deliveries this pump gave back unsent (`watchpump.release()`),
+/// by reason: stop, down, window, gone, fence.
+pub const CLAIMS_RELEASED: &str = "watchpump_claims_released_total";
 /// Payload bytes held by this pump's deliveries in flight.
 pub const IN_FLIGHT_BYTES: &str = "watchpump_in_flight_bytes";
 /// Claims not made because a global in-flight cap was reached, by cap
@@ -132,6 +138,9 @@ pub fn install_recorder() -> Result<PrometheusHandle, String> {
     for cap in ["requests", "bytes"] {
         metrics::counter!(CLAIMS_HELD, "cap" => cap).absolute(0);
     }
+    for reason in ["stop", "down", "window", "gone", "fence"] {
+        metrics::counter!(CLAIMS_RELEASED, "reason" => reason).absolute(0);
+    }
     metrics::gauge!(IN_FLIGHT_BYTES).set(0.0);
     for outcome in ["started", "refused", "truncated"] {
         metrics::counter!(RESYNCS, "outcome" => outcome).absolute(0);
@@ -207,6 +216,14 @@ fn describe() {
     describe_gauge!(
         IN_FLIGHT,
         "HTTP requests this pump has in flight now, per consumer service; sum across pumps."
+    );
+    describe_gauge!(
+        CLAIMED_AHEAD,
+        "Deliveries this pump claimed one window ahead and holds, leased, waiting for a request to the service to free up."
+    );
+    describe_counter!(
+        CLAIMS_RELEASED,
+        "Claimed deliveries this pump gave back unsent, pending again for any pump, by reason: stop, down (the service went down), window (a failure halved it), gone (the watch answered 410), fence (the lease no longer covered the request)."
     );
     describe_gauge!(
         IN_FLIGHT_BYTES,
@@ -333,6 +350,7 @@ pub fn register_service(service: &str) {
             .increment(0);
     }
     metrics::gauge!(IN_FLIGHT, "service" => service.to_string()).increment(0.0);
+    metrics::gauge!(CLAIMED_AHEAD, "service" => service.to_string()).increment(0.0);
     metrics::counter!(SENDS_ABANDONED, "service" => service.to_string()).absolute(0);
     metrics::gauge!(PAUSED_WATCHES, "service" => service.to_string()).increment(0.0);
     metrics::gauge!(RATE_LIMIT, "service" => service.to_string()).increment(0.0);

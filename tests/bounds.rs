@@ -184,7 +184,7 @@ async fn fan_out(db: &TestDb, count: usize) {
 async fn claim_with(db: &TestDb, rows: i32, bytes: i64) -> (i64, i64, i64) {
     sqlx::query_as(
         "select count(*), count(distinct change_id), count(payload)
-         from watchpump.claim('test', '{}', '{}', '{}', 1000, '1 minute', $1, $2)",
+         from watchpump.claim('test', '{}', 1000, '1 minute', $1, $2)",
     )
     .bind(rows)
     .bind(bytes)
@@ -244,7 +244,7 @@ async fn the_claim_stays_an_index_lookup_on_a_queue_analyzed_empty() {
     .unwrap();
     let plan: serde_json::Value = sqlx::query_scalar(
         "explain (analyze, buffers, format json)
-         select * from watchpump.claim('test', '{}', '{}', '{}', 10000, '1 minute', 5000, 1000000000)",
+         select * from watchpump.claim('test', '{}', 10000, '1 minute', 5000, 1000000000)",
     )
     .fetch_one(&db.pool)
     .await
@@ -434,14 +434,16 @@ async fn a_consumer_earns_its_concurrency_by_answering() {
     let pump = RunningPump::start(&db.pool, cfg);
     consumer.wait_for_arrivals(1, WAIT).await;
     // Several sweeps and claims later: a consumer that has not answered
-    // yet has one request on the wire, not its 64.
+    // yet has one request on the wire, not its 64, and the pump holds one
+    // more claimed ahead of it (one window).
     tokio::time::sleep(Duration::from_millis(800)).await;
-    let in_flight: i64 =
+    assert_eq!(consumer.arrivals(), 1, "one request on the wire");
+    let leased: i64 =
         sqlx::query_scalar("select count(*) from watchpump.queue where lease_until > now()")
             .fetch_one(&db.pool)
             .await
             .unwrap();
-    assert_eq!(in_flight, 1);
+    assert_eq!(leased, 2, "one in flight and one window (1) claimed ahead");
     consumer.release();
     until(WAIT, "all 8 delivered", || async {
         let n = db.count_state("delivered").await;

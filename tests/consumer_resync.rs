@@ -520,12 +520,11 @@ async fn claim_checks_a_rows_watch_for_a_pause_without_reading_every_paused_watc
         .unwrap();
     db.emit("acme/web/a", "push", json!({})).await;
     let mut tx = db.pool.begin().await.unwrap();
-    let claimed: Vec<(i64,)> = sqlx::query_as(
-        "select watch_id from watchpump.claim('p', '{}', '{}', '{}', 10, interval '1 minute')",
-    )
-    .fetch_all(&mut *tx)
-    .await
-    .unwrap();
+    let claimed: Vec<(i64,)> =
+        sqlx::query_as("select watch_id from watchpump.claim('p', '{}', 10, interval '1 minute')")
+            .fetch_all(&mut *tx)
+            .await
+            .unwrap();
     assert_eq!(claimed, vec![(watch.id,)]);
     // Index entries the claim read from watches_paused in this transaction:
     // a probe per queued row scanned, not one per paused watch.

@@ -4,7 +4,8 @@
 //!
 //! - a pump whose claim came back too late to send within its lease does
 //!   not send it (the database was slow: here a row lock holds the claim's
-//!   transaction open past the lease);
+//!   transaction open past the lease): it gives it back, and the request
+//!   that reaches the consumer is under a lease of its own claim;
 //! - after a request the pump gave up on, nothing more of its (watch,
 //!   object) is sent for the hold, neither its retry nor newer news;
 //! - a request whose connection broke after it arrived, long before its
@@ -35,6 +36,9 @@ struct Arrival {
     delivery_id: i64,
     attempt: i64,
     at: Instant,
+    /// What was left of the delivery's lease when it arrived, when the
+    /// recorder reads it ([`Recorder::leases`]).
+    lease_left_ms: Option<f64>,
 }
 
 /// A consumer that records arrivals and keeps the first `hang` requests
@@ -43,6 +47,8 @@ struct Arrival {
 struct Recorder {
     arrivals: Arc<Mutex<Vec<Arrival>>>,
     hang: Arc<Mutex<(usize, Duration)>>,
+    /// Where to read each arriving delivery's lease from, if anywhere.
+    leases: Option<sqlx::PgPool>,
 }
 
 impl Recorder {
@@ -59,11 +65,26 @@ impl Recorder {
 }
 
 async fn arrive(State(r): State<Recorder>, body: Bytes) -> StatusCode {
+    let at = Instant::now();
     let d: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+    let delivery_id = d["delivery_id"].as_i64().unwrap_or(-1);
+    let lease_left_ms = match &r.leases {
+        Some(pool) => sqlx::query_scalar(
+            "select (extract(epoch from lease_until - clock_timestamp()) * 1000)::float8
+             from watchpump.queue where id = $1",
+        )
+        .bind(delivery_id)
+        .fetch_optional(pool)
+        .await
+        .unwrap()
+        .flatten(),
+        None => None,
+    };
     r.arrivals.lock().unwrap().push(Arrival {
-        delivery_id: d["delivery_id"].as_i64().unwrap_or(-1),
+        delivery_id,
         attempt: d["attempt"].as_i64().unwrap_or(-1),
-        at: Instant::now(),
+        at,
+        lease_left_ms,
     });
     let wait = {
         let mut hang = r.hang.lock().unwrap();
@@ -102,7 +123,10 @@ fn pump(db: &TestDb, name: &str, env: &[(&str, &str)]) -> KillOnDrop {
 #[tokio::test]
 async fn a_claim_that_comes_back_after_its_lease_ran_short_is_not_sent() {
     let db = TestDb::new().await;
-    let consumer = Recorder::default();
+    let consumer = Recorder {
+        leases: Some(db.pool.clone()),
+        ..Recorder::default()
+    };
     let served = consumer.serve().await;
     let (svc, _) = db.add_service("deploy", &served.base_url()).await;
     db.add_watch(svc.id, "app", OBJECT, all()).await;
@@ -154,20 +178,22 @@ async fn a_claim_that_comes_back_after_its_lease_ran_short_is_not_sent() {
     blocker.rollback().await.unwrap();
 
     // The claim came back 3.5 s after it was asked for, later than the 3 s
-    // its lease left for starting a send: not sent. Once the lease ran
-    // out the delivery is claimed again, as attempt 2, and sent.
-    tokio::time::sleep(Duration::from_millis(1000)).await;
-    sqlx::query("select pg_notify('watchpump', '')")
-        .execute(&db.pool)
-        .await
-        .unwrap();
+    // its lease left for starting a send: not sent, but given back
+    // (watchpump.release(), which NOTIFYs), claimed again under a lease
+    // of its own, and sent as attempt 1, the first made.
     db.wait_state(id, "delivered", WAIT).await;
     let arrivals = consumer.arrivals();
     assert_eq!(arrivals.len(), 1, "{arrivals:?}");
-    assert_eq!(
-        (arrivals[0].delivery_id, arrivals[0].attempt),
-        (id, 2),
-        "the late claim's attempt 1 must not have been sent"
+    assert_eq!((arrivals[0].delivery_id, arrivals[0].attempt), (id, 1));
+    // The late claim's lease had 0.5 s left when it came back; sent under
+    // it, the request would have arrived with less than its timeout and
+    // hold (1 s) of lease left. It arrived under the new claim's 4 s.
+    let left = arrivals[0]
+        .lease_left_ms
+        .expect("the lease was read at arrival");
+    assert!(
+        left >= 1000.0,
+        "the request arrived with {left:.0} ms of lease left: sent under the late claim"
     );
 }
 

@@ -101,7 +101,7 @@ async fn claimed(db: &TestDb, object: &str) -> (i64, i32) {
     let change = db.emit(object, "push", json!({})).await;
     let id = delivery_of(db, change).await;
     sqlx::query_as(
-        "select delivery_id, attempt from watchpump.claim('p', '{}', '{}', '{}', 10, '1 minute')
+        "select delivery_id, attempt from watchpump.claim('p', '{}', 10, '1 minute')
          where delivery_id = $1",
     )
     .bind(id)
@@ -428,7 +428,7 @@ async fn a_populated_v2_database_migrates_in_place_without_losing_a_row() {
     let (old, new, with_change): (i64, i64, i64) = sqlx::query_as(
         "select count(*) filter (where change_id <= $1), count(*) filter (where change_id > $1),
                 count(*) filter (where payload is not null and kind = 'push')
-         from watchpump.claim('p', '{}', '{}', '{}', 10000, '1 minute', 10000)",
+         from watchpump.claim('p', '{}', 10000, '1 minute', 10000)",
     )
     .bind(last_change)
     .fetch_one(&pool)
@@ -1086,7 +1086,7 @@ async fn claim_finds_a_deliverys_change_by_its_day_and_by_its_id_alone_when_the_
     .unwrap();
     let claimed: Vec<(i64, String, Option<String>)> = sqlx::query_as(
         "select change_id, object, payload
-         from watchpump.claim('test', '{}', '{}', '{}', 10, '1 minute') order by change_id",
+         from watchpump.claim('test', '{}', 10, '1 minute') order by change_id",
     )
     .fetch_all(&db.pool)
     .await
@@ -1445,13 +1445,11 @@ async fn attempt_rows(db: &TestDb, table: &str, id: i64) -> Vec<(i32, i32)> {
 
 /// What pump `pump` claims now: (delivery, attempt).
 async fn claim_as(db: &TestDb, pump: &str) -> Vec<(i64, i32)> {
-    sqlx::query_as(
-        "select delivery_id, attempt from watchpump.claim($1, '{}', '{}', '{}', 10, '1 minute')",
-    )
-    .bind(pump)
-    .fetch_all(&db.pool)
-    .await
-    .unwrap()
+    sqlx::query_as("select delivery_id, attempt from watchpump.claim($1, '{}', 10, '1 minute')")
+        .bind(pump)
+        .fetch_all(&db.pool)
+        .await
+        .unwrap()
 }
 
 /// The lease on delivery `id` runs out.

@@ -213,7 +213,7 @@ async fn sql_functions_explain_unknown_ids_and_services_and_wrong_states() {
     let first = delivery_of(&db, db.emit("acme/web/main", "push", json!({})).await).await;
     let second = delivery_of(&db, db.emit("acme/web/main", "push", json!({})).await).await;
     // A pump's claim takes the newest and supersedes the older one.
-    sqlx::query("select * from watchpump.claim('test', '{}', '{}', '{}', 10, '1 minute')")
+    sqlx::query("select * from watchpump.claim('test', '{}', 10, '1 minute')")
         .execute(&db.pool)
         .await
         .unwrap();

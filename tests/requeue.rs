@@ -39,7 +39,7 @@ async fn two_deliveries(db: &TestDb) -> (i64, i64) {
 /// lease ran out) of what it claimed.
 async fn claim(db: &TestDb) -> Vec<(i64, Option<String>)> {
     sqlx::query_as(
-        "select delivery_id, expired_lease_of from watchpump.claim('test', '{}', '{}', '{}', 10, '1 minute')",
+        "select delivery_id, expired_lease_of from watchpump.claim('test', '{}', 10, '1 minute')",
     )
     .fetch_all(&db.pool)
     .await

@@ -142,6 +142,13 @@ $$;
 -- superseded per call, oldest first (what is left waits for the next call:
 -- a claim does not take the newest while older ones remain). The caller
 -- gets back what it superseded.
+--
+-- Bounded by p_max, not by how deep a (watch, object) is (issue 33): each
+-- (watch, object) is walked oldest first in its own index range and stops
+-- at its share of p_max (an equal share each, at least one), so the rows
+-- read are the rows superseded plus the few in flight that are stepped
+-- over. A (watch, object) with more older news than its share is left
+-- crowded for the next call.
 create or replace function watchpump.supersede_older(p_watch_ids bigint[], p_objects text[], p_max integer)
 returns table (delivery_id bigint, service_id bigint, superseded_by bigint)
 language plpgsql
@@ -153,7 +160,12 @@ as $$
 declare
     v_ids    bigint[];
     v_newest bigint[];
+    v_share  integer;
 begin
+    if greatest(p_max, 0) = 0 or cardinality(p_watch_ids) = 0 then
+        return;
+    end if;
+    v_share := greatest(p_max / cardinality(p_watch_ids), 1);
     with streams as (
         select k.watch_id, k.object, n.id as newest, n.sequence
         from (select distinct u.watch_id, u.object
@@ -166,15 +178,18 @@ begin
         ) n
     ),
     older as (
-        select q.id, s.newest
+        select o.id, s.newest
         from streams s
-        join watchpump.queue q
-          on q.watch_id = s.watch_id and q.object = s.object
-         and (q.sequence, q.id) < (s.sequence, s.newest)
-        where not coalesce(q.lease_until > now(), false)
-        order by q.sequence, q.id
-        limit greatest(p_max, 0)
-        for update of q skip locked
+        cross join lateral (
+            select q.id from watchpump.queue q
+            where q.watch_id = s.watch_id and q.object = s.object
+              and (q.sequence, q.id) < (s.sequence, s.newest)
+              and not coalesce(q.lease_until > now(), false)
+            order by q.sequence, q.id
+            limit v_share
+            for update of q skip locked
+        ) o
+        limit p_max
     )
     select coalesce(array_agg(o.id), '{}'), coalesce(array_agg(o.newest), '{}')
     into v_ids, v_newest
@@ -192,10 +207,13 @@ end
 $$;
 
 -- Claim due deliveries for this pump, lease them, and return what the pump
--- needs to send them. Per service at most p_free of them (p_default_free
--- for services not listed); a probing service (p_probe) gets its soonest
--- pending delivery even if that one's own retry is not due yet: the probe
--- stands in for the whole service's backlog.
+-- needs to send them. Per service at most its slot's `free` of them
+-- (p_default_free for services not listed); a probing service (its slot's
+-- `probe`) gets its soonest pending delivery even if that one's own retry
+-- is not due yet: the probe stands in for the whole service's backlog.
+-- A pump asks for more than it has requests free: what it claims ahead
+-- waits in the pump, under the same lease, for a request to free up
+-- (src/pump/queue.rs); release() gives back what it did not send.
 --
 -- Bounded whatever the backlog (README, "Bounds"): at most p_max_rows
 -- deliveries, taken round-robin across the services (each service's
@@ -205,9 +223,23 @@ $$;
 -- Each change's payload is returned once, on the first of its rows (its
 -- other rows carry null and the pump shares the text between them).
 --
+-- And its cost does not grow with the backlog (issue 33): every statement
+-- is a bounded index walk whose rows read are proportional to the rows it
+-- returns. Step 1 walks each service's due deliveries in due order and
+-- stops at its free slots; the rows it steps over are those in flight
+-- (bounded by the pumps' slots) and those of a paused watch not yet held
+-- (hold_paused(), 0500_consumer.sql), and the walk stops at WALK_SLACK =
+-- 1,024 rows beyond the free slots whatever it steps over. Steps 2 and 3
+-- read two rows of each (watch, object), and supersession is bounded by
+-- p_max_rows (supersede_older()). tests/claim_depth.rs holds it to that
+-- on a backlog of 200,000 (buffers a returned row against a backlog of
+-- 200).
+--
 -- The lease fences a pump that died mid-send; a delivery whose lease ran
 -- out is claimed again like any pending one (expired_lease_of names the
--- pump that lost it). The order rule (top of this file) is decided here.
+-- pump that lost it). The order rule (top of this file) is decided here:
+-- a (watch, object)'s delivery is claimed only while it is the only one
+-- queued (none in flight, none older left after supersession).
 -- Each row is a watchpump.claimed_message (0008_storage_v3.sql): its
 -- attributes but service_id, service_version and expired_lease_of are the
 -- message a consumer receives (src/delivery/mod.rs); message() below lists
@@ -215,9 +247,7 @@ $$;
 -- there.
 create or replace function watchpump.claim(
     p_pump         text,
-    p_service_ids  bigint[],
-    p_free         integer[],
-    p_probe        boolean[],
+    p_slots        watchpump.claim_slot[],
     p_default_free integer,
     p_lease        interval,
     p_max_rows     integer default 1000,
@@ -233,8 +263,11 @@ declare
     v_watch_ids    bigint[];
     v_objects      text[];
     v_probes       boolean[];
-    v_ids          bigint[];
-    v_older        bigint[];
+    v_crowded_w    bigint[];
+    v_crowded_o    text[];
+    v_crowded_p    boolean[];
+    v_ids          bigint[] := '{}';
+    v_found        bigint[];
     v_locked       bigint[];
     v_from         timestamptz;
     v_to           timestamptz;
@@ -258,27 +291,34 @@ begin
     -- 1. Due (or probed) deliveries per service, oldest due first, as many
     --    as its free slots, and p_max_rows in all, taking each service's
     --    first, then each one's second, and so on. This pump decides about
-    --    each of their (watch, object)s now if it gets its lock. (Whether
-    --    one of them is in flight is asked once, in step 2: asked here too
-    --    it cost a heap visit per row.)
+    --    each of their (watch, object)s now if it gets its lock.
+    --    The walk is the index queue_due in order, stopped by the limit:
+    --    the due bound is an index condition (a probe's is infinity), and
+    --    the lease and the paused-watch checks are filters on each row
+    --    read, the latter a scalar subquery (one probe of the tiny partial
+    --    index watches_paused), which the planner cannot turn into a join
+    --    that reads the whole due range first (a hash anti join and a sort
+    --    did, on a backlog of 1,000,000 planned from its statistics).
     with per_service as materialized (
         select s.id as service_id, d.watch_id, d.object, coalesce(f.probe, false) as probe,
                d.next_attempt_at
         from watchpump.services s
-        left join unnest(p_service_ids, p_free, p_probe) as f (id, free, probe) on f.id = s.id
+        left join unnest(p_slots) as f on f.service_id = s.id
         cross join lateral (
-            select q.watch_id, q.object, q.next_attempt_at
-            from watchpump.queue q
-            where q.service_id = s.id
-              and (coalesce(f.probe, false) or q.next_attempt_at <= now())
-              and not coalesce(q.lease_until > now(), false)
-              -- Paused watches (issue 20, 0500_consumer.sql) are never
-              -- claimed: a probe of the tiny partial index watches_paused
-              -- (0010_consumer.sql) per row the scan reads, however many
-              -- watches are paused (tests/consumer_resync.rs).
-              and not exists (select 1 from watchpump.watches pw
-                              where pw.id = q.watch_id and pw.paused_at is not null)
-            order by q.next_attempt_at
+            select w.watch_id, w.object, w.next_attempt_at
+            from (
+                select q.watch_id, q.object, q.next_attempt_at, q.lease_until
+                from watchpump.queue q
+                where q.service_id = s.id
+                  and q.next_attempt_at <= case when coalesce(f.probe, false) then timestamptz 'infinity'
+                                                else now() end
+                order by q.next_attempt_at
+                -- WALK_SLACK: the most rows stepped over (see above).
+                limit least(greatest(coalesce(f.free, p_default_free), 0), p_max_rows) + 1024
+            ) w
+            where not coalesce(w.lease_until > now(), false)
+              and (select count(*) from watchpump.watches pw
+                   where pw.id = w.watch_id and pw.paused_at is not null) = 0
             limit least(greatest(coalesce(f.free, p_default_free), 0), p_max_rows)
         ) d
         where s.removed_at is null and s.paused_at is null
@@ -293,76 +333,61 @@ begin
         limit p_max_rows
     ),
     streams as (
-        select distinct k.watch_id, k.object, k.probe from scanned k
+        select k.watch_id, k.object, bool_or(k.probe) as probe from scanned k
+        group by k.watch_id, k.object
     )
     select coalesce(array_agg(k.watch_id), '{}'), coalesce(array_agg(k.object), '{}'),
            coalesce(array_agg(k.probe), '{}')
     into v_watch_ids, v_objects, v_probes
     from streams k
     where watchpump.stream_lock(k.watch_id, k.object);
-    if cardinality(v_watch_ids) = 0 then
-        return;
-    end if;
 
-    -- 2. Under the locks, with this statement's fresh snapshot: the newest
-    --    queued delivery of each (by sequence, then id: supersede_older()),
-    --    if it is due (or probed) and nothing of its (watch, object) is in
-    --    flight; noting which have older ones. Lock those rows, skipping
-    --    any another transaction holds. Their first and last created_at
-    --    bound the days step 4 and 5 read their changes in.
-    with newest as materialized (
-        select n.id, n.has_older, n.created_at
-        from unnest(v_watch_ids, v_objects, v_probes) as k (watch_id, object, probe)
-        cross join lateral (
-            select q.id, q.next_attempt_at, q.created_at,
-                   exists (select 1 from watchpump.queue o
-                           where o.watch_id = k.watch_id and o.object = k.object
-                             and (o.sequence, o.id) < (q.sequence, q.id)) as has_older
-            from watchpump.queue q
-            where q.watch_id = k.watch_id and q.object = k.object
-            order by q.sequence desc, q.id desc
-            limit 1
-        ) n
-        where (k.probe or n.next_attempt_at <= now())
-          and not exists (
-              select 1 from watchpump.queue l
-              where l.watch_id = k.watch_id and l.object = k.object and l.lease_until > now()
-              offset 0
-          )
-    ),
-    locked as (
-        select q.id from watchpump.queue q
-        where q.id = any (array(select n.id from newest n)) and not coalesce(q.lease_until > now(), false)
-        for update skip locked
-    )
-    select coalesce(array_agg(n.id), '{}'), coalesce(array_agg(n.id) filter (where n.has_older), '{}'),
-           min(n.created_at), max(n.created_at)
-    into v_ids, v_older, v_from, v_to
-    from newest n
-    where n.id in (select l.id from locked l);
-
-    -- 3. Every older delivery of those (watch, object)s (stale news, left
-    --    behind while a pump was behind or its consumer down) is superseded
-    --    in this same transaction, p_max_rows at most; where one is held by
-    --    someone else or left for the next claim, the (watch, object)
-    --    waits for that claim.
-    if cardinality(v_older) > 0 then
-        select coalesce(array_agg(q.watch_id), '{}'), coalesce(array_agg(q.object), '{}')
-        into v_watch_ids, v_objects
-        from watchpump.queue q where q.id = any (v_older);
-        perform from watchpump.supersede_older(v_watch_ids, v_objects, p_max_rows);
-        v_ids := array(
-            select c.id from watchpump.queue c
-            where c.id = any (v_ids)
-              and not (c.id = any (v_older) and exists (
-                  select 1 from watchpump.queue o
-                  where o.watch_id = c.watch_id and o.object = c.object
-                    and (o.sequence, o.id) < (c.sequence, c.id)))
-        );
-    end if;
+    -- 2. Under the locks, with this statement's fresh snapshot (which sees
+    --    whatever the locks' previous holders committed): each (watch,
+    --    object)'s oldest queued delivery, and whether another is queued
+    --    behind it. Alone, not in flight and due (or probed), it is the
+    --    object's newest news and nothing of its (watch, object) is on the
+    --    wire: it is claimed. With another behind it, the (watch, object)
+    --    is crowded: step 3 supersedes its older news and asks again.
+    --    Two index entries read per (watch, object), however deep it is.
+    for v_pass in 1..2 loop
+        exit when cardinality(v_watch_ids) = 0;
+        with firsts as materialized (
+            select k.watch_id, k.object, k.probe, f.id, f.next_attempt_at, f.lease_until, f.created_at,
+                   exists (select 1 from watchpump.queue b
+                           where b.watch_id = k.watch_id and b.object = k.object
+                             and (b.sequence, b.id) > (f.sequence, f.id)) as crowded
+            from unnest(v_watch_ids, v_objects, v_probes) as k (watch_id, object, probe)
+            cross join lateral (
+                select q.id, q.sequence, q.next_attempt_at, q.lease_until, q.created_at
+                from watchpump.queue q
+                where q.watch_id = k.watch_id and q.object = k.object
+                order by q.sequence, q.id
+                limit 1
+            ) f
+        )
+        select v_ids || coalesce(array_agg(f.id) filter (where not f.crowded), '{}'),
+               coalesce(array_agg(f.watch_id) filter (where f.crowded), '{}'),
+               coalesce(array_agg(f.object) filter (where f.crowded), '{}'),
+               coalesce(array_agg(f.probe) filter (where f.crowded), '{}')
+        into v_ids, v_crowded_w, v_crowded_o, v_crowded_p
+        from firsts f
+        where f.crowded
+           or (not coalesce(f.lease_until > now(), false) and (f.probe or f.next_attempt_at <= now()));
+        -- 3. Older news of the crowded (watch, object)s is superseded in
+        --    this same transaction, p_max_rows at most; the second pass
+        --    claims those left with their newest alone.
+        exit when v_pass = 2 or cardinality(v_crowded_w) = 0;
+        perform from watchpump.supersede_older(v_crowded_w, v_crowded_o, p_max_rows);
+        v_watch_ids := v_crowded_w;
+        v_objects := v_crowded_o;
+        v_probes := v_crowded_p;
+    end loop;
     if cardinality(v_ids) = 0 then
         return;
     end if;
+    select min(q.created_at), max(q.created_at) into v_from, v_to
+    from watchpump.queue q where q.id = any (v_ids);
 
     -- 4. The payload bytes: whole changes, oldest first, while the bytes
     --    before each stay under p_max_bytes (so the first always goes).
@@ -373,14 +398,13 @@ begin
     --    is its change's occurred_at (emit(), ping(), a replay), so the
     --    look-up reads that day's partition only. The days the claimed
     --    deliveries span (v_from, v_to) are given to this statement and
-    --    step 5's as values known when each starts (step 2 read them):
-    --    PostgreSQL then prunes the other days' partitions before it starts
-    --    a scan of them. Pruned at run time alone (by each row's time),
-    --    every day's index scan was started for each look-up: a claim and
-    --    write-back of one row at 13 days of partitions took a median of
-    --    756 us, 683 us pruned so (BENCHMARKS.md, issue 18, fourth
-    --    session). A null payload_bytes (never null in changes) is a
-    --    change not found.
+    --    step 5's as values known when each starts: PostgreSQL then prunes
+    --    the other days' partitions before it starts a scan of them.
+    --    Pruned at run time alone (by each row's time), every day's index
+    --    scan was started for each look-up: a claim and write-back of one
+    --    row at 13 days of partitions took a median of 756 us, 683 us
+    --    pruned so (BENCHMARKS.md, issue 18, fourth session). A null
+    --    payload_bytes (never null in changes) is a change not found.
     --
     --    A delivery whose change is not at its created_at (a v2 row,
     --    queued before that rule) is found missing here: its created_at is
@@ -428,22 +452,26 @@ begin
         return;
     end if;
 
-    -- 5. The lease: a HOT update (no indexed column changes).
+    -- 5. The lease, on the rows no other transaction holds (skipped, never
+    --    waited for) and still not leased: a HOT update (no indexed column
+    --    changes).
     return query
-    with before as materialized (
-        select q.id, q.leased_by from watchpump.queue q where q.id = any (v_ids)
+    with free as (
+        select q.id, q.leased_by from watchpump.queue q
+        where q.id = any (v_ids) and not coalesce(q.lease_until > now(), false)
+        for update skip locked
     ),
     claimed as (
         update watchpump.queue q
         set attempts = q.attempts + 1, lease_until = clock_timestamp() + p_lease, leased_by = p_pump
-        where q.id = any (v_ids)
-        returning q.id, q.change_id, q.watch_id, q.service_id, q.attempts, q.replay, q.created_at
+        from free f
+        where q.id = f.id
+        returning q.id, q.change_id, q.watch_id, q.service_id, q.attempts, q.replay, q.created_at,
+                  f.leased_by as expired
     ),
     ordered as materialized (
-        select c.*, b.leased_by as expired,
-               row_number() over (partition by c.change_id order by c.id) = 1 as first_of_change
+        select c.*, row_number() over (partition by c.change_id order by c.id) = 1 as first_of_change
         from claimed c
-        join before b on b.id = c.id
     )
     select c.id, c.change_id, c.watch_id, c.service_id, s.version, c.attempts,
            w.resource, ch.object, ch.kind, ch.sequence, ch.occurred_at,
@@ -466,6 +494,36 @@ begin
     order by c.change_id, c.id;
 
     delete from watchpump.sleepers where pump = p_pump;
+end
+$$;
+
+-- Gives back claimed deliveries a pump did not send (issue 33): what it
+-- claimed ahead and still held when it stopped, or when their service
+-- went down. Each is pending again at once, for any pump, as if its lease
+-- had run out: leased_by and lease_until cleared, and the attempt count
+-- back to what it was, so that its next claim is the same attempt. Only
+-- the deliveries this pump still holds for that attempt change (one whose
+-- lease ran out and was taken by another pump is left alone). Returns how
+-- many were given back. Without it, they wait for their lease.
+create or replace function watchpump.release(p_pump text, p_claims watchpump.claim_ref[])
+returns integer
+language plpgsql
+set jit = off
+set plan_cache_mode = force_generic_plan
+set enable_seqscan = off
+as $$
+declare
+    v_count integer;
+begin
+    update watchpump.queue q
+    set lease_until = null, leased_by = null, attempts = q.attempts - 1
+    from unnest(p_claims) as r
+    where q.id = r.delivery_id and q.leased_by = p_pump and q.attempts = r.attempt;
+    get diagnostics v_count = row_count;
+    if v_count > 0 then
+        perform pg_notify('watchpump', '');
+    end if;
+    return v_count;
 end
 $$;
 

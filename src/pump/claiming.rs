@@ -1,8 +1,12 @@
 //! The claim side of [`Pump::run`](super::Pump::run): one loop that sweeps
-//! when due, claims what each consumer has room for, and hands every
-//! delivery to a send task of its own; between claims it sleeps until a
-//! NOTIFY, its sweep, a retry or probe time, or a freed slot.
+//! when due, claims what each consumer has room for and one window ahead
+//! ([`super::ahead`]), and starts each delivery that can start as a send
+//! task of its own; a send that finishes starts the next one waiting for
+//! its service itself ([`start_ready`]). Between claims the loop sleeps
+//! until a NOTIFY, its sweep, a retry or probe time, or a service with
+//! half a window of room.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -11,10 +15,11 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use super::ahead::Ready;
 use super::fence::Fence;
-use super::recording::{answered, Answered};
+use super::recording::{answered, Answered, Record};
 use super::{store, Shared};
-use crate::delivery::outcome::AttemptResult;
+use crate::delivery::outcome::{AttemptResult, Finished};
 use crate::delivery::request::Target;
 use crate::delivery::Claimed;
 use crate::error::Result;
@@ -36,7 +41,7 @@ const CLAIM_ERROR_PAUSE: Duration = Duration::from_millis(250);
 /// short of.
 pub(super) async fn claim_loop(
     shared: &Arc<Shared>,
-    done: mpsc::UnboundedSender<Answered>,
+    records: mpsc::UnboundedSender<Record>,
     shutdown: impl Future<Output = ()>,
 ) {
     tokio::pin!(shutdown);
@@ -63,12 +68,14 @@ pub(super) async fn claim_loop(
             sweep(shared, shared.cfg.sweep_interval() * 10).await;
             last_sweep = Some(Instant::now());
         }
+        // What a write-back freed (a 410's slot) or left waiting starts.
+        start_all_ready(shared, &records);
         let mut pause = None;
         // The turn's span is timed from here to its drop, never entered:
         // nothing under it makes spans of its own, and entering it at every
         // poll of the claim was the traces layer's largest cost per turn.
         let turn = turn_span(shared);
-        match claim(shared).await {
+        match claim(shared, true).await {
             Ok((claimed, fence)) if !claimed.is_empty() => {
                 let claimed = with_destinations(shared, claimed).await;
                 turn.record("watchpump.claimed", claimed.len());
@@ -81,13 +88,15 @@ pub(super) async fn claim_loop(
                 if busy {
                     last_work = Some(Instant::now());
                 }
-                dispatch(shared, claimed, fence, &done);
-                // Busy, claim again at once. At a trickle, go to sleep now:
+                enqueue(shared, claimed, fence, &records);
+                // Busy, claim again at once while a service has room for
+                // half a window; with less, a finished request that leaves
+                // that much wakes the loop. At a trickle, go to sleep now:
                 // the claim that follows the sleeper row (below) is the one
                 // more claim, and it sees what committed since this one. An
                 // empty claim before it would cost the database a claim()
                 // per delivery for nothing.
-                if busy {
+                if busy && shared.health.lock().unwrap().wants_claim(Instant::now()) {
                     continue;
                 }
             }
@@ -106,7 +115,15 @@ pub(super) async fn claim_loop(
             continue; // one more claim closes the gap before emitters saw us asleep
         }
         if lingering {
-            pause = Some(poll_interval);
+            // Busy sending with every known service's queue ahead full: a
+            // finished request wakes the loop for those, and the poll only
+            // looks for other services' work, less often.
+            let full = !shared.health.lock().unwrap().wants_claim(Instant::now());
+            pause = Some(if full {
+                poll_interval.max(FULL_POLL)
+            } else {
+                poll_interval
+            });
         }
         let next_probe = shared.health.lock().unwrap().next_probe_at();
         let next_retry = shared.retries.lock().unwrap().next(Instant::now());
@@ -121,6 +138,33 @@ pub(super) async fn claim_loop(
             _ = sleep_until(pause.map(|p| Instant::now() + p)) => {}
         }
     }
+    give_back_all(shared, &records);
+}
+
+/// How often a busy pump whose known services all have their queues ahead
+/// full polls for other work (instead of `WATCHPUMP_POLL_US`).
+const FULL_POLL: Duration = Duration::from_millis(10);
+
+/// Gives back everything waiting in the pump, unsent: it is stopping.
+fn give_back_all(shared: &Shared, records: &mpsc::UnboundedSender<Record>) {
+    let waiting = {
+        let mut health = shared.health.lock().unwrap();
+        let waiting = shared.ahead.lock().unwrap().take_all();
+        for r in &waiting {
+            health.unqueued(r.claimed.service_id, 1);
+        }
+        waiting
+    };
+    if !waiting.is_empty() {
+        tracing::info!(
+            n = waiting.len(),
+            "stopping: giving back deliveries claimed ahead"
+        );
+        let _ = records.send(Record::Released(
+            waiting.iter().map(Ready::claim_ref).collect(),
+            "stop",
+        ));
+    }
 }
 
 /// Most deliveries one claim takes, whatever the free slots: bounds the
@@ -130,7 +174,9 @@ pub(super) const MAX_CLAIM_ROWS: u32 = 1000;
 
 /// What the global caps (`WATCHPUMP_MAX_IN_FLIGHT`,
 /// `WATCHPUMP_MAX_IN_FLIGHT_BYTES`) leave for the next claim, or which cap
-/// leaves nothing. With nothing in flight the whole byte budget is offered,
+/// leaves nothing. `in_flight` counts what waits in the pump too: the
+/// requests cap bounds what the pump holds, so the requests on the wire
+/// stay under it whatever starts. With nothing in flight the whole byte budget is offered,
 /// and a claim always takes its first change whatever its size, so payload
 /// bytes in flight stay under the cap plus one payload (at most
 /// `watchpump.max_payload_bytes()`'s 16 MiB ceiling), and a large payload
@@ -175,17 +221,23 @@ async fn register_asleep(shared: &Shared) -> bool {
     }
 }
 
-/// One claim with the current per-service limits and what the global caps
+/// One claim with the current per-service limits (with a window ahead, or,
+/// `ahead` false, only what can start at once) and what the global caps
 /// leave; none at all when they leave nothing (a finished send wakes the
 /// loop). The fence says until when they may start being sent.
-pub(super) async fn claim(shared: &Shared) -> Result<(Vec<Claimed>, Fence)> {
+pub(super) async fn claim(shared: &Shared, ahead: bool) -> Result<(Vec<Claimed>, Fence)> {
     let now = Instant::now();
     // Before the pool's wait and the round trip: the lease, which the
     // database starts later, ends no sooner than this plus the lease.
     let fence = Fence::after_claim(now, &shared.cfg);
     let (mut slots, in_flight) = {
         let health = shared.health.lock().unwrap();
-        (health.slots(now), health.total_in_flight())
+        let slots = if ahead {
+            health.slots(now)
+        } else {
+            health.slots_now(now)
+        };
+        (slots, health.total_in_flight() + health.total_queued())
     };
     let bytes = shared.in_flight_bytes.load(Ordering::Relaxed);
     metrics::gauge!(m::IN_FLIGHT_BYTES).set(bytes as f64);
@@ -210,10 +262,15 @@ pub(super) async fn claim(shared: &Shared) -> Result<(Vec<Claimed>, Fence)> {
     )
     .await?;
     super::rate::give_back(&shared.pool, &taken, &claimed).await?;
-    // A probe that found nothing to send waits its pause like any other.
+    let mut found: HashMap<i64, u32> = HashMap::new();
+    for c in &claimed {
+        *found.entry(c.service_id).or_default() += 1;
+    }
     let mut health = shared.health.lock().unwrap();
+    health.claim_found(&slots, &found);
+    // A probe that found nothing to send waits its pause like any other.
     for (i, id) in slots.service_ids.iter().enumerate() {
-        if slots.probe[i] && !claimed.iter().any(|c| c.service_id == *id) {
+        if slots.probe[i] && !found.contains_key(id) {
             health.nothing_to_probe(*id, now);
         }
     }
@@ -271,79 +328,230 @@ pub(super) async fn with_destinations(
         .collect()
 }
 
-/// Starts a send task per delivery. Each checks the claim's fence just
-/// before it sends ([`super::fence`]): a delivery whose lease no longer
-/// covers the request and the hold after it is abandoned unsent.
-pub(super) fn dispatch(
+/// Queues claimed deliveries behind their services' others, then starts
+/// what their windows have room for.
+pub(super) fn enqueue(
     shared: &Arc<Shared>,
     claimed: Vec<(Claimed, Arc<Target>)>,
     fence: Fence,
-    done: &mpsc::UnboundedSender<Answered>,
+    records: &mpsc::UnboundedSender<Record>,
 ) {
     metrics::histogram!(m::CLAIMED_BATCH_SIZE).record(claimed.len() as f64);
-    let now = Instant::now();
-    let mut health = shared.health.lock().unwrap();
-    for (delivery, target) in claimed {
-        if let Some(lost) = &delivery.expired_lease_of {
-            tracing::warn!(service = %target.destination.name, delivery_id = delivery.message.delivery_id, pump = %lost,
-                "lease ran out (that pump died or hung before reporting); sending again");
-        }
-        let in_flight = health.claimed(delivery.service_id, &target.destination.name, now);
-        metrics::gauge!(m::IN_FLIGHT, "service" => target.destination.name.clone())
-            .set(in_flight as f64);
-        let shared = shared.clone();
-        let done = done.clone();
-        tokio::spawn(async move {
-            if !fence.allows(Instant::now()) {
-                abandon(&shared, &delivery, &target);
-                return;
+    let mut services: Vec<i64> = Vec::new();
+    {
+        let mut health = shared.health.lock().unwrap();
+        let mut ahead = shared.ahead.lock().unwrap();
+        for (delivery, target) in claimed {
+            if let Some(lost) = &delivery.expired_lease_of {
+                tracing::warn!(service = %target.destination.name, delivery_id = delivery.message.delivery_id, pump = %lost,
+                    "lease ran out (that pump died or hung before reporting); sending again");
             }
-            let finished = shared.sender.send(delivery, target).await;
-            // The consumer's slot is free as soon as it answered; the
-            // outcome's write-back follows in a batch (the lease keeps the
-            // (watch, object) until then). After a 410 the slot waits for
-            // the write-back instead, so that the gone watch's other
-            // deliveries are dropped before one of them is sent.
-            let gone = finished.result == AttemptResult::Gone;
-            // The slot it frees is worth a claim now only if a claim was
-            // short of slots: its service's, or the pump's (the caps).
-            // Otherwise the write-back's wake-up (the completer's) comes
-            // soon enough, and is the one that can find more: it ends the
-            // lease that kept the (watch, object)'s newer news waiting.
-            let was_full = shared
-                .health
-                .lock()
-                .unwrap()
-                .is_full(finished.claimed.service_id)
-                || shared.claims_held.load(Ordering::Relaxed);
-            let came_back = !gone && answered(&shared, &finished);
-            let _ = done.send(Answered {
-                finished,
-                came_back,
-                slot_held: gone,
+            health.queued(delivery.service_id, &target.destination.name, 1);
+            if !services.contains(&delivery.service_id) {
+                services.push(delivery.service_id);
+            }
+            ahead.push(Ready {
+                claimed: delivery,
+                target,
+                fence,
             });
-            if !gone && was_full {
-                shared.signals.wake.notify_one();
-            }
-        });
+        }
+    }
+    for service_id in services {
+        start_ready(shared, service_id, records);
     }
 }
 
-/// A delivery whose lease no longer covers its request: not sent, nothing
-/// recorded (the lease runs out and any pump claims it again), its slot
-/// freed without counting for or against its consumer.
-fn abandon(shared: &Shared, delivery: &Claimed, target: &Target) {
-    let service = target.destination.name.clone();
-    tracing::warn!(service = %service, delivery_id = delivery.message.delivery_id,
-        "lease too short to send (the claim or the database was slow); left to its lease");
-    metrics::counter!(m::SENDS_ABANDONED, "service" => service.clone()).increment(1);
+/// [`start_ready`] for every service with deliveries waiting.
+pub(super) fn start_all_ready(shared: &Arc<Shared>, records: &mpsc::UnboundedSender<Record>) {
+    let services = shared.ahead.lock().unwrap().services();
+    for service_id in services {
+        start_ready(shared, service_id, records);
+    }
+}
+
+/// Starts the deliveries of `service_id` waiting in the pump, oldest first,
+/// while its window has room, each as a send task of its own. One whose
+/// claim's fence has passed while it waited is given back unsent.
+pub(super) fn start_ready(
+    shared: &Arc<Shared>,
+    service_id: i64,
+    records: &mpsc::UnboundedSender<Record>,
+) {
+    let now = Instant::now();
+    let mut late = Vec::new();
+    let mut started = Vec::new();
+    {
+        let mut health = shared.health.lock().unwrap();
+        let mut ahead = shared.ahead.lock().unwrap();
+        while health.start(service_id, now) {
+            let Some(ready) = ahead.pop(service_id) else {
+                // Counted but not there (cannot happen): undo, and stop.
+                health.abandoned(service_id);
+                break;
+            };
+            if ready.fence.allows(now) {
+                started.push(ready);
+            } else {
+                health.abandoned(service_id);
+                late.push(ready);
+            }
+        }
+        set_gauges(&health, service_id, started.first().or(late.first()));
+    }
+    if !late.is_empty() {
+        for r in &late {
+            warn_abandoned(r);
+        }
+        let _ = records.send(Record::Released(
+            late.iter().map(Ready::claim_ref).collect(),
+            "fence",
+        ));
+    }
+    for ready in started {
+        spawn_send(shared, ready, records.clone());
+    }
+}
+
+/// The in-flight and waiting gauges of a service, named by one of its
+/// deliveries' targets (none: nothing to name it by, nothing set).
+fn set_gauges(health: &super::health::Health, service_id: i64, any: Option<&Ready>) {
+    let Some(r) = any else { return };
+    let service = r.target.destination.name.clone();
+    metrics::gauge!(m::IN_FLIGHT, "service" => service.clone())
+        .set(health.in_flight(service_id) as f64);
+    metrics::gauge!(m::CLAIMED_AHEAD, "service" => service)
+        .set(health.queued_of(service_id) as f64);
+}
+
+/// One send as a task of its own. It checks the claim's fence just before
+/// it sends ([`super::fence`]): a delivery whose lease no longer covers the
+/// request and the hold after it is given back unsent. When the answer is
+/// in, its service's next waiting delivery starts at once; the outcome goes
+/// to the write-back.
+fn spawn_send(shared: &Arc<Shared>, ready: Ready, records: mpsc::UnboundedSender<Record>) {
+    let shared = shared.clone();
+    tokio::spawn(async move {
+        let Ready {
+            claimed,
+            target,
+            fence,
+        } = ready;
+        let service_id = claimed.service_id;
+        if !fence.allows(Instant::now()) {
+            abandon(&shared, &claimed, &target, &records);
+            return;
+        }
+        let finished = shared.sender.send(claimed, target).await;
+        // The consumer's slot is free as soon as it answered; the
+        // outcome's write-back follows in a flush (the lease keeps the
+        // (watch, object) until then). After a 410 the slot waits for the
+        // write-back instead, and what waits of the gone watch goes back,
+        // so that the watch's other deliveries are dropped before one of
+        // them is sent.
+        let gone = finished.result == AttemptResult::Gone;
+        let came_back = !gone && answered(&shared, &finished);
+        if gone {
+            give_back_watch(&shared, &finished, &records);
+        } else {
+            give_back_excess(&shared, service_id, &records);
+        }
+        let _ = records.send(Record::Answered(Box::new(Answered {
+            finished,
+            came_back,
+            slot_held: gone,
+        })));
+        if !gone {
+            start_ready(&shared, service_id, &records);
+            // Half a window of room, or a claim short of the global caps:
+            // worth a claim now.
+            if shared.claims_held.load(Ordering::Relaxed)
+                || shared.health.lock().unwrap().wants_claim(Instant::now())
+            {
+                shared.signals.wake.notify_one();
+            }
+        }
+    });
+}
+
+/// After a failure: what waits of the service beyond its halved window goes
+/// back, all of it once the service is down.
+fn give_back_excess(shared: &Shared, service_id: i64, records: &mpsc::UnboundedSender<Record>) {
+    let back = {
+        let mut health = shared.health.lock().unwrap();
+        let excess = health.excess_queued(service_id);
+        if excess == 0 {
+            return;
+        }
+        let back = shared
+            .ahead
+            .lock()
+            .unwrap()
+            .take_newest(service_id, excess as usize);
+        health.unqueued(service_id, back.len() as u32);
+        back
+    };
+    let down = shared.health.lock().unwrap().is_down(service_id);
+    let _ = records.send(Record::Released(
+        back.iter().map(Ready::claim_ref).collect(),
+        if down { "down" } else { "window" },
+    ));
+}
+
+/// After a 410: what waits of the gone watch goes back, for the write-back
+/// to drop with the watch.
+fn give_back_watch(shared: &Shared, gone: &Finished, records: &mpsc::UnboundedSender<Record>) {
+    let service_id = gone.claimed.service_id;
+    let back = {
+        let mut health = shared.health.lock().unwrap();
+        let back = shared
+            .ahead
+            .lock()
+            .unwrap()
+            .take_watch(service_id, gone.claimed.message.watch_id);
+        health.unqueued(service_id, back.len() as u32);
+        back
+    };
+    if !back.is_empty() {
+        let _ = records.send(Record::Released(
+            back.iter().map(Ready::claim_ref).collect(),
+            "gone",
+        ));
+    }
+}
+
+/// A delivery whose lease no longer covers its request: not sent, given
+/// back, its slot freed without counting for or against its consumer.
+fn abandon(
+    shared: &Arc<Shared>,
+    delivery: &Claimed,
+    target: &Target,
+    records: &mpsc::UnboundedSender<Record>,
+) {
+    warn_abandoned_of(delivery, target);
     let in_flight = {
         let mut health = shared.health.lock().unwrap();
         health.abandoned(delivery.service_id);
         health.in_flight(delivery.service_id)
     };
-    metrics::gauge!(m::IN_FLIGHT, "service" => service).set(in_flight as f64);
-    shared.signals.wake.notify_one();
+    metrics::gauge!(m::IN_FLIGHT, "service" => target.destination.name.clone())
+        .set(in_flight as f64);
+    let _ = records.send(Record::Released(
+        vec![(delivery.message.delivery_id, delivery.message.attempt)],
+        "fence",
+    ));
+    start_ready(shared, delivery.service_id, records);
+}
+
+fn warn_abandoned(r: &Ready) {
+    warn_abandoned_of(&r.claimed, &r.target);
+}
+
+fn warn_abandoned_of(delivery: &Claimed, target: &Target) {
+    let service = target.destination.name.clone();
+    tracing::warn!(service = %service, delivery_id = delivery.message.delivery_id,
+        "lease too short to send (the claim, the database or the consumer was slow); given back unsent");
+    metrics::counter!(m::SENDS_ABANDONED, "service" => service).increment(1);
 }
 
 /// A turn of the claim loop as a trace span: the claim (and the services'

@@ -7,6 +7,15 @@
 //! answer releases its whole backlog.
 //! In-flight deliveries per service are capped so that a consumer that hangs
 //! until timeout cannot take every slot.
+//!
+//! A claim takes up to one window more than the service has room for in
+//! flight (issue 33): those wait in the pump ([`super::ahead`]) and start
+//! as requests finish, so that a finished request never waits for a claim's
+//! round trip. What waits counts here as `queued`: a claim asks for
+//! `2 × window - in flight - queued`, and is worth making once that is at
+//! least half a window ([`Health::wants_claim`]). A service that fails
+//! gives back what waits beyond its (halved) window, and all of it when it
+//! goes down ([`Health::excess_queued`]).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -67,6 +76,10 @@ struct Down {
 struct Service {
     name: String,
     in_flight: u32,
+    /// Claimed and waiting in the pump for a request to free up.
+    queued: u32,
+    /// Its last claim took all the room it was offered: more may be due.
+    more_due: bool,
     consecutive_failures: u32,
     down: Option<Down>,
     /// Requests this service has earned in flight (see [`Health::slots`]).
@@ -96,7 +109,8 @@ impl Health {
     }
 
     /// How many deliveries of each service the next claim may take: what
-    /// its window leaves free. A service earns its concurrency by answering
+    /// its window leaves free, and one window more to wait in the pump. A
+    /// service earns its concurrency by answering
     /// (slow start, as TCP and adaptive load balancers do): it starts at
     /// `initial` requests in flight, each answer widens its window by one
     /// up to the per-service cap, and each failure halves it. A consumer
@@ -104,20 +118,28 @@ impl Health {
     /// (`WATCHPUMP_MAX_IN_FLIGHT`) until its requests time out, not the
     /// per-service cap: 300 services that never answer hold 300 requests,
     /// and a healthy consumer keeps the rest. (Services unknown to this
-    /// pump get `initial` too: `default_free`.)
+    /// pump get `initial` too: `default_free`.) A down service gets one
+    /// probe, and only when nothing of it is in flight or waiting.
     pub fn slots(&self, now: Instant) -> Slots {
+        self.slots_with(now, true)
+    }
+
+    /// [`Health::slots`] without the window claimed ahead: what can start at
+    /// once ([`super::Pump::step`] sends everything it claims).
+    pub fn slots_now(&self, now: Instant) -> Slots {
+        self.slots_with(now, false)
+    }
+
+    fn slots_with(&self, now: Instant, ahead: bool) -> Slots {
         let mut slots = Slots {
             default_free: self.initial as i32,
             ..Slots::default()
         };
         for (id, s) in &self.services {
             let (free, probe) = match &s.down {
-                Some(d) if s.in_flight == 0 && now >= d.next_probe_at => (1, true),
+                Some(d) if s.in_flight == 0 && s.queued == 0 && now >= d.next_probe_at => (1, true),
                 Some(_) => (0, false),
-                None => (
-                    s.window.min(self.cap).saturating_sub(s.in_flight) as i32,
-                    false,
-                ),
+                None => (self.room(s, ahead) as i32, false),
             };
             slots.service_ids.push(*id);
             slots.free.push(free);
@@ -126,8 +148,52 @@ impl Health {
         slots
     }
 
-    /// A delivery to `service_id` was claimed and is about to be sent.
-    pub fn claimed(&mut self, service_id: i64, name: &str, now: Instant) -> u32 {
+    /// What a claim may take of a service that is up: its window (twice
+    /// it, `ahead`) less what is in flight and waiting.
+    fn room(&self, s: &Service, ahead: bool) -> u32 {
+        let window = s.window.min(self.cap);
+        let limit = if ahead { window * 2 } else { window };
+        limit.saturating_sub(s.in_flight + s.queued)
+    }
+
+    /// Whether a claim is worth making for the services this pump knows:
+    /// one that is up, whose last claim filled the room it had (so more may
+    /// be due), has half a window of room or more; or a down one's probe is
+    /// due. A service whose last claim found less than its room waits for
+    /// news (a NOTIFY, a write-back, the sweep).
+    pub fn wants_claim(&self, now: Instant) -> bool {
+        self.services.values().any(|s| match &s.down {
+            Some(d) => s.in_flight == 0 && s.queued == 0 && now >= d.next_probe_at,
+            None => s.more_due && self.room(s, true) >= (s.window.min(self.cap) / 2).max(1),
+        })
+    }
+
+    /// What a claim found: of each service offered `free` in `slots` (and
+    /// of the others, offered `default_free`), how many it took
+    /// (`claimed`, by service). A service that got all it was offered may
+    /// have more due ([`Health::wants_claim`]).
+    pub fn claim_found(&mut self, slots: &Slots, claimed: &HashMap<i64, u32>) {
+        let initial = self.initial;
+        for id in claimed.keys() {
+            self.services.entry(*id).or_insert_with(|| Service {
+                window: initial,
+                ..Service::default()
+            });
+        }
+        for (id, s) in self.services.iter_mut() {
+            let offered = slots
+                .service_ids
+                .iter()
+                .position(|x| x == id)
+                .map_or(slots.default_free, |i| slots.free[i]);
+            if offered > 0 {
+                s.more_due = claimed.get(id).copied().unwrap_or(0) >= offered as u32;
+            }
+        }
+    }
+
+    /// `n` deliveries of `service_id` were claimed and wait in the pump.
+    pub fn queued(&mut self, service_id: i64, name: &str, n: u32) {
         let initial = self.initial;
         let s = self.services.entry(service_id).or_insert_with(|| Service {
             window: initial,
@@ -136,13 +202,63 @@ impl Health {
         if s.name != name {
             s.name = name.to_string();
         }
+        s.queued += n;
+    }
+
+    /// Whether a waiting delivery of `service_id` may start now: the
+    /// service is up and its window has room, or it is down and this is
+    /// its probe (nothing else in flight). Starting moves it from waiting
+    /// to in flight; a probe makes the next one wait a longer pause.
+    pub fn start(&mut self, service_id: i64, now: Instant) -> bool {
+        let cap = self.cap;
+        let Some(s) = self.services.get_mut(&service_id) else {
+            return false;
+        };
+        if s.queued == 0 {
+            return false;
+        }
+        let may = match &s.down {
+            Some(_) => s.in_flight == 0,
+            None => s.in_flight < s.window.min(cap),
+        };
+        if !may {
+            return false;
+        }
+        s.queued -= 1;
         s.in_flight += 1;
         if let Some(d) = &mut s.down {
             // This is the probe; the next one waits a longer pause.
             d.next_probe_at = now + d.probe_pause;
             d.probe_pause = self.policy.next_probe_pause(d.probe_pause);
         }
-        s.in_flight
+        true
+    }
+
+    /// `n` waiting deliveries of `service_id` leave the pump unsent (given
+    /// back, or past their fence).
+    pub fn unqueued(&mut self, service_id: i64, n: u32) {
+        if let Some(s) = self.services.get_mut(&service_id) {
+            s.queued = s.queued.saturating_sub(n);
+        }
+    }
+
+    /// How many of `service_id`'s waiting deliveries it should give back:
+    /// all of them while it is down, and what waits beyond its window
+    /// otherwise (a failure halved it).
+    pub fn excess_queued(&self, service_id: i64) -> u32 {
+        self.services.get(&service_id).map_or(0, |s| match s.down {
+            Some(_) => s.queued,
+            None => s.queued.saturating_sub(s.window.min(self.cap)),
+        })
+    }
+
+    /// A delivery to `service_id` was claimed and starts at once: [`Health::queued`]
+    /// and [`Health::start`] together, for tests of the window.
+    #[cfg(test)]
+    pub fn claimed(&mut self, service_id: i64, name: &str, now: Instant) -> u32 {
+        self.queued(service_id, name, 1);
+        self.start(service_id, now);
+        self.in_flight(service_id)
     }
 
     /// An attempt to `service_id` finished with `answer`.
@@ -198,14 +314,6 @@ impl Health {
         }
     }
 
-    /// Whether `service_id` has as many requests in flight as its window
-    /// allows (or is down, one probe at a time): a claim gets none of it.
-    pub fn is_full(&self, service_id: i64) -> bool {
-        self.services
-            .get(&service_id)
-            .is_some_and(|s| s.down.is_some() || s.in_flight >= s.window.min(self.cap))
-    }
-
     pub fn in_flight(&self, service_id: i64) -> u32 {
         self.services.get(&service_id).map_or(0, |s| s.in_flight)
     }
@@ -214,16 +322,27 @@ impl Health {
         self.services.values().map(|s| s.in_flight).sum()
     }
 
+    /// Deliveries waiting in the pump, of `service_id`.
+    pub fn queued_of(&self, service_id: i64) -> u32 {
+        self.services.get(&service_id).map_or(0, |s| s.queued)
+    }
+
+    /// Deliveries waiting in the pump, all services together.
+    pub fn total_queued(&self) -> u32 {
+        self.services.values().map(|s| s.queued).sum()
+    }
+
     pub fn name(&self, service_id: i64) -> Option<&str> {
         self.services.get(&service_id).map(|s| s.name.as_str())
     }
 
     /// When the next probe of a down service is due, if any service is down.
-    /// Only services with nothing in flight count: a probe waits for those.
+    /// Only services with nothing in flight or waiting count: a probe waits
+    /// for those.
     pub fn next_probe_at(&self) -> Option<Instant> {
         self.services
             .values()
-            .filter(|s| s.in_flight == 0)
+            .filter(|s| s.in_flight == 0 && s.queued == 0)
             .filter_map(|s| s.down.as_ref().map(|d| d.next_probe_at))
             .min()
     }
@@ -275,30 +394,34 @@ mod tests {
         let now = Instant::now();
         let mut h = Health::new(64, 1, 3, policy());
         assert_eq!(
-            h.slots(now).default_free,
+            h.slots_now(now).default_free,
             1,
             "an unknown service: one at a time"
         );
         h.claimed(1, "a", now);
-        assert_eq!(slot_of(&h.slots(now), 1), (0, false));
+        assert_eq!(slot_of(&h.slots_now(now), 1), (0, false));
         for _ in 0..10 {
             h.finished(1, Answer::Answered, now);
             h.claimed(1, "a", now);
         }
         h.finished(1, Answer::Answered, now);
         assert_eq!(
-            slot_of(&h.slots(now), 1),
+            slot_of(&h.slots_now(now), 1),
             (12, false),
             "each answer widens it by one"
         );
         h.claimed(1, "a", now);
         h.finished(1, Answer::Failed, now);
-        assert_eq!(slot_of(&h.slots(now), 1), (6, false), "a failure halves it");
+        assert_eq!(
+            slot_of(&h.slots_now(now), 1),
+            (6, false),
+            "a failure halves it"
+        );
         // 300 services that never answer hold one request each.
         for id in 100..400 {
             h.claimed(id, "hanging", now);
         }
-        assert_eq!(slot_of(&h.slots(now), 150), (0, false));
+        assert_eq!(slot_of(&h.slots_now(now), 150), (0, false));
         assert_eq!(h.total_in_flight(), 300);
     }
 
@@ -307,29 +430,63 @@ mod tests {
         let now = Instant::now();
         let mut h = Health::new(2, 2, 3, policy());
         h.claimed(1, "a", now);
-        assert_eq!(slot_of(&h.slots(now), 1), (1, false));
+        assert_eq!(slot_of(&h.slots_now(now), 1), (1, false));
         h.claimed(1, "a", now);
-        assert_eq!(slot_of(&h.slots(now), 1), (0, false));
-        assert_eq!(h.slots(now).default_free, 2);
+        assert_eq!(slot_of(&h.slots_now(now), 1), (0, false));
+        assert_eq!(h.slots_now(now).default_free, 2);
         h.finished(1, Answer::Answered, now);
-        assert_eq!(slot_of(&h.slots(now), 1), (1, false));
+        assert_eq!(slot_of(&h.slots_now(now), 1), (1, false));
     }
 
     #[test]
-    fn a_service_is_full_when_its_window_is_in_flight_or_it_is_down() {
+    fn a_claim_takes_one_window_ahead_and_what_waits_starts_as_requests_finish() {
         let now = Instant::now();
-        let mut h = Health::new(2, 1, 1, policy());
-        assert!(!h.is_full(1), "unknown: nothing in flight");
-        h.claimed(1, "a", now);
-        assert!(h.is_full(1), "the first window is one request");
+        let mut h = Health::new(4, 4, 3, policy());
+        let offered = h.slots(now);
+        h.claim_found(&offered, &HashMap::from([(1, 8)]));
+        h.queued(1, "a", 8);
+        assert_eq!(
+            slot_of(&h.slots(now), 1),
+            (0, false),
+            "4 in flight + 4 ahead"
+        );
+        for _ in 0..4 {
+            assert!(h.start(1, now));
+        }
+        assert!(!h.start(1, now), "the window is full: the rest wait");
+        assert_eq!((h.in_flight(1), h.queued_of(1)), (4, 4));
+        assert!(!h.wants_claim(now), "nothing room for");
         h.finished(1, Answer::Answered, now);
-        assert!(!h.is_full(1));
-        h.claimed(1, "a", now);
-        assert!(!h.is_full(1), "an answer widened the window to two");
-        h.claimed(1, "a", now);
-        assert!(h.is_full(1), "two in flight, the cap");
-        h.finished(1, Answer::Failed, now);
-        assert!(h.is_full(1), "down after one failure: probes only");
+        h.finished(1, Answer::Answered, now);
+        assert!(h.start(1, now) && h.start(1, now));
+        assert_eq!(slot_of(&h.slots(now), 1), (2, false));
+        assert!(h.wants_claim(now), "half a window of room: claim");
+        // A claim that found less than its room: nothing more is due.
+        let offered = h.slots(now);
+        h.claim_found(&offered, &HashMap::from([(1, 1)]));
+        assert!(!h.wants_claim(now), "the backlog is drained: wait for news");
+    }
+
+    #[test]
+    fn a_failing_service_gives_back_what_waits_beyond_its_window_and_all_when_down() {
+        let now = Instant::now();
+        let mut h = Health::new(8, 8, 2, policy());
+        h.queued(1, "a", 16);
+        for _ in 0..8 {
+            assert!(h.start(1, now));
+        }
+        assert_eq!(h.excess_queued(1), 0);
+        assert_eq!(h.finished(1, Answer::Failed, now), Transition::None);
+        assert_eq!(
+            h.excess_queued(1),
+            4,
+            "the window halved to 4: 4 of 8 go back"
+        );
+        h.unqueued(1, 4);
+        assert_eq!(h.finished(1, Answer::Failed, now), Transition::WentDown);
+        assert_eq!(h.excess_queued(1), 4, "down: all of it goes back");
+        h.unqueued(1, 4);
+        assert!(!h.start(1, now), "nothing waits");
     }
 
     #[test]
@@ -341,15 +498,15 @@ mod tests {
         assert_eq!(h.finished(1, Answer::Failed, now), Transition::None);
         assert_eq!(h.finished(1, Answer::Failed, now), Transition::WentDown);
         assert_eq!(
-            slot_of(&h.slots(now), 1),
+            slot_of(&h.slots_now(now), 1),
             (0, false),
             "no claim until the probe is due"
         );
         let later = h.next_probe_at().unwrap();
-        assert_eq!(slot_of(&h.slots(later), 1), (1, true));
+        assert_eq!(slot_of(&h.slots_now(later), 1), (1, true));
         h.claimed(1, "a", later);
         assert_eq!(
-            slot_of(&h.slots(later + Duration::from_secs(5)), 1),
+            slot_of(&h.slots_now(later + Duration::from_secs(5)), 1),
             (0, false),
             "one probe at a time"
         );
@@ -360,6 +517,6 @@ mod tests {
         assert_eq!(h.finished(1, Answer::Answered, again), Transition::CameBack);
         // Its window, halved by each failure to 1, widens again answer by
         // answer: 2 now.
-        assert_eq!(slot_of(&h.slots(again), 1), (2, false));
+        assert_eq!(slot_of(&h.slots_now(again), 1), (2, false));
     }
 }

@@ -1,11 +1,13 @@
 //! The pump: claims due deliveries, sends them, and records what happened.
 //!
-//! One loop ([`Pump::run`], `claiming.rs`) claims and dispatches; each send
-//! runs as its own task ([`send`]); a completer task writes finished
-//! attempts back in batches (`recording.rs`). Between claims the loop sleeps
-//! until a NOTIFY ([`wakeup`]), its sweep timer, a finished send freeing a
-//! slot, or a down consumer's probe time ([`health`]). [`Pump::step`] does
-//! one turn of all that in order, for tests to drive.
+//! One loop ([`Pump::run`], `claiming.rs`) claims, one window ahead of each
+//! consumer's free requests ([`ahead`]); each send runs as its own task
+//! ([`send`]) and starts the next delivery waiting for its consumer when it
+//! finishes; a write-back task writes finished attempts, and deliveries
+//! given back unsent, in flushes (`recording.rs`). Between claims the loop
+//! sleeps until a NOTIFY ([`wakeup`]), its sweep timer, a consumer with
+//! half a window of room, or a down consumer's probe time ([`health`]).
+//! [`Pump::step`] does one turn of all that in order, for tests to drive.
 //!
 //! While it finds work, and for a short linger after, the pump polls; only
 //! then does it register in `watchpump.sleepers` and claim once more, so
@@ -13,6 +15,7 @@
 //! pump may be asleep. A change committed in the gap between an emitter's
 //! check and its commit is picked up by the next sweep at the latest.
 
+mod ahead;
 mod claiming;
 pub mod fence;
 pub mod health;
@@ -51,6 +54,9 @@ struct Shared {
     name: String,
     sender: Sender,
     health: Mutex<Health>,
+    /// Deliveries claimed ahead, waiting for a request to free up. Locked
+    /// after `health` when both are.
+    ahead: Mutex<ahead::Ahead>,
     signals: Arc<Signals>,
     /// When retries this pump scheduled fall due.
     retries: Mutex<Wakeups>,
@@ -88,6 +94,7 @@ impl Pump {
             name,
             sender,
             health: Mutex::new(health),
+            ahead: Mutex::new(ahead::Ahead::default()),
             signals: Arc::new(Signals::default()),
             retries: Mutex::new(Wakeups::default()),
             destinations: Mutex::new(HashMap::new()),
@@ -106,21 +113,21 @@ impl Pump {
         &self.shared.name
     }
 
-    /// Runs until `shutdown` resolves, then stops claiming, lets the sends in
-    /// flight finish (each is bounded by the request timeout), records them,
-    /// and returns.
+    /// Runs until `shutdown` resolves, then stops claiming, gives back what
+    /// it claimed ahead and has not sent, lets the sends in flight finish
+    /// (each is bounded by the request timeout), records them, and returns.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<()> {
         let shared = self.shared;
         tracing::info!(pump = %shared.name, "pump started");
         let listener = tokio::spawn(wakeup::listen(shared.pool.clone(), shared.signals.clone()));
-        let (done_tx, done_rx) = mpsc::unbounded_channel();
-        let completer = tokio::spawn(recording::complete_loop(shared.clone(), done_rx));
+        let (records_tx, records_rx) = mpsc::unbounded_channel();
+        let recorder = tokio::spawn(recording::record_loop(shared.clone(), records_rx));
 
-        claiming::claim_loop(&shared, done_tx, shutdown).await;
+        claiming::claim_loop(&shared, records_tx, shutdown).await;
 
         listener.abort();
         let grace = shared.cfg.request_timeout() + Duration::from_secs(5);
-        if tokio::time::timeout(grace, completer).await.is_err() {
+        if tokio::time::timeout(grace, recorder).await.is_err() {
             tracing::warn!("sends still in flight after {grace:?}; their leases will expire");
         }
         store::leave(&shared.pool, &shared.name).await?;
@@ -138,19 +145,20 @@ impl Pump {
         let shared = &self.shared;
         claiming::sweep(shared, Duration::ZERO).await;
         let turn = claiming::turn_span(shared);
-        let (claimed, fence) = claiming::claim(shared).await?;
+        // Only what can start at once: a step sends all it claims.
+        let (claimed, fence) = claiming::claim(shared, false).await?;
         let claimed = claiming::with_destinations(shared, claimed).await;
         let sent = claimed.len();
         turn.record("watchpump.claimed", sent);
-        let (done_tx, mut done_rx) = mpsc::unbounded_channel();
-        claiming::dispatch(shared, claimed, fence, &done_tx);
+        let (records_tx, mut records_rx) = mpsc::unbounded_channel();
+        claiming::enqueue(shared, claimed, fence, &records_tx);
         drop(turn);
-        drop(done_tx);
-        let mut answered = Vec::with_capacity(sent);
-        while let Some(a) = done_rx.recv().await {
-            answered.push(a);
+        drop(records_tx);
+        let mut flush = recording::Flush::default();
+        while let Some(record) = records_rx.recv().await {
+            flush.add(record);
         }
-        let settled = recording::complete_batch(shared, &answered).await;
+        let settled = recording::write_flush(shared, flush).await;
         Ok(Step {
             sent,
             settled: settled
@@ -211,7 +219,7 @@ pub fn pump_pool(
         ])
         .application_name("watchpump-pump");
     sqlx::postgres::PgPoolOptions::new()
-        // The claim loop, the completer, the listener, and one to spare.
+        // The claim loop, the write-back, the listener, and one to spare.
         .max_connections(4)
         .acquire_timeout(Duration::from_secs(10))
         .connect_lazy_with(options)

@@ -79,12 +79,21 @@ pub async fn claim(
     limits: ClaimLimits,
     in_flight_bytes: &Arc<AtomicU64>,
 ) -> Result<Vec<Claimed>> {
+    let slots_of: Vec<ClaimSlot> = slots
+        .service_ids
+        .iter()
+        .zip(&slots.free)
+        .zip(&slots.probe)
+        .map(|((&service_id, &free), &probe)| ClaimSlot {
+            service_id,
+            free,
+            probe,
+        })
+        .collect();
     let rows: Vec<ClaimRow> =
-        sqlx::query_as("select * from watchpump.claim($1, $2, $3, $4, $5, $6, $7, $8)")
+        sqlx::query_as("select * from watchpump.claim($1, $2, $3, $4, $5, $6)")
             .bind(pump)
-            .bind(&slots.service_ids)
-            .bind(&slots.free)
-            .bind(&slots.probe)
+            .bind(slots_of)
             .bind(slots.default_free)
             .bind(interval(lease))
             .bind(limits.rows)
@@ -135,6 +144,41 @@ pub async fn claim(
             })
         })
         .collect())
+}
+
+/// A `watchpump.claim_slot` (`sql/migrations/0020_delivery_engine_v4.sql`):
+/// what one claim may take of a service.
+#[derive(Debug, sqlx::Type)]
+#[sqlx(type_name = "watchpump.claim_slot")]
+struct ClaimSlot {
+    service_id: i64,
+    free: i32,
+    probe: bool,
+}
+
+/// A `watchpump.claim_ref`: a claimed delivery given back, by its attempt.
+#[derive(Debug, sqlx::Type)]
+#[sqlx(type_name = "watchpump.claim_ref")]
+struct ClaimRef {
+    delivery_id: i64,
+    attempt: i32,
+}
+
+/// Gives claimed deliveries back unsent (`watchpump.release()`): pending
+/// again at once, for any pump. Returns how many this pump still held.
+pub async fn release(pool: &PgPool, pump: &str, claims: &[(i64, i32)]) -> Result<i32> {
+    let refs: Vec<ClaimRef> = claims
+        .iter()
+        .map(|&(delivery_id, attempt)| ClaimRef {
+            delivery_id,
+            attempt,
+        })
+        .collect();
+    Ok(sqlx::query_scalar("select watchpump.release($1, $2)")
+        .bind(pump)
+        .bind(refs)
+        .fetch_one(pool)
+        .await?)
 }
 
 /// A `watchpump.attempt_report` (`sql/migrations/0008_storage_v3.sql`):

@@ -157,6 +157,13 @@ impl Receiver {
         }
     }
 
+    /// Requests that have arrived so far, held ones included.
+    pub fn arrivals(&self) -> usize {
+        self.state
+            .arrivals
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     pub fn received(&self) -> Vec<Received> {
         self.state.received.lock().unwrap().clone()
     }
