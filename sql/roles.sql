@@ -8,7 +8,8 @@
 --                        signing secrets, no payloads, no tables.
 --   watchpump_operator   the inspector's views, plus retry() and
 --                        retry_failed().
---   watchpump_emitter    emit() only: the producer's own login role.
+--   watchpump_emitter    emit() and emit_many() only: the producer's own
+--                        login role.
 --   watchpump_pump       what `watchpump serve` needs: the tables, the
 --                        sequences and the functions; no DDL (run
 --                        `watchpump migrate` as the owner first).
@@ -17,7 +18,7 @@
 -- roles that are missing are reported (a WARNING here; `migrate` says which
 -- and goes on) and the grants wait for a run that has them.
 --
--- emit(), retry(), retry_failed() and prune() write tables (prune() makes
+-- emit(), emit_many(), retry(), retry_failed() and prune() write tables (prune() makes
 -- and drops partitions) their callers have no
 -- grant on: they run as their owner (SECURITY DEFINER), with a fixed
 -- search_path so that a caller's schemas cannot stand in for watchpump's
@@ -64,7 +65,7 @@ begin
         select p.oid::regprocedure from pg_proc p
         where p.pronamespace = 'watchpump'::regnamespace
           -- prune() creates and drops partitions, which needs the owner.
-          and p.proname in ('emit', 'retry', 'retry_failed', 'prune')
+          and p.proname in ('emit', 'emit_many', 'retry', 'retry_failed', 'prune')
     loop
         execute format('alter function %s security definer set search_path = pg_catalog, watchpump, pg_temp',
                        v_function);
@@ -98,7 +99,7 @@ begin
 
     for v_function in
         select p.oid::regprocedure from pg_proc p
-        where p.pronamespace = 'watchpump'::regnamespace and p.proname = 'emit'
+        where p.pronamespace = 'watchpump'::regnamespace and p.proname in ('emit', 'emit_many')
     loop
         execute format('grant execute on function %s to watchpump_emitter', v_function);
     end loop;

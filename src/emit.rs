@@ -67,3 +67,70 @@ pub async fn emit(
     span.record("watchpump.change_id", change_id);
     Ok(change_id)
 }
+
+/// One change of a batch for [`emit_many`]: what [`emit`] takes.
+#[derive(Debug, Clone, Copy)]
+pub struct Change<'a> {
+    pub object: &'a str,
+    pub kind: &'a str,
+    pub payload: &'a serde_json::Value,
+}
+
+/// Records a batch of changes, in the order given, and their deliveries,
+/// inside the caller's transaction, in one statement
+/// (`watchpump.emit_many()`): what [`emit`] does for each, for far less
+/// than a call each. Every rule of [`emit`] holds for each change; the
+/// first one refused refuses the batch, and nothing of it is written.
+/// Changes to one object take consecutive sequences in the order given. At
+/// most 100,000 changes a call. Returns the changes' ids, in the order
+/// given.
+///
+/// ```no_run
+/// # async fn f(pool: sqlx::PgPool) -> watchpump::error::Result<()> {
+/// use watchpump::emit::Change;
+/// let payload = serde_json::json!({"after": "9f2c"});
+/// let mut tx = pool.begin().await?;
+/// let ids = watchpump::emit::emit_many(&mut tx, &[
+///     Change { object: "acme/web/refs/heads/main", kind: "push", payload: &payload },
+///     Change { object: "acme/web/refs/heads/dev", kind: "push", payload: &payload },
+/// ]).await?;
+/// tx.commit().await?;
+/// # Ok(()) }
+/// ```
+pub async fn emit_many(conn: &mut PgConnection, changes: &[Change<'_>]) -> Result<Vec<i64>> {
+    let span = tracing::info_span!(target: TARGET, "watchpump.emit_many",
+        otel.kind = "internal", watchpump.changes = changes.len());
+    let objects: Vec<&str> = changes.iter().map(|c| c.object).collect();
+    let kinds: Vec<&str> = changes.iter().map(|c| c.kind).collect();
+    let payloads: Vec<sqlx::types::Json<&serde_json::Value>> = changes
+        .iter()
+        .map(|c| sqlx::types::Json(c.payload))
+        .collect();
+    let ids: Vec<i64> = match telemetry::of(&span) {
+        Some(trace) => {
+            sqlx::query_scalar(
+                "with context as materialized (
+                 select set_config('watchpump.traceparent', $4, true),
+                        set_config('watchpump.tracestate', coalesce($5, ''), true))
+             select watchpump.emit_many($1, $2, $3) from context",
+            )
+            .bind(&objects)
+            .bind(&kinds)
+            .bind(&payloads)
+            .bind(trace.header())
+            .bind(trace.tracestate)
+            .fetch_one(conn)
+            .instrument(span.clone())
+            .await?
+        }
+        None => {
+            sqlx::query_scalar("select watchpump.emit_many($1, $2, $3)")
+                .bind(&objects)
+                .bind(&kinds)
+                .bind(&payloads)
+                .fetch_one(conn)
+                .await?
+        }
+    };
+    Ok(ids)
+}

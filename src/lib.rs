@@ -22,7 +22,8 @@
 //! - [`schema`]: applies `sql/migrations/*.sql` once and `sql/functions/*.sql`
 //!   every time ([`sql_files`], which the kit's inbox uses too); the durable
 //!   logic (emit, claim, complete, sweep) is SQL there.
-//! - [`emit()`](emit::emit): the producer's call, in the producer's transaction.
+//! - [`emit()`](emit::emit): the producer's call, in the producer's
+//!   transaction; [`emit::emit_many`] records a batch in one statement.
 //! - [`kinds`]: the catalogue of the kinds of change the producer emits,
 //!   each with a JSON Schema and an example, and strict mode, which makes
 //!   `emit()` refuse what the catalogue does not declare.

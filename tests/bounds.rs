@@ -60,30 +60,52 @@ async fn emit_refuses_what_is_over_a_limit_and_accepts_what_is_at_it() {
         "{message}"
     );
 
-    // The limit is a database setting, with a clear error when it is not a number.
-    for (setting, code) in [("100", "54000"), ("lots", "22023")] {
-        let mut tx = db.pool.begin().await.unwrap();
-        sqlx::query("select set_config('watchpump.max_payload_bytes', $1, true)")
-            .bind(setting)
-            .execute(&mut *tx)
-            .await
-            .unwrap();
-        let err = sqlx::query(
-            "select watchpump.emit('acme/x', 'push', jsonb_build_object('a', repeat('y', 200)))",
-        )
+    // The limit is watchpump's own setting (watchpump.settings), which a
+    // producer's session cannot raise; set outside its range it is refused.
+    sqlx::query("update watchpump.settings set max_payload_bytes = 100")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let mut tx = db.pool.begin().await.unwrap();
+    sqlx::query("select set_config('watchpump.max_payload_bytes', '16777216', true)")
         .execute(&mut *tx)
+        .await
+        .unwrap();
+    let err = sqlx::query(
+        "select watchpump.emit('acme/x', 'push', jsonb_build_object('a', repeat('y', 200)))",
+    )
+    .execute(&mut *tx)
+    .await
+    .unwrap_err();
+    assert_eq!(
+        err.as_database_error().unwrap().code().unwrap(),
+        "54000",
+        "{err}"
+    );
+    assert!(
+        err.to_string()
+            .contains("watchpump.settings.max_payload_bytes")
+            && err.to_string().contains("100"),
+        "{err}"
+    );
+    drop(tx);
+    for beyond in ["0", "16777217"] {
+        let err = sqlx::query(&format!(
+            "update watchpump.settings set max_payload_bytes = {beyond}"
+        ))
+        .execute(&db.pool)
         .await
         .unwrap_err();
         assert_eq!(
             err.as_database_error().unwrap().code().unwrap(),
-            code,
-            "{err}"
-        );
-        assert!(
-            err.to_string().contains("watchpump.max_payload_bytes"),
+            "23514",
             "{err}"
         );
     }
+    sqlx::query("update watchpump.settings set max_payload_bytes = default")
+        .execute(&db.pool)
+        .await
+        .unwrap();
 
     // Objects: up to the 1,024 bytes a watch may follow, random (so that
     // nothing compresses it in an index); never an index error.

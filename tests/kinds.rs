@@ -213,11 +213,17 @@ async fn kinds_add_refuses_what_strict_mode_could_not_check_and_changes_nothing(
     assert_eq!(count_kinds(&db).await, 0);
 }
 
-/// emit() in a transaction with `watchpump.strict_kinds` as given.
+/// emit() in a transaction with strict mode (`watchpump.settings.strict_kinds`)
+/// on or off, and the emitter's own session setting the other way: only
+/// watchpump's setting counts (a producer's session cannot weaken it).
 async fn emit_with(db: &TestDb, strict: &str, kind: &str, payload: Value) -> sqlx::Result<i64> {
+    sqlx::query("update watchpump.settings set strict_kinds = $1")
+        .bind(strict == "on")
+        .execute(&db.pool)
+        .await?;
     let mut tx = db.pool.begin().await?;
     sqlx::query("select set_config('watchpump.strict_kinds', $1, true)")
-        .bind(strict)
+        .bind(if strict == "on" { "off" } else { "on" })
         .execute(&mut *tx)
         .await?;
     let id = watchpump::emit(&mut tx, "acme/web/refs/heads/main", kind, &payload)
@@ -299,14 +305,11 @@ async fn strict_mode_refuses_undeclared_kinds_and_misfit_payloads_and_only_when_
         .unwrap();
     assert_eq!(after, before + 2, "a refused change leaves nothing behind");
 
-    // As a database setting, seen by the CLI's new connection.
-    sqlx::query(&format!(
-        "alter database {} set watchpump.strict_kinds = on",
-        db.name
-    ))
-    .execute(&db.pool)
-    .await
-    .unwrap();
+    // watchpump's own setting, seen by the CLI's new connection too.
+    sqlx::query("update watchpump.settings set strict_kinds = true")
+        .execute(&db.pool)
+        .await
+        .unwrap();
     let out = run(
         &db.url,
         &[

@@ -549,15 +549,13 @@ async fn five_hundred_failures_fold_into_one_warning_with_the_count() {
     db.add_watch(svc.id, "r", "acme/", all()).await;
     let pump = RunningPump::start(&db.pool, pump_config());
     let mut tx = db.pool.begin().await.unwrap();
-    sqlx::query("select set_config('watchpump.delivery_window', '1 second', true)")
-        .execute(&mut *tx)
-        .await
-        .unwrap();
+    let before = set_window(&mut tx, "1 second").await;
     for i in 0..500 {
         watchpump::emit(&mut tx, &format!("acme/repo-{i}"), "push", &json!({}))
             .await
             .unwrap();
     }
+    put_window_back(&mut tx, before).await;
     tx.commit().await.unwrap();
     eventually(Duration::from_secs(60), "500 deliveries failed", || async {
         db.count_state("failed").await == 500

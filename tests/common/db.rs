@@ -159,7 +159,9 @@ pub fn matching(path: &str) -> Filters {
 }
 
 /// Emits one change whose deliveries are retried for `window` only (e.g.
-/// '1 second'), so that a failing consumer makes them fail quickly.
+/// '1 second'), so that a failing consumer makes them fail quickly: the
+/// delivery window (`watchpump.settings`) is set in the emitting
+/// transaction and put back before it commits, so that nothing else sees it.
 pub async fn emit_with_window(
     db: &TestDb,
     object: &str,
@@ -168,16 +170,41 @@ pub async fn emit_with_window(
     window: &str,
 ) -> i64 {
     let mut tx = db.pool.begin().await.unwrap();
-    sqlx::query("select set_config('watchpump.delivery_window', $1, true)")
-        .bind(window)
-        .execute(&mut *tx)
-        .await
-        .unwrap();
+    let before = set_window(&mut tx, window).await;
     let id = watchpump::emit(&mut tx, object, kind, &payload)
         .await
         .unwrap();
+    put_window_back(&mut tx, before).await;
     tx.commit().await.unwrap();
     id
+}
+
+/// Sets the delivery window in `tx`; returns the one it replaced.
+pub async fn set_window(
+    tx: &mut sqlx::PgConnection,
+    window: &str,
+) -> Option<sqlx::postgres::types::PgInterval> {
+    sqlx::query_scalar(
+        "update watchpump.settings s set delivery_window = $1::interval
+         from (select delivery_window from watchpump.settings) old
+         returning old.delivery_window",
+    )
+    .bind(window)
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap()
+}
+
+/// Puts back the delivery window [`set_window`] replaced.
+pub async fn put_window_back(
+    tx: &mut sqlx::PgConnection,
+    before: Option<sqlx::postgres::types::PgInterval>,
+) {
+    sqlx::query("update watchpump.settings set delivery_window = $1")
+        .bind(before)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
 }
 
 /// The one delivery of a change.
