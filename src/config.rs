@@ -295,6 +295,16 @@ pub struct PumpConfig {
     #[arg(long, env = "WATCHPUMP_HOLD_AFTER_NO_ANSWER_MS")]
     pub hold_after_no_answer_ms: Option<u64>,
 
+    /// How long a finished attempt's outcome waits in the pump for others to
+    /// be written with it, in one statement (issue 33): the longest newer
+    /// news of the same (watch, object) waits for an older delivery's
+    /// outcome, and what a crash of the pump can leave unrecorded (those
+    /// deliveries are sent again when their leases run out). A 410 and a
+    /// stop are written at once. 0 writes what is there as soon as the last
+    /// write is done.
+    #[arg(long, env = "WATCHPUMP_FLUSH_INTERVAL_MS", default_value_t = 10)]
+    pub flush_interval_ms: u64,
+
     /// Objects one resync goes through at most (docs/protocol.md,
     /// "Resync"): each may queue a replayed delivery, so a consumer asking
     /// for the state of a watch over millions of objects costs the queue
@@ -418,6 +428,9 @@ impl PumpConfig {
     pub fn lease(&self) -> Duration {
         Duration::from_millis(self.lease_ms)
     }
+    pub fn flush_interval(&self) -> Duration {
+        Duration::from_millis(self.flush_interval_ms)
+    }
     /// `WATCHPUMP_HOLD_AFTER_NO_ANSWER_MS`, or its default (see there).
     pub fn hold_after_no_answer(&self) -> Duration {
         Duration::from_millis(self.hold_after_no_answer_ms.unwrap_or_else(|| {
@@ -501,6 +514,12 @@ impl PumpConfig {
             return Err(format!(
                 "the lease ({} ms) must be longer than the request timeout ({} ms) plus the hold after no answer ({hold} ms): a pump sends only while its lease covers both",
                 self.lease_ms, self.request_timeout_ms
+            ));
+        }
+        if self.flush_interval_ms >= self.lease_ms.saturating_sub(self.request_timeout_ms) {
+            return Err(format!(
+                "WATCHPUMP_FLUSH_INTERVAL_MS ({} ms) must be well under the lease ({} ms) less the request timeout: an outcome must be written while its lease still holds",
+                self.flush_interval_ms, self.lease_ms
             ));
         }
         if self.service_concurrency == 0 || self.sweep_interval_ms == 0 {

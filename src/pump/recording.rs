@@ -1,8 +1,10 @@
 //! The write-back side of [`Pump::run`](super::Pump::run), off the send
 //! path (issue 33): finished attempts and deliveries given back unsent
-//! wait here and are written in one flush, at most [`FLUSH_INTERVAL`] after
-//! the first of them (or at once when [`COMPLETE_BATCH`] are waiting, or a
-//! consumer answered 410): `watchpump.release()` for what goes back, then
+//! wait here and are written in one flush, at most a flush interval after
+//! the first of them (`WATCHPUMP_FLUSH_INTERVAL_MS`, 10 ms: at 10,000
+//! deliveries a second, flushes of about 100), or at once when
+//! [`COMPLETE_BATCH`] are waiting, a consumer answered 410 or the pump
+//! stops: `watchpump.release()` for what goes back, then
 //! `watchpump.complete()` for the attempts, each one statement. What they
 //! settled to becomes metrics, retry wake-ups and a released backlog for a
 //! consumer that came back.
@@ -33,12 +35,6 @@ use crate::telemetry::TARGET;
 
 /// Most finished attempts written back in one statement.
 pub(super) const COMPLETE_BATCH: usize = 1000;
-
-/// How long the first outcome of a flush waits for others to join it: the
-/// longest a newer change of the same (watch, object) waits for an older
-/// delivery's outcome beyond its round trip. At 10,000 deliveries a second
-/// it makes flushes of about 100 outcomes.
-pub(super) const FLUSH_INTERVAL: Duration = Duration::from_millis(10);
 
 /// What the write-back is given.
 pub(super) enum Record {
@@ -116,7 +112,7 @@ pub(super) async fn record_loop(shared: Arc<Shared>, mut records: mpsc::Unbounde
         };
         let mut flush = Flush::default();
         flush.add(first);
-        let until = Instant::now() + FLUSH_INTERVAL;
+        let until = Instant::now() + shared.cfg.flush_interval();
         while flush.answered.len() < COMPLETE_BATCH && !flush.urgent {
             match tokio::time::timeout_at(until, records.recv()).await {
                 Ok(Some(record)) => flush.add(record),
