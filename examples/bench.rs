@@ -489,6 +489,7 @@ async fn bulk_one(b: Bench) -> Outcome {
     }
     tx.commit().await.unwrap();
     b.db_time_reset().await;
+    let work = WorkCpu::now();
     let start = Instant::now();
     let extra: Vec<(String, String)> = std::env::var("WATCHPUMP_BENCH_PUMP_ENV")
         .ok()
@@ -512,18 +513,25 @@ async fn bulk_one(b: Bench) -> Outcome {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let (cpu, rss) = (pump.cpu_seconds(), pump.peak_rss_mib());
+    let (postgres_cpu, consumer_cpu) = work.since();
     pump.stop();
     let db_us = b.db_us_per_delivery(total).await;
     let rate = total as f64 / elapsed;
     let cpu_us = cpu * 1e6 / total as f64;
+    let per = |s: f64| s * 1e6 / total as f64;
+    let work_us = per(cpu + postgres_cpu + consumer_cpu);
     Outcome {
         line: format!(
-            "{total} deliveries, 1 service: {rate:.0} deliveries/s from pump start to last arrival ({elapsed:.2} s), pump CPU {cpu_us:.0} µs/delivery, DB {db_us:.1} µs/delivery (claim + complete), peak RSS {rss:.1} MiB{}",
+            "{total} deliveries, 1 service: {rate:.0} deliveries/s from pump start to last arrival ({elapsed:.2} s), pump CPU {cpu_us:.0} µs/delivery, DB {db_us:.1} µs/delivery (claim + complete), CPU of the work {work_us:.0} µs/delivery (PostgreSQL {:.0}, consumer {:.0}), peak RSS {rss:.1} MiB{}",
+            per(postgres_cpu),
+            per(consumer_cpu),
             if all { "" } else { " INCOMPLETE" }
         ),
         json: json!({"deliveries": total, "services": 1, "seconds": elapsed, "deliveries_per_s": rate,
                      "pump_cpu_s": cpu, "pump_cpu_us_per_delivery": cpu_us, "pump_peak_rss_mib": rss,
-                     "db_us_per_delivery": db_us}),
+                     "db_us_per_delivery": db_us, "work_cpu_us_per_delivery": work_us,
+                     "postgres_cpu_us_per_delivery": per(postgres_cpu),
+                     "consumer_cpu_us_per_delivery": per(consumer_cpu)}),
     }
 }
 
@@ -819,13 +827,92 @@ where
 /// A process's CPU seconds so far (user + system), from its
 /// `/proc/<pid>/stat`.
 fn cpu_seconds_of(stat_path: &str) -> f64 {
-    let stat = std::fs::read_to_string(stat_path).unwrap_or_default();
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map(|(_, r)| r.split_whitespace().collect())
-        .unwrap_or_default();
-    let ticks: f64 = fields.get(11).and_then(|u| u.parse().ok()).unwrap_or(0.0)
-        + fields.get(12).and_then(|s| s.parse().ok()).unwrap_or(0.0);
+    stat_fields(stat_path)
+        .map(|f| (f.utime + f.stime) / 100.0)
+        .unwrap_or(0.0)
+}
+
+/// The fields of a `/proc/<pid>/stat` the meters read, in clock ticks.
+struct StatFields {
+    ppid: u32,
+    utime: f64,
+    stime: f64,
+    /// Of its children that have exited and been waited for.
+    cutime: f64,
+    cstime: f64,
+}
+
+fn stat_fields(stat_path: &str) -> Option<StatFields> {
+    let stat = std::fs::read_to_string(stat_path).ok()?;
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let num = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    Some(StatFields {
+        ppid: fields.get(1)?.parse().ok()?,
+        utime: num(11),
+        stime: num(12),
+        cutime: num(13),
+        cstime: num(14),
+    })
+}
+
+/// The CPU the work of a scenario costs, whatever else the host runs: the
+/// bench cluster's PostgreSQL (its postmaster, its live processes, and
+/// those that exited), the pump, and this process (the consumer), in CPU
+/// seconds. Taken before and after, the difference is the issue's "whole
+/// machine's CPU a delivery", without other tenants of a shared host.
+#[derive(Clone, Copy)]
+struct WorkCpu {
+    postgres: f64,
+    bench: f64,
+}
+
+impl WorkCpu {
+    fn now() -> WorkCpu {
+        WorkCpu {
+            postgres: postgres_cpu_seconds(),
+            bench: cpu_seconds_of("/proc/self/stat"),
+        }
+    }
+
+    /// PostgreSQL's and this process's CPU seconds since `self`.
+    fn since(&self) -> (f64, f64) {
+        let now = WorkCpu::now();
+        (now.postgres - self.postgres, now.bench - self.bench)
+    }
+}
+
+/// The bench cluster's CPU seconds so far (target/pg-bench/postmaster.pid).
+fn postgres_cpu_seconds() -> f64 {
+    let pid_file = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/target/pg-bench/postmaster.pid"
+    );
+    let Some(postmaster) = std::fs::read_to_string(pid_file)
+        .ok()
+        .and_then(|s| s.lines().next().and_then(|l| l.trim().parse::<u32>().ok()))
+    else {
+        return 0.0;
+    };
+    let Some(own) = stat_fields(&format!("/proc/{postmaster}/stat")) else {
+        return 0.0;
+    };
+    let mut ticks = own.utime + own.stime + own.cutime + own.cstime;
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name.to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        if let Some(f) = stat_fields(&format!("/proc/{pid}/stat")) {
+            if f.ppid == postmaster {
+                ticks += f.utime + f.stime;
+            }
+        }
+    }
     ticks / 100.0
 }
 

@@ -223,7 +223,7 @@ fn describe() {
     );
     describe_counter!(
         CLAIMS_RELEASED,
-        "Claimed deliveries this pump gave back unsent, pending again for any pump, by reason: stop, down (the service went down), window (a failure halved it), gone (the watch answered 410), fence (the lease no longer covered the request)."
+        "Claimed deliveries this pump did not send, by reason: given back, pending again for any pump (stop; down, the service went down; window, a failure halved it; fence, the lease no longer covered the request), or dropped with their watch (gone, it answered 410)."
     );
     describe_gauge!(
         IN_FLIGHT_BYTES,

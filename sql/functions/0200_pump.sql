@@ -793,12 +793,30 @@ begin
     end if;
 
     -- 410: the consumer's resource is gone. Drop the watch and what it still
-    -- had waiting.
+    -- had waiting: what no pump holds (remove_watch()), and what this pump
+    -- holds but did not report here, claimed ahead and never to be sent
+    -- (the pump forgets what it holds of a gone watch: src/pump/claiming.rs;
+    -- one still on the wire reports its attempt later, which then decides
+    -- nothing). A claim that took some of it since the 410 cannot send it
+    -- first: the consumer's request slot waits for this write-back.
     if cardinality(v_gone) > 0 then
         return query
         select r.delivery_id, r.service_id, 'dropped'::text, null::timestamptz
         from unnest(v_gone) as g (watch_id)
         cross join lateral watchpump.remove_watch(g.watch_id, 'gone: the consumer answered 410') r;
+        v_settle := array(
+            select q.id from watchpump.queue q
+            where q.watch_id = any (v_gone) and q.leased_by = p_pump
+              and q.id <> all (array(select r.delivery_id from unnest(p_reports) as r))
+            order by q.id
+            for update skip locked);
+        return query
+        select s.delivery_id, s.service_id, s.state, null::timestamptz
+        from watchpump.settle(v_settle, array_fill('dropped'::text, array[cardinality(v_settle)]),
+                              array_fill(null::bigint, array[cardinality(v_settle)]),
+                              array_fill(null::integer, array[cardinality(v_settle)]),
+                              array_fill('watch removed: gone: the consumer answered 410'::text,
+                                         array[cardinality(v_settle)])) s;
     end if;
 end
 $$;

@@ -452,7 +452,7 @@ fn spawn_send(shared: &Arc<Shared>, ready: Ready, records: mpsc::UnboundedSender
         let gone = finished.result == AttemptResult::Gone;
         let came_back = !gone && answered(&shared, &finished);
         if gone {
-            give_back_watch(&shared, &finished, &records);
+            forget_watch(&shared, &finished);
         } else {
             give_back_excess(&shared, service_id, &records);
         }
@@ -498,25 +498,21 @@ fn give_back_excess(shared: &Shared, service_id: i64, records: &mpsc::UnboundedS
     ));
 }
 
-/// After a 410: what waits of the gone watch goes back, for the write-back
-/// to drop with the watch.
-fn give_back_watch(shared: &Shared, gone: &Finished, records: &mpsc::UnboundedSender<Record>) {
+/// After a 410, and again once its write-back is done: what waits of the
+/// gone watch in the pump is forgotten, never sent. The write-back drops it
+/// with the watch (`watchpump.complete()`, which drops what this pump holds
+/// of a gone watch), including what a claim took of it in between.
+pub(super) fn forget_watch(shared: &Shared, gone: &Finished) {
     let service_id = gone.claimed.service_id;
-    let back = {
-        let mut health = shared.health.lock().unwrap();
-        let back = shared
-            .ahead
-            .lock()
-            .unwrap()
-            .take_watch(service_id, gone.claimed.message.watch_id);
-        health.unqueued(service_id, back.len() as u32);
-        back
-    };
-    if !back.is_empty() {
-        let _ = records.send(Record::Released(
-            back.iter().map(Ready::claim_ref).collect(),
-            "gone",
-        ));
+    let mut health = shared.health.lock().unwrap();
+    let forgotten = shared
+        .ahead
+        .lock()
+        .unwrap()
+        .take_watch(service_id, gone.claimed.message.watch_id);
+    health.unqueued(service_id, forgotten.len() as u32);
+    if !forgotten.is_empty() {
+        metrics::counter!(m::CLAIMS_RELEASED, "reason" => "gone").increment(forgotten.len() as u64);
     }
 }
 

@@ -183,6 +183,11 @@ async fn complete_batch(shared: &Shared, batch: &[Answered]) -> Vec<store::Settl
         }
     }
     for a in batch {
+        if a.slot_held {
+            // What a claim took of the gone watch since its 410: dropped by
+            // this write-back, forgotten here before the slot frees.
+            super::claiming::forget_watch(shared, &a.finished);
+        }
         let came_back = a.came_back || (a.slot_held && answered(shared, &a.finished));
         if !came_back {
             continue;
