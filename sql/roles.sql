@@ -112,8 +112,7 @@ begin
                     watchpump.warnings
         to watchpump_inspector, watchpump_operator, watchpump_pump;
 
-    -- Every overload of these names (emit_many() may not exist yet: the
-    -- loop then grants what there is).
+    -- Functions by name, every overload of each.
     for v_function in
         select p.oid::regprocedure from pg_proc p
         where p.pronamespace = 'watchpump'::regnamespace and p.proname in ('retry', 'retry_failed')
@@ -121,6 +120,8 @@ begin
         execute format('grant execute on function %s to watchpump_operator', v_function);
     end loop;
 
+    -- emit_many() comes with 0100_emit.sql on main; a schema without it
+    -- yet grants emit() alone.
     for v_function in
         select p.oid::regprocedure from pg_proc p
         where p.pronamespace = 'watchpump'::regnamespace and p.proname in ('emit', 'emit_many')
