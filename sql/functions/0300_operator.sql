@@ -530,34 +530,126 @@ $$;
 -- partitioned by UTC day; retention drops whole days. These run inside
 -- prune(), in one pump at a time.
 
--- Makes `p_name`, a table like `p_parent` with the indexes of its
--- template, for [p_from, p_to): filled first by the statement `p_fill`
--- (if any; `%I` in it names the table, `$1` is `p_ids`), then indexed
--- (each index built once), then proven in range by a CHECK constraint
--- `<p_name>_range`, which spares a scan when it is attached as a
--- partition. Returns the rows filled.
+-- The column each partitioned table of the history is partitioned by
+-- (0008_storage_v3.sql); any other table is refused. Written here, like
+-- the storage settings and indexes of make_partition_table(): prune() runs
+-- as the owner and builds statements from them, so they are never read
+-- from a table another role could write (issue 34: an index definition
+-- updated in the former watchpump.partition_templates ran as the owner).
+create or replace function watchpump.partition_key(p_parent text) returns text
+language plpgsql immutable as $$
+begin
+    case p_parent
+        when 'changes' then return 'occurred_at';
+        when 'settled' then return 'created_at';
+        when 'attempt_log' then return 'started_at';
+        else
+            raise exception 'watchpump: % is not a partitioned table of the history (changes, settled or attempt_log)',
+                coalesce(quote_literal(p_parent), 'null')
+                using errcode = '22023';
+    end case;
+end
+$$;
+
+-- The name watchpump gives the partition of `p_parent` that begins at
+-- `p_from`: `settled_20261204` for a day (add_partition()), and
+-- `settled_20261204_kept` for what retention keeps of it
+-- (keep_what_retention_keeps()); the v2 tables that 0008_storage_v3.sql
+-- attached begin at -infinity: `settled_v2`, `settled_v2_kept`. The one
+-- definition of the shape: it makes the names and checks them
+-- (partition_checked()).
+create or replace function watchpump.partition_name(p_parent text, p_from timestamptz, p_kept boolean)
+returns text
+language plpgsql stable as $$
+begin
+    perform watchpump.partition_key(p_parent);
+    return p_parent
+           || case when p_from = '-infinity' then '_v2'
+                   else '_' || to_char(p_from at time zone 'UTC', 'YYYYMMDD') end
+           || case when p_kept then '_kept' else '' end;
+end
+$$;
+
+-- The name of a row of watchpump.partitions, once it is proven to be the
+-- name watchpump made for that row (partition_name() of its parent, its
+-- start and whether it is kept) and its range runs forwards; otherwise
+-- 42602 (invalid_name), naming the row. Retention, which runs as the owner,
+-- locks, detaches and drops the tables these names name: a row watchpump
+-- did not write (`services`, or today's day with an end in the past) stops
+-- it before it touches anything. Only the owner may write the table
+-- (sql/roles.sql), and CHECK constraints hold its shape too
+-- (0021_owner_code.sql); this check relies on neither.
+create or replace function watchpump.partition_checked(p watchpump.partitions) returns text
+language plpgsql stable as $$
+begin
+    if p.parent is null or p.parent not in ('changes', 'settled', 'attempt_log')
+       or p.name is distinct from watchpump.partition_name(p.parent, p.from_at, p.kept)
+       or not coalesce(p.to_at > p.from_at, false) then
+        raise exception 'watchpump: the partition row % (parent %, from %, to %, kept %) is not one watchpump made',
+            coalesce(quote_literal(p.name), 'null'), coalesce(quote_literal(p.parent), 'null'),
+            p.from_at, p.to_at, p.kept
+            using errcode = '42602',
+                  detail = 'watchpump names a partition after its parent and the UTC day it begins '
+                           '(settled_20261204, settled_20261204_kept, settled_v2, settled_v2_kept; changes_ '
+                           'and attempt_log_ alike), and retention drops the tables these rows name.',
+                  hint = 'Someone wrote this row of watchpump.partitions by hand: find out who, then delete it '
+                         '(as the schema''s owner) so that retention can go on.';
+    end if;
+    return p.name;
+end
+$$;
+
+-- Makes `p_name`, a table like `p_parent` with the storage settings and
+-- the indexes of its days, for [p_from, p_to): filled first by the
+-- statement `p_fill` (if any; `%I` in it names the table, `$1` is
+-- `p_ids`), then indexed (each index built once), then proven in range by
+-- a CHECK constraint `<p_name>_range`, which spares a scan when it is
+-- attached as a partition. Returns the rows filled. Its callers (owner
+-- code: add_partition(), copy_what_retention_keeps()) build `p_fill` in
+-- their own bodies; the settings and the indexes are written here (why
+-- each index: 0013_history_indexes.sql, 0014, 0016), never read from a
+-- table (issue 34).
 create or replace function watchpump.make_partition_table(
     p_parent text, p_name text, p_from timestamptz, p_to timestamptz,
     p_fill text default null, p_ids bigint[] default null
 ) returns bigint
 language plpgsql as $$
 declare
-    t       watchpump.partition_templates;
+    v_key   text := watchpump.partition_key(p_parent);
     v_index text;
     v_rows  bigint := 0;
 begin
-    select * into strict t from watchpump.partition_templates where parent = p_parent;
     execute format('create table watchpump.%I (like watchpump.%I including defaults including constraints) with (%s)',
-                   p_name, p_parent, t.storage);
+                   p_name, p_parent,
+                   case p_parent
+                       when 'attempt_log' then 'fillfactor = 90'
+                       else 'fillfactor = 100, autovacuum_vacuum_insert_scale_factor = 0.05'
+                   end);
     if p_fill is not null then
         execute format(p_fill, p_name) using p_ids;
         get diagnostics v_rows = row_count;
     end if;
-    foreach v_index in array t.indexes loop
+    foreach v_index in array case p_parent
+        when 'changes' then
+            array['create unique index on watchpump.%I (id)',
+                  'create index on watchpump.%I (object, sequence)']
+        when 'settled' then
+            array['create unique index on watchpump.%I (id)',
+                  'create index on watchpump.%I (change_id)',
+                  'create index on watchpump.%I (service_id, id)',
+                  'create index on watchpump.%I (object, id)',
+                  'create index on watchpump.%I (created_at, id)',
+                  'create index on watchpump.%I (service_id, id) where state = ''failed''',
+                  'create index on watchpump.%I (id) where state in (''failed'', ''dropped'')',
+                  'create index on watchpump.%I (finished_at) include (service_id) where state = ''failed''',
+                  'create index on watchpump.%I using brin (finished_at)']
+        when 'attempt_log' then
+            array['create index on watchpump.%I (delivery_id, attempt)']
+    end loop
         execute format(v_index, p_name);
     end loop;
     execute format('alter table watchpump.%I add constraint %I check (%I is not null and %I >= %L and %I < %L)',
-                   p_name, p_name || '_range', t.key, t.key, p_from, t.key, p_to);
+                   p_name, p_name || '_range', v_key, v_key, p_from, v_key, p_to);
     return v_rows;
 end
 $$;
@@ -574,14 +666,13 @@ create or replace function watchpump.add_partition(p_parent text, p_from timesta
 returns text
 language plpgsql as $$
 declare
-    v_name text := p_parent || '_' || to_char(p_from at time zone 'UTC', 'YYYYMMDD');
-    v_key  text;
+    v_name text := watchpump.partition_name(p_parent, p_from, false);
+    v_key  text := watchpump.partition_key(p_parent);
 begin
     -- prune()'s lock (held already when prune() or add_partitions_ahead()
     -- calls this): one maker of partitions at a time, and none while
     -- sql/roles.sql grants on all tables.
     perform pg_advisory_xact_lock(2003856752, hashtext('watchpump.prune'));
-    select t.key into strict v_key from watchpump.partition_templates t where t.parent = p_parent;
     perform watchpump.make_partition_table(p_parent, v_name, p_from, p_to,
         format('with moved as (delete from watchpump.%I where %I >= %L and %I < %L returning *)
                 insert into watchpump.%%I select * from moved',
@@ -700,6 +791,9 @@ create or replace function watchpump.retire_partitions(
 )
 language plpgsql as $$
 begin
+    -- Every row of the range, before anything is locked: the functions
+    -- below check each name again where they use it.
+    perform watchpump.partition_checked(p) from watchpump.partitions p where p.to_at = p_to;
     if exists (select from watchpump.partitions p where p.to_at = p_to and p.kept) then
         select * into deliveries, failed, changes, kept
         from watchpump.retire_into_default(p_to, p_retention, p_failed_retention);
@@ -760,9 +854,9 @@ declare
     v_counts   jsonb;
 begin
     select min(p.from_at),
-           min(p.name) filter (where p.parent = 'settled'),
-           min(p.name) filter (where p.parent = 'changes'),
-           min(p.name) filter (where p.parent = 'attempt_log'),
+           min(watchpump.partition_checked(p)) filter (where p.parent = 'settled'),
+           min(watchpump.partition_checked(p)) filter (where p.parent = 'changes'),
+           min(watchpump.partition_checked(p)) filter (where p.parent = 'attempt_log'),
            bool_and(p.staged)
     into v_from, v_settled, v_changes, v_attempts, v_staged
     from watchpump.partitions p where p.to_at = p_to and not p.kept;
@@ -773,7 +867,7 @@ begin
 
     -- 1. The kept rows gathered, emit() and the pump going on.
     for v_part in
-        select p.name from watchpump.partitions p
+        select watchpump.partition_checked(p) as name from watchpump.partitions p
         where p.to_at = p_to and not p.kept and p.parent in ('settled', 'changes')
     loop
         execute format('lock table watchpump.%I in share mode', v_part.name);
@@ -794,7 +888,7 @@ begin
     if not v_staged then
         -- The kept tables made with the day, if any, give way to copies.
         for v_part in
-            select p.name, p.parent from watchpump.partitions p
+            select watchpump.partition_checked(p) as name, p.parent from watchpump.partitions p
             where p.to_at = p_to and not p.kept and p.staged
         loop
             execute format('alter table watchpump.%I detach partition watchpump.%I',
@@ -845,7 +939,8 @@ begin
     end if;
     v_bound := case when v_from = '-infinity' then 'minvalue' else quote_literal(v_from) end;
     for v_part in
-        select p.name, p.parent from watchpump.partitions p where p.to_at = p_to and not p.kept
+        select watchpump.partition_checked(p) as name, p.parent from watchpump.partitions p
+        where p.to_at = p_to and not p.kept
     loop
         execute format('alter table watchpump.%I detach partition watchpump.%I', v_part.parent, v_part.name);
         execute format('drop table watchpump.%I', v_part.name);
@@ -1037,9 +1132,9 @@ declare
     v_kept     bigint[];
     v_refs     bigint[];
 begin
-    select min(p.name) filter (where p.parent = 'settled'),
-           min(p.name) filter (where p.parent = 'changes'),
-           min(p.name) filter (where p.parent = 'attempt_log')
+    select min(watchpump.partition_checked(p)) filter (where p.parent = 'settled'),
+           min(watchpump.partition_checked(p)) filter (where p.parent = 'changes'),
+           min(watchpump.partition_checked(p)) filter (where p.parent = 'attempt_log')
     into v_settled, v_changes, v_attempts
     from watchpump.partitions p where p.to_at = p_to;
 
