@@ -97,10 +97,11 @@ async fn a_signing_secret_is_stored_encrypted_and_deliveries_are_signed_with_it(
     delivered_and_verified(&db, &consumer, "acme/1", &added.signing_secret).await;
 
     // A rotation seals the new secret and the previous one; both sign.
-    let (new, _) =
-        watchpump::services::rotate_secret(&db.pool, "deploy", Duration::from_secs(3600))
+    let new =
+        watchpump::services::rotate_secret(&db.pool, "deploy", Duration::from_secs(3600), false)
             .await
-            .unwrap();
+            .unwrap()
+            .new;
     let (current, previous) = stored(&db, "deploy").await;
     assert!(current.starts_with("wpenc:v1:") && !current.contains(&new));
     assert!(previous.unwrap().starts_with("wpenc:v1:"));
@@ -258,6 +259,14 @@ async fn a_key_rotation_re_encrypts_with_the_new_key_and_a_wrong_key_is_a_clear_
         .unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
     let new_keys = SecretKeys::new(OTHER_KEY, None).unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains(&format!(
+            "every signing secret (1) is encrypted with key {}",
+            new_keys.current_id()
+        )),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
     let (sealed, _) = stored(&db, "deploy").await;
     assert!(new_keys.is_current(&sealed), "{sealed}");
     assert_eq!(new_keys.open(&sealed, "it").unwrap(), added.signing_secret);
@@ -297,3 +306,4 @@ async fn serve_and_services_add_without_the_key_say_how_to_make_one() {
         .unwrap();
     assert_fails_saying(&out, &[KEY_VAR, "openssl rand -base64 32"]);
 }
+
