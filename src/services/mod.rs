@@ -310,8 +310,9 @@ pub async fn destinations(pool: &PgPool, ids: &[i64]) -> Result<Vec<(i64, Result
 
 fn destination_of(row: DestinationRow, keys: &SecretKeys) -> Result<Destination> {
     let id = row.id;
+    let name = row.name.clone();
     let parse = |stored: &str| {
-        let what = format!("the signing secret of service {id}");
+        let what = format!("the signing secret of service {name:?} (id {id})");
         SigningSecret::parse(&keys.open(stored, &what)?)
             .map_err(|e| Error::Config(format!("{what}: {e}")))
     };
