@@ -58,10 +58,11 @@ language sql immutable parallel safe as $$
 $$;
 
 -- `p_schema` ready to be checked against, once a check. Each schema node
--- gets `$f`, the letters of what it asks for (E an enum, C objects or
--- arrays in it, R required names, P properties, A no other properties,
--- S items with structure, T items with only a type or an enum), so that
--- a visit reads a few letters instead of copying the node; and each
+-- gets `$n`, a small summary a visit reads instead of copying the node:
+-- `t`, its `type`, and `f`, the letters of what it asks for (E an enum,
+-- C objects or arrays in it, R required names, P properties, A no other
+-- properties, S items with structure, T items with only a type or an
+-- enum); and each
 -- `enum` list is also a set, `$enum_set` ({key: true}, looked up in
 -- O(log n)), with its objects and arrays, which the catalogue no longer
 -- accepts but an older declaration may hold, as `$enum_containers`
