@@ -142,6 +142,17 @@ fn init_logs(format: &str) -> std::result::Result<Option<telemetry::Telemetry>, 
     Ok(telemetry)
 }
 
+/// A forced rotation during an overlap stopped a credential early: said on
+/// stderr, whatever the output format, since a consumer may still be on it.
+fn say_retired_early(name: &str, what: &str, doing: &str, rotated: &services::Rotated) {
+    if let Some(until) = rotated.retired_early {
+        eprintln!(
+            "watchpump: warning: service {name}'s {what} before the last rotation, due to stop {doing} at {}, stopped now (--force)",
+            until.to_rfc3339()
+        );
+    }
+}
+
 /// `watchpump services ...`: each prints what it did.
 async fn run_services(pool: &sqlx::PgPool, command: ServicesCommand) -> Result<()> {
     match command {
@@ -194,21 +205,59 @@ async fn run_services(pool: &sqlx::PgPool, command: ServicesCommand) -> Result<(
                 println!("{}\t{base_url}\t{}", s.name, s.created_at.to_rfc3339());
             }
         }
-        ServicesCommand::RotateSecret { name, overlap } => {
+        ServicesCommand::RotateSecret {
+            name,
+            overlap,
+            force,
+            json,
+        } => {
             let overlap = services::parse_duration(&overlap)?;
-            let (secret, until) = services::rotate_secret(pool, &name, overlap).await?;
-            println!(
-                "service {name} has a new signing secret; the old one also signs until {}:\n{secret}",
-                until.to_rfc3339()
-            );
+            let rotated = services::rotate_secret(pool, &name, overlap, force).await?;
+            say_retired_early(&name, "signing secret", "signing", &rotated);
+            if json {
+                // What `services add --json` calls it: a public key is no secret.
+                let field = if rotated.new.starts_with("whpk_") {
+                    "signing_public_key"
+                } else {
+                    "signing_secret"
+                };
+                println!(
+                    "{}",
+                    serde_json::json!({"service": name, field: rotated.new,
+                        "previous_secret_signs_until": rotated.previous_until,
+                        "retired_early": rotated.retired_early})
+                );
+            } else {
+                println!(
+                    "service {name} has a new signing secret; the old one also signs until {}:\n{}",
+                    rotated.previous_until.to_rfc3339(),
+                    rotated.new
+                );
+            }
         }
-        ServicesCommand::RotateToken { name, grace } => {
+        ServicesCommand::RotateToken {
+            name,
+            grace,
+            force,
+            json,
+        } => {
             let grace = services::parse_duration(&grace)?;
-            let (token, until) = services::rotate_token(pool, &name, grace).await?;
-            println!(
-                "service {name} has a new token; the old one works until {}. The new token, shown only this once:\n{token}",
-                until.to_rfc3339()
-            );
+            let rotated = services::rotate_token(pool, &name, grace, force).await?;
+            say_retired_early(&name, "token", "working", &rotated);
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({"service": name, "token": rotated.new,
+                        "previous_token_works_until": rotated.previous_until,
+                        "retired_early": rotated.retired_early})
+                );
+            } else {
+                println!(
+                    "service {name} has a new token; the old one works until {}. The new token, shown only this once:\n{}",
+                    rotated.previous_until.to_rfc3339(),
+                    rotated.new
+                );
+            }
         }
         ServicesCommand::SetUrl {
             name,
@@ -269,18 +318,28 @@ async fn run(cli: Cli) -> Result<()> {
             }
         }
         Command::Serve(cfg) => server::serve(&url, *cfg, server::shutdown_signal()).await?,
-        Command::Secrets(SecretsCommand::Rekey) => {
+        Command::Secrets(SecretsCommand::Rekey { json }) => {
             // migrate seals what is not sealed with the current key; the
             // key is checked first, so that an unset key is refused even on
             // a database with nothing to seal.
             let keys = services::at_rest::SecretKeys::from_env()?;
             let pool = server::connect(&url, 2).await?;
             schema::migrate(&pool).await?;
-            println!(
-                "every signing secret is encrypted with key {}; {} can be unset",
-                keys.current_id(),
-                services::at_rest::PREVIOUS_KEY_VAR
-            );
+            let secrets = services::at_rest::count_sealed_with(&pool, keys.current_id()).await?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({"key_id": keys.current_id(), "secrets": secrets})
+                );
+            } else {
+                println!(
+                    "every signing secret ({secrets}) is encrypted with key {}; {} can be unset \
+                     once every `watchpump serve` has {} set to it",
+                    keys.current_id(),
+                    services::at_rest::PREVIOUS_KEY_VAR,
+                    services::at_rest::KEY_VAR
+                );
+            }
         }
         Command::Services(command) => {
             let pool = server::connect(&url, 2).await?;

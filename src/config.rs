@@ -80,8 +80,14 @@ pub enum Command {
 pub enum SecretsCommand {
     /// Encrypt every signing secret again with WATCHPUMP_SECRET_KEY, opening
     /// those of the previous key with WATCHPUMP_SECRET_KEY_PREVIOUS (a key
-    /// rotation; docs/operator.md). `migrate` does the same.
-    Rekey,
+    /// rotation; docs/operator.md). `migrate` does the same. Every `serve`
+    /// needs the new key first: one without it cannot sign for the services
+    /// rekeyed.
+    Rekey {
+        /// Print one JSON object {"key_id", "secrets"} instead.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -111,20 +117,41 @@ pub enum ServicesCommand {
     /// List the registered consumer services (never their credentials).
     List,
     /// Give a service a new signing secret; the old one keeps signing next
-    /// to it (both signatures are sent) until the overlap ends.
+    /// to it (both signatures are sent: at most two secrets sign at once)
+    /// until the overlap ends. Refused during the overlap of the last
+    /// rotation, unless --force. Prints the new secret on the last line.
     RotateSecret {
         name: String,
         /// How long the old secret keeps signing: 90s, 30m, 24h, 7d.
         #[arg(long, default_value = crate::services::DEFAULT_OVERLAP)]
         overlap: String,
+        /// Rotate even during the last rotation's overlap: the secret before
+        /// the current one stops signing at once, and a consumer still on
+        /// it refuses every delivery.
+        #[arg(long)]
+        force: bool,
+        /// Print one JSON object {"service", "signing_secret" (or
+        /// "signing_public_key"), "previous_secret_signs_until",
+        /// "retired_early"} instead.
+        #[arg(long)]
+        json: bool,
     },
     /// Give a service a new token; the old one keeps working for the grace
-    /// period. Prints the new token on the last line.
+    /// period. Refused during the grace of the last rotation, unless
+    /// --force. Prints the new token on the last line.
     RotateToken {
         name: String,
         /// How long the old token keeps working: 90s, 30m, 24h, 7d.
         #[arg(long, default_value = crate::services::DEFAULT_OVERLAP)]
         grace: String,
+        /// Rotate even during the last rotation's grace: the token before
+        /// the current one stops working at once.
+        #[arg(long)]
+        force: bool,
+        /// Print one JSON object {"service", "token",
+        /// "previous_token_works_until", "retired_early"} instead.
+        #[arg(long)]
+        json: bool,
     },
     /// Point a service at a new base URL.
     SetUrl {

@@ -17,12 +17,25 @@
 //! | bound | value | why |
 //! |---|---|---|
 //! | keywords | `type`, `required`, `properties`, `items` (one schema), `enum`, `additionalProperties: false`; annotations `title`, `description`, `$schema`, `$comment`, `examples` | each payload node is checked against at most one schema node, so a check is one pass over the payload |
-//! | size | [`MAX_SCHEMA_BYTES`] (16 KiB) | the cost of one node's check (its `enum`, `required`, `properties`) |
+//! | `enum` values | strings, numbers, booleans, null | the check looks a value up in a set made from the list, by a key only scalars have; an object or an array would have to be compared with each member |
+//! | size | [`MAX_SCHEMA_BYTES`] (16 KiB) | the size of the set and property look-ups, and of the one-off preparation of the schema each check begins with |
 //! | depth | [`MAX_DEPTH`] (8 levels of `properties`/`items`) | the recursion of the check |
 //!
 //! Anything else (`$ref`, `anyOf`, `pattern`, `minimum`, …) is refused with
 //! a message naming it; the unit tests below prove each bound, and
 //! `tests/kinds.rs` the refusals through the CLI and strict mode in emit().
+//!
+//! # What a check costs
+//!
+//! The schema bounds what one visit of a payload node costs, not how many
+//! nodes there are: that is the payload's, up to 1 MiB (16 MiB if the
+//! producer raises `watchpump.max_payload_bytes`). So a check counts its
+//! work, one unit for each node it visits and each key or required name it
+//! looks up, and stops at [`MAX_CHECK_UNITS`] with SQLSTATE 54000
+//! (`watchpump.kind_max_visits()`, `sql/functions/0150_kinds.sql`, says
+//! the same number). `tests/kinds.rs`
+//! `a_1_mib_payload_against_the_costliest_schema_stops_at_the_work_cap`
+//! emits a 1 MiB payload against the costliest schema this module accepts.
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -39,6 +52,12 @@ pub const MAX_DEPTH: usize = 8;
 pub const MAX_NAME_LEN: usize = 100;
 /// Largest example payload accepted.
 pub const MAX_EXAMPLE_BYTES: usize = 16 * 1024;
+/// The most units of work (payload nodes visited, keys and required names
+/// looked up) one strict-mode check may spend before `emit()` refuses the
+/// change with SQLSTATE 54000: twice the 100,000 paths of the payload that
+/// found the enum scan (issue 34). The costliest schema this module
+/// accepts spends it in about a second (README, "Bounds").
+pub const MAX_CHECK_UNITS: i32 = 200_000;
 
 const TYPES: &[&str] = &[
     "object", "array", "string", "number", "integer", "boolean", "null",
@@ -137,7 +156,19 @@ pub async fn add_in(conn: &mut PgConnection, new: &NewKind) -> Result<bool> {
     .bind(&new.schema)
     .bind(&new.example)
     .fetch_one(&mut *conn)
-    .await?;
+    .await
+    .map_err(|e| match e {
+        // The table bounds the schema as PostgreSQL stores it, where a
+        // number takes more room than its text: say so, not the constraint.
+        sqlx::Error::Database(d) if d.constraint() == Some("kinds_schema_size") => {
+            Error::Invalid(format!(
+                "the schema of kind {:?} takes more than {MAX_SCHEMA_BYTES} bytes as PostgreSQL stores it \
+                 (jsonb, where a number takes more room than its text): make it smaller",
+                new.name
+            ))
+        }
+        e => Error::Database(e),
+    })?;
     Ok(created)
 }
 
@@ -226,8 +257,14 @@ fn check_node(node: &Value, at: &str, depth: usize) -> std::result::Result<(), S
             }
             "items" => check_node(value, &format!("{at}[*]"), depth + 1)?,
             "enum" => {
-                if value.as_array().is_none_or(|a| a.is_empty()) {
+                let Some(values) = value.as_array().filter(|a| !a.is_empty()) else {
                     return Err(format!("{at}: \"enum\" must be a non-empty list"));
+                };
+                if let Some(i) = values.iter().position(|v| v.is_object() || v.is_array()) {
+                    return Err(format!(
+                        "{at}: \"enum\" may list strings, numbers, booleans and null, not {} (value {i})",
+                        if values[i].is_object() { "an object" } else { "an array" }
+                    ));
                 }
             }
             "additionalProperties" => {
@@ -276,7 +313,7 @@ mod tests {
         let git = json!({"type": "object", "required": ["after"],
             "properties": {"after": {"type": "string", "description": "the new head"},
                            "paths": {"type": "array", "items": {"type": "string"}},
-                           "state": {"enum": ["open", "merged"]},
+                           "state": {"enum": ["open", "merged", 1, 2.5, true, null]},
                            "n": {"type": ["integer", "null"]}},
             "additionalProperties": false});
         assert_eq!(check_schema(&git), Ok(()));
@@ -313,6 +350,14 @@ mod tests {
             (
                 json!({"type": "object", "properties": {"a": {"enum": []}}}),
                 "non-empty",
+            ),
+            (
+                json!({"type": "object", "properties": {"a": {"enum": ["x", {"y": 1}]}}}),
+                "$.a: \"enum\" may list strings, numbers, booleans and null, not an object (value 1)",
+            ),
+            (
+                json!({"type": "object", "properties": {"a": {"enum": [[1]]}}}),
+                "not an array (value 0)",
             ),
         ] {
             let why = check_schema(&schema).unwrap_err();

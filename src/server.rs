@@ -204,6 +204,7 @@ pub async fn serve(
     let listener = bind(cfg.listen, "the watches API", "--listen / WATCHPUMP_LISTEN").await?;
     tracing::info!(addr = %cfg.listen, "watches API listening");
     log_panel(&cfg);
+    log_traces();
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = |mut rx: watch::Receiver<bool>| async move {
@@ -284,6 +285,24 @@ fn log_panel(cfg: &ServeConfig) {
         tracing::info!(%url, "panel and admin API on: log in with WATCHPUMP_ADMIN_TOKEN");
     } else {
         tracing::info!(%url, "panel and admin API off: set WATCHPUMP_ADMIN_TOKEN (16 characters or more) to turn them on");
+    }
+}
+
+/// Whether traces are on, where they go, which are kept and under what
+/// name, once: with traces on, nothing else in the logs says so, and a
+/// wrong variable showed only as a collector that stayed empty.
+fn log_traces() {
+    match crate::telemetry::status::traces() {
+        crate::telemetry::status::Traces::On(on) => tracing::info!(
+            endpoint = %on.endpoint,
+            sampler = %on.sampler,
+            ratio = on.ratio,
+            service_name = %on.service_name,
+            "traces on: spans go over OTLP/HTTP to {}, sampled at ratio {}",
+            on.endpoint,
+            on.ratio
+        ),
+        crate::telemetry::status::Traces::Off(why) => tracing::info!("traces off: {why}"),
     }
 }
 

@@ -171,6 +171,12 @@ async fn kinds_add_refuses_what_strict_mode_could_not_check_and_changes_nothing(
             json!({"n": 1.5}),
             "$.n: expected integer, got number",
         ),
+        (
+            // 14 KB of text, three times that as jsonb.
+            json!({"type": "object", "properties": {"n": {"enum": (0..3000).collect::<Vec<_>>()}}}),
+            json!({"n": 1}),
+            "takes more than 16384 bytes as PostgreSQL stores it",
+        ),
     ];
     for (schema, example, says) in cases {
         // The schema from stdin, as `--schema -` reads it.
@@ -337,4 +343,226 @@ async fn strict_mode_refuses_undeclared_kinds_and_misfit_payloads_and_only_when_
         ],
     );
     assert!(ok.status.success(), "{}", text(&ok.stderr));
+}
+
+/// Units of work (nodes visited, keys and required names looked up) that
+/// strict mode's check spends on `payload` against `schema`.
+async fn units(db: &TestDb, schema: &Value, payload: &Value) -> i32 {
+    sqlx::query_scalar(
+        "select watchpump.kind_max_visits()
+                - watchpump.kind_walk(watchpump.kind_compile($1), '{}', $2, '$', watchpump.kind_max_visits(), 'k')",
+    )
+    .bind(schema)
+    .bind(payload)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap()
+}
+
+/// An `enum` is a set looked up by key, with JSON's equality (1 and 1.0
+/// are one value, the string "1" another), so a value costs the same
+/// against 3 members as against 3,000: before, each value scanned the list.
+#[tokio::test]
+async fn an_enum_is_a_set_so_a_value_costs_the_same_whatever_its_size() {
+    let db = TestDb::new().await;
+    let with = |members: Vec<Value>| {
+        json!({"type": "object", "properties": {
+            "labels": {"type": "array", "items": {"enum": members}},
+            "state": {"enum": ["open", 1, true, null]}}})
+    };
+    let small = with(vec![json!("bug"), json!("docs"), json!(7)]);
+    let mut many: Vec<Value> = (0..3000).map(|i| json!(format!("label-{i}"))).collect();
+    many.extend([json!("bug"), json!("docs"), json!(7)]);
+    let large = with(many);
+    assert!(
+        large.to_string().len() > watchpump::kinds::MAX_SCHEMA_BYTES,
+        "larger than the catalogue accepts"
+    );
+
+    // The compiled schema holds the set, keyed by value.
+    let set: Value = sqlx::query_scalar(
+        "select watchpump.kind_compile($1)->'properties'->'labels'->'items'->'$enum_set'",
+    )
+    .bind(&small)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(set, json!({"\"bug\"": true, "\"docs\"": true, "7": true}));
+
+    let payload = json!({"labels": ["bug", 7.0, "docs", 7e0], "state": 1.0});
+    for schema in [&small, &large] {
+        let misfit: Option<String> =
+            sqlx::query_scalar("select watchpump.kind_violation($1, $2, '$')")
+                .bind(schema)
+                .bind(&payload)
+                .fetch_one(&db.pool)
+                .await
+                .unwrap();
+        assert_eq!(misfit, None);
+    }
+    // The root, its 2 keys, the list, its 4 items, the state: 9 units either way.
+    assert_eq!(units(&db, &small, &payload).await, 9);
+    assert_eq!(units(&db, &large, &payload).await, 9);
+
+    for (payload, says) in [
+        (
+            json!({"labels": ["bug", "7"]}),
+            r#"$.labels[1]: "7" is not one of"#,
+        ),
+        (json!({"labels": [[7]]}), "$.labels[0]: [7] is not one of"),
+        (json!({"state": "1"}), r#"$.state: "1" is not one of"#),
+        (json!({"state": false}), "$.state: false is not one of"),
+    ] {
+        let misfit: Option<String> =
+            sqlx::query_scalar("select watchpump.kind_violation($1, $2, '$')")
+                .bind(&small)
+                .bind(&payload)
+                .fetch_one(&db.pool)
+                .await
+                .unwrap();
+        let misfit = misfit.unwrap_or_default();
+        assert!(misfit.starts_with(says), "{payload}: {misfit}");
+    }
+}
+
+/// The costliest schema `kinds add` accepts, for strict mode's check:
+/// eight levels of `properties` and `items` (the deepest look-ups), the
+/// last with `additionalProperties` (so that each of its items is a visit
+/// of its own, not a row of one statement over the list) and as large an
+/// enum as the catalogue holds (a set look-up for every item): short
+/// strings, which take the least room as text (the CLI's limit) and as
+/// jsonb (the table's).
+async fn costliest_schema(db: &TestDb) -> Value {
+    let schema = |members: usize| {
+        let mut node = json!({"type": ["string", "object"], "additionalProperties": false,
+            "enum": (0..members).map(|i| i.to_string()).collect::<Vec<_>>()});
+        for _ in 0..7 {
+            node = json!({"type": "array", "items": node});
+        }
+        json!({"type": "object", "required": ["a"], "properties": {"a": node}})
+    };
+    let mut fits = 1;
+    let mut too_many = 16_384;
+    while too_many - fits > 1 {
+        let members = (fits + too_many) / 2;
+        let candidate = schema(members);
+        let stored: i32 = sqlx::query_scalar("select pg_column_size($1::jsonb)")
+            .bind(&candidate)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        if watchpump::kinds::check_schema(&candidate).is_ok() && stored <= 16_384 {
+            fits = members;
+        } else {
+            too_many = members;
+        }
+    }
+    schema(fits)
+}
+
+/// `{"a": [[[[[[["0", "0", ...]]]]]]]}` with `n` items.
+fn nested_list(n: usize) -> Value {
+    let mut node = json!(vec!["0"; n]);
+    for _ in 0..6 {
+        node = json!([node]);
+    }
+    json!({ "a": node })
+}
+
+/// Strict mode's cost is bounded by its work, not by the payload's bytes:
+/// a 1 MiB payload (209,705 short strings, the most that fit) against the
+/// costliest schema the catalogue accepts stops at the work cap with
+/// SQLSTATE 54000, and refuses nothing else; below the cap, a check
+/// costs exactly the nodes it visits. Measured on the shared 2-core test
+/// machine (PostgreSQL 15, load average about 3): the refused emit() took
+/// 0.95-0.98 s, payload sent included, three runs; before the cap and the
+/// enum's set, one 16 KB enum on 100,000 paths took 46.5 s. The test
+/// asserts the outcome and the work count, not the time.
+#[tokio::test]
+async fn a_1_mib_payload_against_the_costliest_schema_stops_at_the_work_cap() {
+    let db = TestDb::new().await;
+    let cap: i32 = sqlx::query_scalar("select watchpump.kind_max_visits()")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(cap, watchpump::kinds::MAX_CHECK_UNITS, "SQL and Rust agree");
+
+    let schema = costliest_schema(&db).await;
+    let new = watchpump::kinds::NewKind {
+        name: "costly".into(),
+        description: String::new(),
+        schema: schema.clone(),
+        example: nested_list(1),
+    };
+    watchpump::kinds::add(&db.pool, &new)
+        .await
+        .expect("the catalogue accepts it");
+
+    // Below the cap the work is what the check looks at: the root, its
+    // required name, its key, 7 lists and the items.
+    let within = nested_list(1000);
+    assert_eq!(units(&db, &schema, &within).await, 1 + 1 + 1 + 7 + 1000);
+    emit_with(&db, "on", "costly", within).await.unwrap();
+
+    // 1 MiB of JSON text, as emit() counts it (`"0", ` an item).
+    let n = (1 << 20) / 5 - 10;
+    let payload = nested_list(n);
+    let bytes: i32 = sqlx::query_scalar("select octet_length($1::jsonb::text)")
+        .bind(&payload)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert!(bytes <= 1 << 20 && bytes > (1 << 20) - 64, "{bytes} bytes");
+    let started = std::time::Instant::now();
+    let refused = emit_with(&db, "on", "costly", payload).await.unwrap_err();
+    println!("refused after {:?}", started.elapsed());
+    let (code, message) = sqlstate(&refused);
+    assert_eq!(code, "54000", "{message}");
+    assert!(
+        message.contains(r#"the payload of kind "costly""#),
+        "{message}"
+    );
+    assert!(
+        message.contains(&format!("more than {cap} units")),
+        "{message}"
+    );
+    let changes: i64 = sqlx::query_scalar("select count(*) from watchpump.changes")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(changes, 1, "only the payload within the cap was recorded");
+}
+
+/// The finding of issue 34: a 1,900-value enum on the items of a list of
+/// 100,000 paths took one emit() 46.5 s in strict mode. Such a payload is
+/// within the cap, and checked in one statement over the list: its emit()
+/// took 0.14-0.16 s here (three runs, same machine as above).
+#[tokio::test]
+async fn a_large_enum_on_100_000_paths_is_checked_within_the_cap() {
+    let db = TestDb::new().await;
+    let files: Vec<String> = (0..1900).map(|i| format!("f{i}")).collect();
+    let schema = json!({"type": "object", "properties": {
+        "paths": {"type": "array", "items": {"type": "string", "enum": files}}}});
+    let paths: Vec<&String> = (0..100_000).map(|i| &files[i % files.len()]).collect();
+    let payload = json!({ "paths": paths });
+    assert_eq!(units(&db, &schema, &payload).await, 1 + 1 + 1 + 100_000);
+    let new = watchpump::kinds::NewKind {
+        name: "push".into(),
+        description: String::new(),
+        schema,
+        example: json!({"paths": ["f1"]}),
+    };
+    watchpump::kinds::add(&db.pool, &new).await.unwrap();
+    let started = std::time::Instant::now();
+    emit_with(&db, "on", "push", payload).await.unwrap();
+    println!("accepted after {:?}", started.elapsed());
+    let e = emit_with(&db, "on", "push", json!({"paths": ["f1", "README.md"]}))
+        .await
+        .unwrap_err();
+    let (code, message) = sqlstate(&e);
+    assert_eq!(code, "23514");
+    assert!(
+        message.contains(r#"$.paths[1]: "README.md" is not one of"#),
+        "{message}"
+    );
 }

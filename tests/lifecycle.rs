@@ -133,9 +133,10 @@ async fn a_rotated_secret_signs_beside_the_old_one_until_the_overlap_ends() {
     let pump = RunningPump::start(&db.pool, pump_config());
     let old = SigningSecret::parse(&deploy.signing_secret).unwrap();
 
-    let (new, _) = watchpump::services::rotate_secret(&db.pool, "deploy", Duration::from_secs(2))
+    let new = watchpump::services::rotate_secret(&db.pool, "deploy", Duration::from_secs(2), false)
         .await
-        .unwrap();
+        .unwrap()
+        .new;
     let new = SigningSecret::parse(&new).unwrap();
     db.emit("acme/a", "push", json!({})).await;
     let during = consumer.wait_for(1, WAIT).await.remove(0);
@@ -167,9 +168,10 @@ async fn a_rotated_token_keeps_the_old_one_working_for_its_grace_only() {
     )
     .await
     .unwrap();
-    let (new, _) = watchpump::services::rotate_token(&db.pool, "deploy", Duration::from_secs(1))
+    let new = watchpump::services::rotate_token(&db.pool, "deploy", Duration::from_secs(1), false)
         .await
-        .unwrap();
+        .unwrap()
+        .new;
     let auth = |t: String| {
         let pool = db.pool.clone();
         async move {
@@ -353,6 +355,187 @@ async fn the_cli_runs_the_lifecycle_and_refuses_bad_input_changing_nothing() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(text(&out.stdout).contains("service deploy removed"));
     assert_eq!(text(&cli(&db, &["services", "list"]).stdout), "");
+}
+
+/// The secrets that sign for `name` now, as whsec_ text.
+async fn signing_now(db: &TestDb, name: &str) -> Vec<String> {
+    let id = watchpump::services::find(&db.pool, name).await.unwrap().id;
+    let destination = watchpump::services::destination(&db.pool, id)
+        .await
+        .unwrap();
+    destination
+        .signing_at(chrono::Utc::now())
+        .into_iter()
+        .map(|s| s.to_whsec())
+        .collect()
+}
+
+fn json_out(out: &std::process::Output) -> Value {
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&out.stdout)))
+}
+
+fn time_of(v: &Value) -> chrono::DateTime<chrono::Utc> {
+    v.as_str().unwrap().parse().unwrap()
+}
+
+/// A second rotation within the overlap used to retire the original secret
+/// (or token) at once, without a word: a consumer still on it got 401s. It
+/// is refused, saying until when the overlap runs, unless forced; at most
+/// two secrets sign at once either way. `--json` on every rotation.
+#[tokio::test]
+async fn a_rotation_during_the_overlap_is_refused_unless_forced() {
+    let db = TestDb::new().await;
+    let added = json_out(&cli(
+        &db,
+        &[
+            "services",
+            "add",
+            "deploy",
+            "--base-url",
+            "http://127.0.0.1:9",
+            "--json",
+        ],
+    ));
+    let first_secret = added["signing_secret"].as_str().unwrap().to_string();
+    let first_token = added["token"].as_str().unwrap().to_string();
+
+    let rotated = json_out(&cli(
+        &db,
+        &[
+            "services",
+            "rotate-secret",
+            "deploy",
+            "--overlap",
+            "1h",
+            "--json",
+        ],
+    ));
+    assert_eq!(rotated["service"], "deploy");
+    assert_eq!(rotated["retired_early"], Value::Null);
+    let second_secret = rotated["signing_secret"].as_str().unwrap().to_string();
+    let until = time_of(&rotated["previous_secret_signs_until"]);
+    let left = until - chrono::Utc::now();
+    assert!(left > chrono::TimeDelta::minutes(59) && left <= chrono::TimeDelta::hours(1));
+    assert_eq!(
+        signing_now(&db, "deploy").await,
+        [second_secret.clone(), first_secret.clone()]
+    );
+
+    // Again within the hour: refused, saying why and until when; nothing
+    // changes, and the first secret still signs.
+    let again = cli(&db, &["services", "rotate-secret", "deploy", "--json"]);
+    assert_eq!(again.status.code(), Some(1), "{}", text(&again.stderr));
+    assert_eq!(text(&again.stdout), "", "no JSON for a refusal");
+    let said = text(&again.stderr);
+    for says in [
+        "service deploy is in the overlap of its last rotation: its previous signing secret still signs until",
+        &until.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        "(in 59m",
+        "a consumer still verifying with it would refuse every delivery (401)",
+        "--force",
+    ] {
+        assert!(said.contains(says), "{says:?} in {said}");
+    }
+    assert_eq!(
+        signing_now(&db, "deploy").await,
+        [second_secret.clone(), first_secret.clone()]
+    );
+
+    // Forced: the first secret stops now, and says so; still two sign.
+    let forced = cli(
+        &db,
+        &["services", "rotate-secret", "deploy", "--force", "--json"],
+    );
+    let warning = text(&forced.stderr);
+    let forced = json_out(&forced);
+    assert_eq!(time_of(&forced["retired_early"]), until);
+    assert!(warning.contains("stopped now (--force)"), "{warning}");
+    let third_secret = forced["signing_secret"].as_str().unwrap().to_string();
+    assert_eq!(
+        signing_now(&db, "deploy").await,
+        [third_secret, second_secret]
+    );
+
+    // Tokens: the same rule for the grace.
+    let token = json_out(&cli(
+        &db,
+        &[
+            "services",
+            "rotate-token",
+            "deploy",
+            "--grace",
+            "1h",
+            "--json",
+        ],
+    ));
+    assert_eq!(token["retired_early"], Value::Null);
+    let grace_until = time_of(&token["previous_token_works_until"]);
+    let second_token = token["token"].as_str().unwrap().to_string();
+    let again = cli(&db, &["services", "rotate-token", "deploy"]);
+    assert_eq!(again.status.code(), Some(1));
+    assert!(
+        text(&again.stderr).contains("its previous token still works until"),
+        "{}",
+        text(&again.stderr)
+    );
+    let works = |t: String| {
+        let pool = db.pool.clone();
+        async move {
+            watchpump::services::authenticate(&pool, &t)
+                .await
+                .unwrap()
+                .is_some()
+        }
+    };
+    assert!(works(first_token.clone()).await, "still in its grace");
+    let forced = json_out(&cli(
+        &db,
+        &[
+            "services",
+            "rotate-token",
+            "deploy",
+            "--force",
+            "--grace",
+            "0s",
+            "--json",
+        ],
+    ));
+    assert_eq!(time_of(&forced["retired_early"]), grace_until);
+    assert!(!works(first_token).await, "retired by the forced rotation");
+    assert!(!works(second_token).await, "no grace given");
+    let third_token = forced["token"].as_str().unwrap().to_string();
+    assert!(works(third_token).await);
+
+    // Once the overlap is over, no force is needed (a grace of 0s is over
+    // at once).
+    let after = json_out(&cli(&db, &["services", "rotate-token", "deploy", "--json"]));
+    assert_eq!(after["retired_early"], Value::Null);
+
+    // The admin API: 409 with the same message, then forced.
+    let app = AppServer::start(&db.pool, &operator_config()).await;
+    let http = reqwest::Client::new();
+    let post = |body: Value| {
+        http.post(app.url("/api/v1/admin/services/deploy/rotate-secret"))
+            .bearer_auth(ADMIN_TOKEN)
+            .json(&body)
+            .send()
+    };
+    let r = post(json!({"overlap": "1h"})).await.unwrap();
+    assert_eq!(r.status(), 409);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "conflict");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("still signs until"),
+        "{body}"
+    );
+    let r = post(json!({"force": true})).await.unwrap();
+    assert_eq!(r.status(), 200);
+    let body: Value = r.json().await.unwrap();
+    assert!(body["retired_early"].is_string(), "{body}");
 }
 
 #[tokio::test]
@@ -625,4 +808,30 @@ async fn the_panel_rotates_a_secret_with_the_default_overlap_and_refuses_a_bad_o
         (23.0..=24.0).contains(&hours),
         "a blank overlap is the default 24 h: {hours}"
     );
+
+    // Again during that overlap: a page that says until when, nothing
+    // rotated; with the box ticked, rotated.
+    let again = panel_post(
+        &app,
+        &cookie,
+        "/panel/services/deploy/rotate-secret",
+        &[("overlap", "")],
+    )
+    .await;
+    assert_eq!(again.status(), 409);
+    let page = again.text().await.unwrap();
+    assert!(
+        page.contains("previous signing secret still signs until"),
+        "{page}"
+    );
+    assert_eq!(secret().await, after, "nothing rotated");
+    let forced = panel_post(
+        &app,
+        &cookie,
+        "/panel/services/deploy/rotate-secret",
+        &[("overlap", ""), ("force", "yes")],
+    )
+    .await;
+    assert_eq!(forced.status(), 200);
+    assert_ne!(secret().await, after);
 }

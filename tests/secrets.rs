@@ -97,10 +97,11 @@ async fn a_signing_secret_is_stored_encrypted_and_deliveries_are_signed_with_it(
     delivered_and_verified(&db, &consumer, "acme/1", &added.signing_secret).await;
 
     // A rotation seals the new secret and the previous one; both sign.
-    let (new, _) =
-        watchpump::services::rotate_secret(&db.pool, "deploy", Duration::from_secs(3600))
+    let new =
+        watchpump::services::rotate_secret(&db.pool, "deploy", Duration::from_secs(3600), false)
             .await
-            .unwrap();
+            .unwrap()
+            .new;
     let (current, previous) = stored(&db, "deploy").await;
     assert!(current.starts_with("wpenc:v1:") && !current.contains(&new));
     assert!(previous.unwrap().starts_with("wpenc:v1:"));
@@ -258,6 +259,14 @@ async fn a_key_rotation_re_encrypts_with_the_new_key_and_a_wrong_key_is_a_clear_
         .unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
     let new_keys = SecretKeys::new(OTHER_KEY, None).unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains(&format!(
+            "every signing secret (1) is encrypted with key {}",
+            new_keys.current_id()
+        )),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
     let (sealed, _) = stored(&db, "deploy").await;
     assert!(new_keys.is_current(&sealed), "{sealed}");
     assert_eq!(new_keys.open(&sealed, "it").unwrap(), added.signing_secret);
@@ -296,4 +305,85 @@ async fn serve_and_services_add_without_the_key_say_how_to_make_one() {
         .output()
         .unwrap();
     assert_fails_saying(&out, &[KEY_VAR, "openssl rand -base64 32"]);
+}
+
+/// A `secrets rekey` that a running pump has not caught up with (it lacks
+/// the new key) leaves it unable to read the services rekeyed: it goes on
+/// signing with the secrets it read before (a rekey seals the same secrets
+/// with another key), and said so at every claim holding one of their
+/// deliveries (327 ERROR lines in 6 s); now once per service per minute,
+/// naming the service and the keys. `secrets rekey --json` says which key
+/// and how many secrets.
+#[tokio::test]
+async fn a_pump_without_the_new_key_says_so_once_per_service_not_at_every_claim() {
+    let db = TestDb::new().await;
+    let consumer = Receiver::start().await;
+    for name in ["deploy", "docs"] {
+        let (service, _) = db.add_service(name, &consumer.base_url()).await;
+        db.add_watch(service.id, "app", "acme/", all()).await;
+    }
+    let log = std::env::temp_dir().join(format!("watchpump-rekey-{}.log", rand::random::<u64>()));
+    let mut serve = KillOnDrop(
+        watchpump_cli(Some(&db.url))
+            .arg("serve")
+            .env("WATCHPUMP_LISTEN", format!("127.0.0.1:{}", free_port()))
+            .env("WATCHPUMP_METRICS_LISTEN", "off")
+            .env("WATCHPUMP_PRODUCER", PRODUCER)
+            .env("WATCHPUMP_PRODUCER_TOKEN", PRODUCER_TOKEN)
+            .env("NO_COLOR", "1")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    // The pump signs with the key it has, for both services.
+    db.emit("acme/before", "push", json!({})).await;
+    consumer.wait_for(2, LIMIT).await;
+
+    let out = watchpump_cli(Some(&db.url))
+        .env(KEY_VAR, OTHER_KEY)
+        .env(PREVIOUS_KEY_VAR, TEST_SECRET_KEY)
+        .args(["secrets", "rekey", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let said: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let new_key = SecretKeys::new(OTHER_KEY, None).unwrap();
+    assert_eq!(said, json!({"key_id": new_key.current_id(), "secrets": 2}));
+
+    // Five seconds of changes: every claim finds deliveries it cannot sign.
+    for i in 0..50 {
+        db.emit(&format!("acme/{i}"), "push", json!({})).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let _ = serve.0.kill();
+    let _ = serve.0.wait();
+    let text = std::fs::read_to_string(&log).unwrap();
+    let _ = std::fs::remove_file(&log);
+    assert_eq!(
+        consumer.count(),
+        102,
+        "every change delivered, signed as before"
+    );
+    let errors: Vec<&str> = text.lines().filter(|l| l.contains("ERROR")).collect();
+    assert_eq!(
+        errors.len(),
+        2,
+        "one line per service:\n{}",
+        errors.join("\n")
+    );
+    for name in ["deploy", "docs"] {
+        let line = errors
+            .iter()
+            .find(|l| l.contains(&format!("service \"{name}\"")))
+            .unwrap_or_else(|| panic!("a line for {name}:\n{}", errors.join("\n")));
+        for says in [
+            "cannot read the service",
+            "logged once a minute while it lasts",
+            &format!("encrypted with key {}", new_key.current_id()),
+            PREVIOUS_KEY_VAR,
+        ] {
+            assert!(line.contains(says), "{says:?} in {line}");
+        }
+    }
 }

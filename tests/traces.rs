@@ -55,6 +55,8 @@ struct Span {
     events: Vec<String>,
     start_ns: u64,
     end_ns: u64,
+    /// `service.name` of the resource the span came under.
+    service: String,
 }
 
 /// A real OTLP/HTTP collector: `POST /v1/traces` with a protobuf
@@ -111,6 +113,13 @@ async fn receive(State(c): State<Collector>, body: Bytes) -> axum::http::StatusC
     let request = ExportTraceServiceRequest::decode(body).expect("an OTLP protobuf body");
     let mut spans = c.spans.lock().unwrap();
     for resource in request.resource_spans {
+        let service = resource
+            .resource
+            .iter()
+            .flat_map(|r| &r.attributes)
+            .find(|kv| kv.key == "service.name")
+            .map(|kv| text(kv.value.as_ref().and_then(|v| v.value.as_ref())))
+            .unwrap_or_default();
         for scope in resource.scope_spans {
             for s in scope.spans {
                 let attributes = s
@@ -134,6 +143,7 @@ async fn receive(State(c): State<Collector>, body: Bytes) -> axum::http::StatusC
                     events: s.events.into_iter().map(|e| e.name).collect(),
                     start_ns: s.start_time_unix_nano,
                     end_ns: s.end_time_unix_nano,
+                    service: service.clone(),
                 });
             }
         }
@@ -299,6 +309,14 @@ async fn one_trace_runs_from_the_producers_span_through_each_attempt_into_the_ha
 
     let spans = collector.of_trace(&trace_id);
     println!("trace {trace_id}\n{}", render(&spans));
+    // Every span under the resource's service.name: watchpump, unless the
+    // environment names another (before, the exporter never got the
+    // resource, and the collector saw none).
+    let service = std::env::var("OTEL_SERVICE_NAME").unwrap_or_else(|_| "watchpump".into());
+    assert!(
+        spans.iter().all(|s| s.service == service),
+        "every span's service.name is {service}: {spans:#?}"
+    );
     let named = |name: &str| -> Vec<&Span> { spans.iter().filter(|s| s.name == name).collect() };
     let producer = named("POST /push");
     assert_eq!(producer.len(), 1, "{spans:#?}");
@@ -574,7 +592,10 @@ async fn serve_exports_every_attempt_of_a_change_emitted_under_a_traceparent() {
     let (svc, _) = db.add_service("deploy", &consumer.base_url()).await;
     db.add_watch(svc.id, "app-1", MAIN, all()).await;
     // The binary as operators run it: only the standard variables, and a
-    // log level (warn) that must not turn the spans off.
+    // log level (warn, but for the start-up lines) that must not turn the
+    // spans off. The producer's context is sampled, so the parent-based
+    // ratio keeps every attempt.
+    let log = StartUpLog::new();
     let _serve = common::KillOnDrop(
         common::watchpump_cli(Some(&db.url))
             .arg("serve")
@@ -583,17 +604,32 @@ async fn serve_exports_every_attempt_of_a_change_emitted_under_a_traceparent() {
             .env("WATCHPUMP_PRODUCER", common::PRODUCER)
             .env("WATCHPUMP_PRODUCER_TOKEN", common::PRODUCER_TOKEN)
             .env("WATCHPUMP_RETRY_INITIAL_MS", "100")
-            .env("RUST_LOG", "warn")
+            .env("RUST_LOG", "warn,watchpump::server=info")
+            .env("NO_COLOR", "1")
             .env(
                 "OTEL_EXPORTER_OTLP_ENDPOINT",
                 url.trim_end_matches("/v1/traces"),
             )
             .env("OTEL_BSP_SCHEDULE_DELAY", "100")
             .env("OTEL_SERVICE_NAME", "watchpump-under-test")
+            .env("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")
+            .env("OTEL_TRACES_SAMPLER_ARG", "0.25")
             .stdout(std::process::Stdio::null())
+            .stderr(log.file())
             .spawn()
             .unwrap(),
     );
+    // It says once at start that traces are on, where they go, the ratio
+    // and the name they go under.
+    let line = log.line_with("traces on").await;
+    assert_eq!(log.count("traces o"), 1, "{}", log.text());
+    for says in [
+        format!("spans go over OTLP/HTTP to {url}, sampled at ratio 0.25"),
+        "sampler=parentbased_traceidratio".to_string(),
+        "service_name=watchpump-under-test".to_string(),
+    ] {
+        assert!(line.contains(&says), "{says} in {line}");
+    }
     let mut tx = db.pool.begin().await.unwrap();
     sqlx::query("select set_config('watchpump.traceparent', $1, true)")
         .bind(PARENT)
@@ -637,7 +673,89 @@ async fn serve_exports_every_attempt_of_a_change_emitted_under_a_traceparent() {
         // The consumer got the same trace, with this attempt as the parent.
         let header = received[i].headers["traceparent"].to_str().unwrap();
         assert_eq!(header, format!("00-{TRACE}-{}-01", a.span_id));
+        // Under the resource OTEL_SERVICE_NAME names.
+        assert_eq!(a.service, "watchpump-under-test");
     }
+}
+
+/// serve's stderr, in a file the test reads while it runs.
+struct StartUpLog(std::path::PathBuf);
+
+impl StartUpLog {
+    fn new() -> StartUpLog {
+        StartUpLog(
+            std::env::temp_dir().join(format!("watchpump-serve-{}.log", rand::random::<u64>())),
+        )
+    }
+
+    fn file(&self) -> std::fs::File {
+        std::fs::File::create(&self.0).unwrap()
+    }
+
+    fn text(&self) -> String {
+        std::fs::read_to_string(&self.0).unwrap_or_default()
+    }
+
+    fn count(&self, needle: &str) -> usize {
+        self.text().lines().filter(|l| l.contains(needle)).count()
+    }
+
+    /// The first line with `needle`, once serve has written it.
+    async fn line_with(&self, needle: &str) -> String {
+        common::eventually(LIMIT, &format!("serve logs {needle:?}"), || async {
+            self.count(needle) > 0
+        })
+        .await;
+        let text = self.text();
+        text.lines()
+            .find(|l| l.contains(needle))
+            .unwrap()
+            .to_string()
+    }
+}
+
+impl Drop for StartUpLog {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// With no endpoint set, serve says at start that traces are off and what
+/// turns them on, once.
+#[tokio::test]
+async fn serve_says_once_at_start_that_traces_are_off_and_what_turns_them_on() {
+    let db = TestDb::new().await;
+    let log = StartUpLog::new();
+    let mut serve = common::watchpump_cli(Some(&db.url));
+    for var in [
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        "OTEL_SDK_DISABLED",
+    ] {
+        serve.env_remove(var);
+    }
+    let _serve = common::KillOnDrop(
+        serve
+            .arg("serve")
+            .env("WATCHPUMP_LISTEN", "127.0.0.1:0")
+            .env("WATCHPUMP_METRICS_LISTEN", "off")
+            .env("WATCHPUMP_PRODUCER", common::PRODUCER)
+            .env("WATCHPUMP_PRODUCER_TOKEN", common::PRODUCER_TOKEN)
+            .env("NO_COLOR", "1")
+            .stdout(std::process::Stdio::null())
+            .stderr(log.file())
+            .spawn()
+            .unwrap(),
+    );
+    let line = log.line_with("traces off").await;
+    assert!(
+        line.contains(
+            "no OTEL_EXPORTER_OTLP_ENDPOINT (or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) is set"
+        ),
+        "{line}"
+    );
+    log.line_with("watches API listening").await;
+    assert_eq!(log.count("traces o"), 1, "{}", log.text());
 }
 
 #[tokio::test]

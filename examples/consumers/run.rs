@@ -252,8 +252,14 @@ async fn credentials(
             });
         }
     }
-    let (token, _) = services::rotate_token(producer_db, name, Duration::ZERO).await?;
-    let (signing_secret, _) = services::rotate_secret(producer_db, name, Duration::ZERO).await?;
+    // Forced: the credentials this example had are lost, and no one else
+    // uses them, so an overlap still running protects nobody.
+    let token = services::rotate_token(producer_db, name, Duration::ZERO, true)
+        .await?
+        .new;
+    let signing_secret = services::rotate_secret(producer_db, name, Duration::ZERO, true)
+        .await?
+        .new;
     println!("{name}: service {name} existed without a working token here; rotated its token and signing secret");
     store(
         own,

@@ -74,55 +74,65 @@ async fn add(
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Overlap {
+struct Rotation {
     /// How long the old credential keeps working: 90s, 30m, 24h, 7d.
     overlap: Option<String>,
+    /// Rotate even during the last rotation's overlap, retiring the
+    /// credential before the current one at once.
+    #[serde(default)]
+    force: bool,
 }
 
-/// An optional JSON body `{"overlap": "24h"}`; no body, or no overlap,
-/// means [`services::DEFAULT_OVERLAP`].
-fn overlap(body: &[u8]) -> Result<std::time::Duration, HttpError> {
+/// An optional JSON body `{"overlap": "24h", "force": false}`; no body, or
+/// no overlap, means [`services::DEFAULT_OVERLAP`]. The overlap and whether
+/// to force.
+fn rotation(body: &[u8]) -> Result<(std::time::Duration, bool), HttpError> {
     let given = if body.iter().all(u8::is_ascii_whitespace) {
-        Overlap::default()
+        Rotation::default()
     } else {
-        serde_json::from_slice::<Overlap>(body).map_err(|e| {
+        serde_json::from_slice::<Rotation>(body).map_err(|e| {
             HttpError::BadRequest(format!(
-                "the body must be empty or {{\"overlap\": \"24h\"}}: {e}"
+                "the body must be empty or {{\"overlap\": \"24h\", \"force\": false}}: {e}"
             ))
         })?
     };
-    Ok(services::parse_overlap(given.overlap.as_deref())?)
+    let overlap = services::parse_overlap(given.overlap.as_deref())?;
+    Ok((overlap, given.force))
 }
 
+/// 409 during the overlap of the last rotation, unless forced.
 async fn rotate_secret(
     _: Admin,
     State(state): State<OperatorState>,
     Path(name): Path<String>,
     body: axum::body::Bytes,
 ) -> Result<Json<Value>, HttpError> {
-    let overlap = overlap(&body)?;
-    let (secret, until) = services::rotate_secret(&state.pool, &name, overlap).await?;
-    tracing::info!(service = %name, "signing secret rotated through the admin API");
+    let (overlap, force) = rotation(&body)?;
+    let rotated = services::rotate_secret(&state.pool, &name, overlap, force).await?;
+    tracing::info!(service = %name, retired_early = ?rotated.retired_early, "signing secret rotated through the admin API");
     Ok(Json(json!({
         "service": name,
-        "signing_secret": secret,
-        "previous_secret_signs_until": until,
+        "signing_secret": rotated.new,
+        "previous_secret_signs_until": rotated.previous_until,
+        "retired_early": rotated.retired_early,
     })))
 }
 
+/// 409 during the grace of the last rotation, unless forced.
 async fn rotate_token(
     _: Admin,
     State(state): State<OperatorState>,
     Path(name): Path<String>,
     body: axum::body::Bytes,
 ) -> Result<Json<Value>, HttpError> {
-    let grace = overlap(&body)?;
-    let (token, until) = services::rotate_token(&state.pool, &name, grace).await?;
-    tracing::info!(service = %name, "token rotated through the admin API");
+    let (grace, force) = rotation(&body)?;
+    let rotated = services::rotate_token(&state.pool, &name, grace, force).await?;
+    tracing::info!(service = %name, retired_early = ?rotated.retired_early, "token rotated through the admin API");
     Ok(Json(json!({
         "service": name,
-        "token": token,
-        "previous_token_works_until": until,
+        "token": rotated.new,
+        "previous_token_works_until": rotated.previous_until,
+        "retired_early": rotated.retired_early,
     })))
 }
 

@@ -279,7 +279,10 @@ pub(super) async fn claim(shared: &Shared, ahead: bool) -> Result<(Vec<Claimed>,
 
 /// Pairs each claimed delivery with where and how it goes, loading the
 /// services whose version says they changed. A service that cannot be read
-/// (the database is gone) has its deliveries left to their lease.
+/// (the database is gone, or its secret is sealed with a key this pump
+/// lacks) keeps what was read of it before, if anything; without that its
+/// deliveries are left to their lease. Each such service is logged once a
+/// minute ([`super::repeats`]), not at every claim.
 pub(super) async fn with_destinations(
     shared: &Shared,
     claimed: Vec<Claimed>,
@@ -308,10 +311,27 @@ pub(super) async fn with_destinations(
                         .and_then(|d| Target::new(d, &shared.cfg.producer));
                     match target {
                         Ok(t) => {
+                            if shared.unreadable.lock().unwrap().recovered(id) {
+                                tracing::info!(service = %t.destination.name, service_id = id, "the service can be read again; its deliveries go out");
+                            }
                             shared.destinations.lock().unwrap().insert(id, Arc::new(t));
                         }
                         Err(e) => {
-                            tracing::error!(error = %e, service_id = id, "cannot read the service; its deliveries wait for their lease")
+                            let due = shared.unreadable.lock().unwrap().failed(id, Instant::now());
+                            let known = shared.destinations.lock().unwrap().contains_key(&id);
+                            match due {
+                                Some(unlogged) if known => {
+                                    tracing::error!(error = %e, service_id = id, failed_since_last_logged = unlogged,
+                                    "cannot read the service's changed row; its deliveries go on as this pump read it before \
+                                     (each claim tries again), and this is logged once a minute while it lasts")
+                                }
+                                Some(unlogged) => {
+                                    tracing::error!(error = %e, service_id = id, failed_since_last_logged = unlogged,
+                                    "cannot read the service; its deliveries wait (each claim tries again), \
+                                     and this is logged once a minute while it lasts")
+                                }
+                                None => {}
+                            }
                         }
                     }
                 }

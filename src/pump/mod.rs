@@ -21,6 +21,7 @@ pub mod fence;
 pub mod health;
 pub mod rate;
 mod recording;
+mod repeats;
 pub mod send;
 pub mod store;
 pub mod wakeup;
@@ -63,6 +64,9 @@ struct Shared {
     /// Each service's URL, name and signing keys, as of the version claim()
     /// reported.
     destinations: Mutex<HashMap<i64, Arc<Target>>>,
+    /// Services whose row could not be read (their secret sealed with a key
+    /// this pump lacks): logged once a minute each, not at every claim.
+    unreadable: Mutex<repeats::Repeats>,
     /// Payload bytes held by deliveries in flight, each change's once
     /// ([`crate::delivery::Payload::metered`]); capped by
     /// `WATCHPUMP_MAX_IN_FLIGHT_BYTES`.
@@ -98,6 +102,7 @@ impl Pump {
             signals: Arc::new(Signals::default()),
             retries: Mutex::new(Wakeups::default()),
             destinations: Mutex::new(HashMap::new()),
+            unreadable: Mutex::new(repeats::Repeats::new(repeats::LOG_EVERY)),
             in_flight_bytes: Arc::new(AtomicU64::new(0)),
             claims_held: AtomicBool::new(false),
             rates: rate::Limited::default(),

@@ -186,6 +186,20 @@ impl SecretKeys {
     }
 }
 
+/// How many stored signing secrets (current and previous) `key_id` sealed:
+/// what `secrets rekey` reports.
+pub async fn count_sealed_with(pool: &sqlx::PgPool, key_id: &str) -> Result<i64> {
+    let prefix = format!("{SEALED_PREFIX}{key_id}:%");
+    Ok(sqlx::query_scalar(
+        "select count(*) filter (where signing_secret like $1)
+                + count(*) filter (where previous_signing_secret like $1)
+         from watchpump.services",
+    )
+    .bind(prefix)
+    .fetch_one(pool)
+    .await?)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

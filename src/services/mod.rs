@@ -9,7 +9,12 @@
 //! it is stored encrypted with `WATCHPUMP_SECRET_KEY` ([`at_rest`]).
 //!
 //! Both can be rotated with an overlap: the old token keeps working, and the
-//! old secret keeps signing next to the new one, until the overlap ends.
+//! old secret keeps signing next to the new one, until the overlap ends. So
+//! at most two secrets sign a delivery (two signatures in
+//! `webhook-signature`), and at most two tokens work, at once. A rotation
+//! during an overlap would retire the credential before the last one at
+//! once, cutting off a consumer still on it without warning: it is refused
+//! ([`Error::Conflict`], saying when the overlap ends) unless forced.
 //!
 //! What a registration is checked against (name, base URL, durations) is
 //! `input.rs`.
@@ -305,8 +310,9 @@ pub async fn destinations(pool: &PgPool, ids: &[i64]) -> Result<Vec<(i64, Result
 
 fn destination_of(row: DestinationRow, keys: &SecretKeys) -> Result<Destination> {
     let id = row.id;
+    let name = row.name.clone();
     let parse = |stored: &str| {
-        let what = format!("the signing secret of service {id}");
+        let what = format!("the signing secret of service {name:?} (id {id})");
         SigningSecret::parse(&keys.open(stored, &what)?)
             .map_err(|e| Error::Config(format!("{what}: {e}")))
     };
@@ -410,27 +416,121 @@ pub async fn seal_signing_secrets(pool: &PgPool) -> Result<Sealed> {
     Ok(done)
 }
 
+/// What a rotation did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rotated {
+    /// The new credential: the token, or what the consumer verifies with
+    /// (the `whsec_` secret, or the `whpk_` public key for ed25519).
+    pub new: String,
+    /// When the credential it replaces stops working (signing, for a
+    /// secret): the overlap.
+    pub previous_until: DateTime<Utc>,
+    /// Forced during an overlap: when the credential before the replaced
+    /// one was to stop. It stopped at the rotation instead.
+    pub retired_early: Option<DateTime<Utc>>,
+}
+
+/// Which credential a rotation replaces, for its columns and its messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Credential {
+    SigningSecret,
+    Token,
+}
+
+impl Credential {
+    fn until_column(self) -> &'static str {
+        match self {
+            Credential::SigningSecret => "previous_secret_until",
+            Credential::Token => "previous_token_until",
+        }
+    }
+
+    /// Refuses a rotation while the previous credential still works (its
+    /// overlap), unless `force`: the rotation would stop it at once.
+    fn check_overlap(
+        self,
+        name: &str,
+        until: Option<DateTime<Utc>>,
+        now: DateTime<Utc>,
+        force: bool,
+    ) -> Result<Option<DateTime<Utc>>> {
+        let Some(until) = until.filter(|u| *u > now) else {
+            return Ok(None);
+        };
+        if force {
+            return Ok(Some(until));
+        }
+        let (what, works, cut_off) = match self {
+            Credential::SigningSecret => (
+                "signing secret",
+                "signs",
+                "a consumer still verifying with it would refuse every delivery (401)",
+            ),
+            Credential::Token => (
+                "token",
+                "works",
+                "a consumer still calling with it would get 401 from the watches API",
+            ),
+        };
+        Err(Error::Conflict(format!(
+            "service {name} is in the overlap of its last rotation: its previous {what} still {works} \
+             until {} (in {}). Rotating again now would retire that {what} at once, and {cut_off}. \
+             Rotate after the overlap ends, or force it (--force; \"force\": true in the admin API) \
+             if that {what} must stop now",
+            until.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            remaining(until - now),
+        )))
+    }
+}
+
+/// `left` as people read it: `23h 59m`, `12m 5s`, `40s`.
+fn remaining(left: chrono::TimeDelta) -> String {
+    let secs = left.num_seconds().max(1);
+    let (d, h, m, s) = (secs / 86_400, secs / 3600 % 24, secs / 60 % 60, secs % 60);
+    match (d, h, m) {
+        (0, 0, 0) => format!("{s}s"),
+        (0, 0, _) => format!("{m}m {s}s"),
+        (0, _, _) => format!("{h}h {m}m"),
+        _ => format!("{d}d {h}h"),
+    }
+}
+
+/// The service's row for a rotation, locked until the transaction ends so
+/// that two rotations at once cannot both pass the overlap check: its
+/// signature kind, when its previous `credential` stops, and the time now.
+async fn lock_for_rotation(
+    tx: &mut sqlx::PgConnection,
+    name: &str,
+    credential: Credential,
+) -> Result<(String, Option<DateTime<Utc>>, DateTime<Utc>)> {
+    let row: Option<(String, Option<DateTime<Utc>>, DateTime<Utc>)> = sqlx::query_as(&format!(
+        "select signature, {}, now() from watchpump.services
+         where name = $1 and removed_at is null for update",
+        credential.until_column()
+    ))
+    .bind(name)
+    .fetch_optional(&mut *tx)
+    .await?;
+    row.ok_or_else(|| no_such_service(name))
+}
+
 /// A new signing secret for `name` (of the service's kind, [`Signature`]);
-/// the old one keeps signing (next to the new one) for `overlap`. Returns
-/// what the consumer verifies with (the new `whsec_` secret, or `whpk_`
-/// public key) and when the old one stops.
+/// the old one keeps signing (next to the new one) for `overlap`. Refused
+/// while the secret before it still signs, unless `force`, which retires
+/// that one now.
 pub async fn rotate_secret(
     pool: &PgPool,
     name: &str,
     overlap: Duration,
-) -> Result<(String, DateTime<Utc>)> {
+    force: bool,
+) -> Result<Rotated> {
     let keys = SecretKeys::from_env()?;
-    let kind: Option<String> = sqlx::query_scalar(
-        "select signature from watchpump.services where name = $1 and removed_at is null",
-    )
-    .bind(name)
-    .fetch_optional(pool)
-    .await?;
-    let kind = kind.ok_or_else(|| no_such_service(name))?;
+    let mut tx = pool.begin().await?;
+    let (kind, until, now) = lock_for_rotation(&mut tx, name, Credential::SigningSecret).await?;
+    let retired_early = Credential::SigningSecret.check_overlap(name, until, now, force)?;
     // A rotation keeps the service's kind of signature.
     let key = Signature::parse(&kind)?.generate();
-    let secret = key.to_whsec();
-    let until: Option<DateTime<Utc>> = sqlx::query_scalar(
+    let previous_until: DateTime<Utc> = sqlx::query_scalar(
         "update watchpump.services
          set previous_signing_secret = signing_secret,
              previous_secret_until = now() + make_interval(secs => $3),
@@ -439,23 +539,32 @@ pub async fn rotate_secret(
          returning previous_secret_until",
     )
     .bind(name)
-    .bind(keys.seal(&secret))
+    .bind(keys.seal(&key.to_whsec()))
     .bind(overlap.as_secs_f64())
-    .fetch_optional(pool)
+    .fetch_one(&mut *tx)
     .await?;
-    let until = until.ok_or_else(|| no_such_service(name))?;
-    Ok((for_the_consumer(&key), until))
+    tx.commit().await?;
+    Ok(Rotated {
+        new: for_the_consumer(&key),
+        previous_until,
+        retired_early,
+    })
 }
 
-/// A new token for `name`; the old one keeps working for `grace`. Returns
-/// the new token and when the old one stops working.
+/// A new token for `name`; the old one keeps working for `grace`. Refused
+/// while the token before it still works, unless `force`, which retires
+/// that one now.
 pub async fn rotate_token(
     pool: &PgPool,
     name: &str,
     grace: Duration,
-) -> Result<(String, DateTime<Utc>)> {
+    force: bool,
+) -> Result<Rotated> {
     let (secret, hash) = new_token_secret();
-    let row: Option<(i64, DateTime<Utc>)> = sqlx::query_as(
+    let mut tx = pool.begin().await?;
+    let (_, until, now) = lock_for_rotation(&mut tx, name, Credential::Token).await?;
+    let retired_early = Credential::Token.check_overlap(name, until, now, force)?;
+    let (id, previous_until): (i64, DateTime<Utc>) = sqlx::query_as(
         "update watchpump.services
          set previous_token_hash = token_hash,
              previous_token_until = now() + make_interval(secs => $3),
@@ -466,10 +575,14 @@ pub async fn rotate_token(
     .bind(name)
     .bind(hash)
     .bind(grace.as_secs_f64())
-    .fetch_optional(pool)
+    .fetch_one(&mut *tx)
     .await?;
-    let (id, until) = row.ok_or_else(|| no_such_service(name))?;
-    Ok((format!("{TOKEN_PREFIX}{id}_{secret}"), until))
+    tx.commit().await?;
+    Ok(Rotated {
+        new: format!("{TOKEN_PREFIX}{id}_{secret}"),
+        previous_until,
+        retired_early,
+    })
 }
 
 /// Points `name` at a new base URL (checked as [`add`] checks it).
@@ -546,6 +659,16 @@ fn parse_token(token: &str) -> Option<(i64, &str)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn time_left_reads_as_people_write_it() {
+        let secs = chrono::TimeDelta::seconds;
+        assert_eq!(remaining(secs(0)), "1s");
+        assert_eq!(remaining(secs(40)), "40s");
+        assert_eq!(remaining(secs(12 * 60 + 5)), "12m 5s");
+        assert_eq!(remaining(secs(23 * 3600 + 59 * 60 + 59)), "23h 59m");
+        assert_eq!(remaining(secs(7 * 86_400 + 3600)), "7d 1h");
+    }
 
     #[test]
     fn tokens_parse_only_in_their_own_shape() {

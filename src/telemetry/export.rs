@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
 use opentelemetry_sdk::trace::{SpanData, SpanExporter, SpanProcessor};
+use opentelemetry_sdk::Resource;
 use tokio::sync::{mpsc, Notify};
 
 use crate::metrics as m;
@@ -56,11 +57,19 @@ impl QueueSettings {
 enum Control {
     /// Export everything queued, then answer.
     Flush(std_mpsc::Sender<()>),
+    /// What the spans are reported under (`service.name` and the rest),
+    /// from the provider: the exporter puts it on every request. Without
+    /// it the collector got every span with an empty resource, whatever
+    /// `OTEL_SERVICE_NAME` said.
+    Resource(Resource),
 }
 
 impl std::fmt::Debug for Control {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Flush")
+        match self {
+            Control::Flush(_) => f.write_str("Flush"),
+            Control::Resource(r) => write!(f, "Resource({r:?})"),
+        }
     }
 }
 
@@ -164,26 +173,40 @@ impl SpanProcessor for QueueProcessor {
     fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
         self.flush_within(timeout)
     }
+
+    /// The provider calls this once, when it is built, before any span
+    /// exists; the export thread hands it to the exporter before it
+    /// exports anything (its loop reads control messages first).
+    fn set_resource(&mut self, resource: &Resource) {
+        let _ = self.control.send(Control::Resource(resource.clone()));
+    }
 }
 
 /// Exports what is queued, a batch at a time, when a batch is full, every
 /// [`QueueSettings::schedule_delay`], and when flushed; ends (after a last
 /// export) when the processor is dropped.
 async fn export_loop<E: SpanExporter>(
-    exporter: E,
+    mut exporter: E,
     queue: Arc<Queue>,
     mut control: mpsc::UnboundedReceiver<Control>,
 ) {
     let mut tick = tokio::time::interval(queue.settings.schedule_delay);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
+        // Control first: the resource, sent before the first span, reaches
+        // the exporter before the first export.
         let done = tokio::select! {
-            () = queue.full.notified() => None,
-            _ = tick.tick() => None,
+            biased;
             control = control.recv() => match control {
                 Some(Control::Flush(done)) => Some(Some(done)),
+                Some(Control::Resource(resource)) => {
+                    exporter.set_resource(&resource);
+                    continue;
+                }
                 None => Some(None),
             },
+            () = queue.full.notified() => None,
+            _ = tick.tick() => None,
         };
         loop {
             let batch = queue.take_batch();

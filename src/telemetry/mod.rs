@@ -7,7 +7,9 @@
 //! - The rest is the producer's: [`Telemetry::from_env`] builds the
 //!   exporter from the standard `OTEL_*` variables, and only when an
 //!   endpoint is set; [`export`] is its bounded queue; [`logs`] puts the
-//!   trace id in JSON log lines.
+//!   trace id in JSON log lines; [`status`] is what `serve` says about them
+//!   at start (on or off, where to, the sampler and its ratio, the
+//!   resource's `service.name`).
 //!
 //! Spans are made with `tracing` at the target [`TARGET`]. With no
 //! endpoint set, the log filter turns that target off, so a span costs a
@@ -25,6 +27,8 @@ pub mod export;
 pub mod http;
 #[cfg(feature = "producer")]
 pub mod logs;
+#[cfg(feature = "producer")]
+pub mod status;
 
 #[cfg(feature = "producer")]
 pub use producer::*;
@@ -64,9 +68,9 @@ pub fn set_parent(span: &tracing::Span, parent: &TraceParent) {
 #[cfg(feature = "producer")]
 mod producer {
     use super::export::{QueueProcessor, QueueSettings};
+    use super::status::{self, On};
     use opentelemetry::trace::TracerProvider as _;
     use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider};
-    use opentelemetry_sdk::Resource;
 
     /// The standard variables this reads (the exporter reads the endpoint,
     /// timeout and header ones itself); `serve --help` and the README list
@@ -82,17 +86,23 @@ mod producer {
     ];
 
     /// A layer that does nothing but carry the tracer, where the attempt
-    /// spans find it ([`tracer`]): the dispatcher that has it is the one
-    /// whose spans are exported, in `serve` (global) as in a test (one
-    /// thread's).
-    pub struct TracerLayer(SdkTracer);
+    /// spans find it ([`tracer`]), and what it exports to, where `serve`'s
+    /// start-up line finds it ([`status::traces`]): the dispatcher that has
+    /// it is the one whose spans are exported, in `serve` (global) as in a
+    /// test (one thread's).
+    pub struct TracerLayer {
+        tracer: SdkTracer,
+        pub(super) on: On,
+    }
 
     impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for TracerLayer {}
 
     /// The tracer of the current dispatcher's traces layer: `None`, and
     /// nothing else done, when traces are off.
     pub fn tracer() -> Option<SdkTracer> {
-        tracing::dispatcher::get_default(|d| d.downcast_ref::<TracerLayer>().map(|t| t.0.clone()))
+        tracing::dispatcher::get_default(|d| {
+            d.downcast_ref::<TracerLayer>().map(|t| t.tracer.clone())
+        })
     }
 
     /// The tracer and its exporter, when traces are on. Dropping it
@@ -100,6 +110,7 @@ mod producer {
     pub struct Telemetry {
         provider: SdkTracerProvider,
         tracer: SdkTracer,
+        on: On,
     }
 
     impl Telemetry {
@@ -123,7 +134,8 @@ mod producer {
                 .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
                 .build()
                 .map_err(|e| format!("OpenTelemetry exporter: {e}"))?;
-            Telemetry::with_exporter(exporter, QueueSettings::from_env()).map(Some)
+            let endpoint = status::endpoint_from_env();
+            Telemetry::with_exporter(exporter, QueueSettings::from_env(), &endpoint).map(Some)
         }
 
         /// Traces to the OTLP/HTTP collector at `traces_url` (the full URL,
@@ -143,28 +155,49 @@ mod producer {
                 .with_timeout(timeout)
                 .build()
                 .map_err(|e| format!("OpenTelemetry exporter: {e}"))?;
-            Telemetry::with_exporter(exporter, queue)
+            let endpoint = crate::redact::mask_url_credentials(traces_url);
+            Telemetry::with_exporter(exporter, queue, &endpoint)
         }
 
-        /// Traces to `exporter`, with the sampler and resource of the
+        /// Traces to `exporter` (which sends them to `endpoint`, as the
+        /// start-up line says), with the sampler and resource of the
         /// standard variables (`OTEL_SERVICE_NAME` defaults to
-        /// `watchpump`).
-        pub fn with_exporter<E>(exporter: E, queue: QueueSettings) -> Result<Telemetry, String>
+        /// `watchpump`). The provider hands the resource to the queue,
+        /// which hands it to the exporter ([`QueueProcessor`]).
+        pub fn with_exporter<E>(
+            exporter: E,
+            queue: QueueSettings,
+            endpoint: &str,
+        ) -> Result<Telemetry, String>
         where
             E: opentelemetry_sdk::trace::SpanExporter + 'static,
         {
             let processor = QueueProcessor::start(exporter, queue)
                 .map_err(|e| format!("OpenTelemetry export thread: {e}"))?;
-            let mut resource = Resource::builder();
-            if std::env::var_os("OTEL_SERVICE_NAME").is_none() {
-                resource = resource.with_service_name("watchpump");
-            }
+            let resource = status::resource_from_env();
+            let (sampler, ratio) = status::sampler_from_env();
+            let on = On {
+                endpoint: endpoint.to_string(),
+                sampler,
+                ratio,
+                service_name: status::service_name(&resource),
+            };
             let provider = SdkTracerProvider::builder()
                 .with_span_processor(processor)
-                .with_resource(resource.build())
+                .with_resource(resource)
                 .build();
             let tracer = provider.tracer("watchpump");
-            Ok(Telemetry { provider, tracer })
+            Ok(Telemetry {
+                provider,
+                tracer,
+                on,
+            })
+        }
+
+        /// Where spans go and which are kept ([`status::traces`] reads it
+        /// from the installed layer).
+        pub fn on(&self) -> &On {
+            &self.on
         }
 
         /// The `tracing` layer that turns spans into OpenTelemetry spans,
@@ -186,7 +219,10 @@ mod producer {
                 .with_tracked_inactivity(false)
                 .with_threads(false)
                 .with_location(false)
-                .and_then(TracerLayer(self.tracer.clone()))
+                .and_then(TracerLayer {
+                    tracer: self.tracer.clone(),
+                    on: self.on.clone(),
+                })
         }
 
         /// Exports every span ended so far (tests call it before reading

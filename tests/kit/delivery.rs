@@ -257,10 +257,11 @@ async fn a_rotated_secret_verifies_with_the_old_or_the_new_secret_during_the_ove
     p.emit_delivered(MAIN, serde_json::json!({"after": "1"}))
         .await;
 
-    let (new, _) =
-        watchpump::services::rotate_secret(&p.db.pool, "deploy", Duration::from_secs(3600))
+    let new =
+        watchpump::services::rotate_secret(&p.db.pool, "deploy", Duration::from_secs(3600), false)
             .await
-            .unwrap();
+            .unwrap()
+            .new;
     // The consumer still knows only the old secret: the producer signs with
     // both during the overlap.
     let id = p

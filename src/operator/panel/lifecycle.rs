@@ -17,7 +17,7 @@ use super::{SameOrigin, Session, ACTOR};
 use crate::http::html::{self, esc};
 use crate::http::{AsHtml, HttpError};
 use crate::operator::OperatorState;
-use crate::services;
+use crate::services::{self, Credential};
 
 /// The forms of the service page's "Lifecycle" section.
 pub fn forms(name: &str, base_url: &str) -> String {
@@ -33,9 +33,11 @@ pub fn forms(name: &str, base_url: &str) -> String {
 <button class="act" type="submit">Set the rate of {svc}</button></form>
 <form class="filters" method="post" action="{secret}">
 <label>Old secret signs for <input name="overlap" value="{overlap}" size="6"></label>
+<label><input type="checkbox" name="force" value="yes"> even during the last rotation's overlap (its older secret stops at once)</label>
 <button class="act" type="submit">Rotate the signing secret</button></form>
 <form class="filters" method="post" action="{token}">
 <label>Old token works for <input name="overlap" value="{overlap}" size="6"></label>
+<label><input type="checkbox" name="force" value="yes"> even during the last rotation's grace (its older token stops at once)</label>
 <button class="act" type="submit">Rotate the token</button></form>
 <form class="filters" method="post" action="{remove}">
 <label>Type <code>{svc}</code> to confirm <input name="confirm" size="16" required></label>
@@ -54,6 +56,8 @@ pub fn forms(name: &str, base_url: &str) -> String {
 #[serde(deny_unknown_fields)]
 pub struct OverlapForm {
     overlap: Option<String>,
+    /// The checkbox: present (`yes`) to rotate during an overlap.
+    force: Option<String>,
 }
 
 /// A page that shows a new credential once.
@@ -74,14 +78,9 @@ fn shown_once(name: &str, what: &str, value: &str, old_until: DateTime<Utc>) -> 
     )
 }
 
-/// The two credentials a service has, each rotated with an overlap.
-#[derive(Clone, Copy)]
-enum Credential {
-    SigningSecret,
-    Token,
-}
-
-/// Rotates one credential and shows the new one once.
+/// Rotates one credential and shows the new one once; during the last
+/// rotation's overlap, a 409 page that says until when, unless the form's
+/// `force` box is ticked.
 async fn rotate(
     state: &OperatorState,
     name: &str,
@@ -90,18 +89,19 @@ async fn rotate(
 ) -> Result<Response, AsHtml> {
     let Form(given) = given.map_err(HttpError::from)?;
     let overlap = services::parse_overlap(given.overlap.as_deref())?;
-    let (new, old_until, what) = match credential {
-        Credential::SigningSecret => {
-            let (secret, until) = services::rotate_secret(&state.pool, name, overlap).await?;
-            (secret, until, "signing secret")
-        }
-        Credential::Token => {
-            let (token, until) = services::rotate_token(&state.pool, name, overlap).await?;
-            (token, until, "token")
-        }
+    let force = given.force.is_some();
+    let (rotated, what) = match credential {
+        Credential::SigningSecret => (
+            services::rotate_secret(&state.pool, name, overlap, force).await?,
+            "signing secret",
+        ),
+        Credential::Token => (
+            services::rotate_token(&state.pool, name, overlap, force).await?,
+            "token",
+        ),
     };
-    tracing::info!(service = %name, "{what} rotated from the panel");
-    Ok(shown_once(name, what, &new, old_until))
+    tracing::info!(service = %name, retired_early = ?rotated.retired_early, "{what} rotated from the panel");
+    Ok(shown_once(name, what, &rotated.new, rotated.previous_until))
 }
 
 pub async fn rotate_secret(
