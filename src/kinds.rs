@@ -4,10 +4,10 @@
 //! (`GET /api/v1/kinds`, `watchpump kinds list`, docs/protocol.md).
 //!
 //! Declaring kinds changes nothing for `emit()` until the producer turns on
-//! strict mode (`alter database … set watchpump.strict_kinds = on`): then
+//! strict mode (`update watchpump.settings set strict_kinds = true`): then
 //! `watchpump.check_kind()` (`sql/functions/0150_kinds.sql`) refuses an
 //! undeclared kind or a payload that does not fit its schema. With it off,
-//! `emit()` reads one setting and nothing else.
+//! `emit()` reads its settings row and nothing else.
 //!
 //! # The schema subset, and why
 //!

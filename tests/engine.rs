@@ -299,9 +299,10 @@ async fn newer_news_waits_for_the_older_outcome_one_flush_and_no_longer() {
     let newer = db.emit("acme/web/main", "push", json!({"n": 2})).await;
     consumer.wait_for(2, WAIT).await;
     pump.stop().await.unwrap();
-    let arrived = SystemTime::now();
     let received = consumer.received();
     assert_eq!(received[1].body["change_id"], newer);
+    // Both clocks read at once: the arrival's instant as wall-clock time.
+    let arrival_of_newer = SystemTime::now() - received[1].at.elapsed();
     // It went after the older one was recorded, not before.
     let settled_at: chrono::DateTime<chrono::Utc> =
         sqlx::query_scalar("select finished_at from watchpump.settled where change_id = $1")
@@ -309,7 +310,6 @@ async fn newer_news_waits_for_the_older_outcome_one_flush_and_no_longer() {
             .fetch_one(&db.pool)
             .await
             .unwrap();
-    let arrival_of_newer = arrived - received[1].at.elapsed();
     assert!(
         settled_at <= chrono::DateTime::<chrono::Utc>::from(arrival_of_newer),
         "the newer news went before the older outcome was written"

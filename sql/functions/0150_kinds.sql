@@ -1,10 +1,11 @@
 -- Strict mode: emit() checks each change against the kinds catalogue
--- (watchpump.kinds, 0007_kinds.sql) only when the producer turns it on:
+-- (watchpump.kinds, 0007_kinds.sql) only when the producer turns it on,
+-- for every connection at once (a producer's session cannot turn it off):
 --
---   alter database mydb set watchpump.strict_kinds = on;
+--   update watchpump.settings set strict_kinds = true;
 --
 -- With it off (the default) emit() reads neither the catalogue nor the
--- schemas: the one `current_setting()` at its top is all it costs.
+-- schemas: the settings row it reads anyway is all it costs.
 --
 -- The schema language is a bounded subset of JSON Schema, enforced when a
 -- kind is added (src/kinds.rs): `type` (one or a list of object, array,
@@ -273,7 +274,7 @@ exception when check_violation then
 end
 $$;
 
--- Called at the top of emit() when watchpump.strict_kinds is on: refuses an
+-- Called by emit() and emit_many() when strict mode is on: refuses an
 -- undeclared kind (SQLSTATE 22023, invalid_parameter_value), a payload
 -- that does not fit its kind's schema (23514, check_violation), with a
 -- message naming the kind, and a check that would cost more than
@@ -288,7 +289,7 @@ declare
 begin
     select k.schema into v_schema from watchpump.kinds k where k.name = p_kind;
     if not found then
-        raise exception 'watchpump.emit: kind "%" is not declared in watchpump.kinds (strict mode, watchpump.strict_kinds, is on): declare it with `watchpump kinds add`', left(p_kind, 100)
+        raise exception 'watchpump.emit: kind "%" is not declared in watchpump.kinds (strict mode, watchpump.settings.strict_kinds, is on): declare it with `watchpump kinds add`', left(p_kind, 100)
             using errcode = '22023';
     end if;
     perform watchpump.kind_walk(watchpump.kind_compile(v_schema), '{}', coalesce(p_payload, '{}'), '$',
