@@ -12,9 +12,11 @@ PG_TEST_PORT ?= $(shell scripts/dev-postgres.sh port pg-test)
 PG_BENCH_PORT ?= $(shell scripts/dev-postgres.sh port pg-bench)
 PG_CHAOS_PORT ?= $(shell scripts/dev-postgres.sh port pg-chaos)
 CHANGES ?= 20000
-# make chaos FAULTS=failover: two failovers between a primary and a
-# standby behind HAProxy instead of restarts; SYNC=off for an asynchronous
-# standby (lost commits are then counted, not a failure).
+# make chaos FAULTS=failover: instead of restarts, a Patroni cluster (etcd,
+# two PostgreSQL nodes, HAProxy asking Patroni which is the primary) has its
+# primary switched over, crashed and cut off from etcd under load; SYNC=off
+# without Patroni's synchronous_mode (lost commits are then counted, not a
+# failure). Patroni and etcd are Debian's, unpacked into target/tools.
 FAULTS ?=
 SYNC ?= on
 NEXTEST := $(shell cargo nextest --version >/dev/null 2>&1 && echo yes)

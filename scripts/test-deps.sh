@@ -3,7 +3,9 @@
 # prometheus/promtool (metrics checks), chromium and chromium-driver (the
 # panel's browser test, tests/panel.rs), Python's standardwebhooks (the
 # signing interop test), and, as root, HAProxy and nftables (the short
-# failover and partition runs of tests/chaos, which run only as root). Says
+# failover and partition runs of tests/chaos, which run only as root), and
+# Debian's Patroni and etcd unpacked into target/tools with Patroni's Python
+# libraries (the failover run's cluster: scripts/patroni-tools.sh). Says
 # clearly what it could not install.
 #
 # All apt installs happen here, before the tests start: the chaos scripts
@@ -54,6 +56,9 @@ command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
 if [ "$(id -u)" = 0 ]; then
   command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || need+=(haproxy)
   command -v nft >/dev/null 2>&1 || [ -x /usr/sbin/nft ] || need+=(nftables)
+fi
+if [ "$(id -u)" = 0 ]; then
+  "$root/scripts/patroni-tools.sh" || exit 1
 fi
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" != 0 ]; then

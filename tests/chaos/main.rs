@@ -11,13 +11,15 @@
 //! summary line and fails on any violation. The cluster is a project-local
 //! one of its own (`target/pg-chaos`), because the suite restarts it.
 //!
-//! `make chaos FAULTS=failover` replaces the restarts with two failovers:
-//! a primary and a streaming standby behind HAProxy ([`ha`],
-//! `scripts/chaos-ha.sh`), the primary crashed (`-m immediate`) at a random
-//! point, the standby promoted and the front switched, the old primary
-//! rebuilt as the new standby (pg_rewind), and the same again back. With a
-//! synchronous standby (`SYNC=on`, the default) nothing committed may be
-//! lost; with an asynchronous one (`SYNC=off`) the lost commits are counted.
+//! `make chaos FAULTS=failover` replaces the restarts with three switches
+//! of the primary in a Patroni cluster: two PostgreSQL nodes under Patroni
+//! agents, etcd, and HAProxy asking the agents which node is the primary
+//! ([`patroni`]). Under load, the suite asks for a switchover, crashes the
+//! primary's machine, and cuts the primary's agent off from etcd
+//! ([`switches`]); Patroni promotes the standby each time, and rewinds the
+//! old primary into the new standby once it is back. With Patroni's
+//! `synchronous_mode` (`SYNC=on`, the default) nothing committed may be
+//! lost; without it (`SYNC=off`) the commits lost in the crash are counted.
 //!
 //! Settings (environment, all optional): `WATCHPUMP_CHAOS_CHANGES` (producer
 //! transactions), `WATCHPUMP_CHAOS_SEED`, `WATCHPUMP_CHAOS_PG_PORT`,
@@ -25,11 +27,13 @@
 
 mod cluster;
 mod consumers;
-mod ha;
+mod daemon;
 mod net;
+mod patroni;
 mod producers;
 mod pumps;
 mod retention;
+mod switches;
 mod verdict;
 
 use std::collections::HashMap;
@@ -43,8 +47,8 @@ use rand::{Rng, SeedableRng};
 use chrono::{DateTime, Utc};
 use cluster::Cluster;
 use consumers::{Behaviour, Consumers};
-use ha::HaPair;
 use net::Net;
+use patroni::PatroniCluster;
 use producers::Ledger;
 use pumps::Pumps;
 use verdict::WatchDef;
@@ -54,7 +58,8 @@ use verdict::WatchDef;
 pub enum Faults {
     /// Fast restarts of one cluster.
     Restarts,
-    /// Two failovers between a primary and a standby behind HAProxy.
+    /// A switchover, a crash and a partition of the primary in a Patroni
+    /// cluster of two nodes (Patroni's `synchronous_mode` or not).
     Failover { synchronous: bool },
     /// Restarts, and each pump a host of its own (a loopback source
     /// address and a database port of its own: tests/chaos/net.rs), cut off from the database or from its consumers now and then.
@@ -100,7 +105,7 @@ pub struct Settings {
     pub lease: Duration,
     /// How long the pumps get to drain the queue once consumers are healthy.
     pub settle_limit: Duration,
-    /// Failover: how long the primary's WAL sender is frozen before each
+    /// Failover: how long the primary's WAL sender is frozen before the
     /// crash of the primary (what an asynchronous standby then loses, and
     /// what a synchronous one makes producers wait for).
     pub standby_lag: Duration,
@@ -159,11 +164,12 @@ fn a_short_chaos_run_loses_nothing_and_keeps_every_object_in_order() {
 }
 
 /// The failover fault in short (`make chaos FAULTS=failover` in full): a
-/// synchronous standby promoted twice under load, each time the old
-/// primary rebuilt with pg_rewind. Nothing committed may be lost.
+/// Patroni cluster in `synchronous_mode` switched over, crashed and cut off
+/// from etcd under load, each time the old primary rewound into the new
+/// standby by Patroni. Nothing committed may be lost.
 #[test]
 fn a_short_failover_run_loses_nothing_committed_and_keeps_every_object_in_order() {
-    if needs_root("the failover fault (PostgreSQL runs as the postgres user)") {
+    if needs_root("the failover fault (PostgreSQL runs as the postgres user, nftables cuts etcd)") {
         return;
     }
     run(Settings {
@@ -258,6 +264,8 @@ pub struct Summary {
     pub listener_kills: usize,
     pub pg_restarts: usize,
     pub failovers: Vec<Failover>,
+    /// Failover: how many switches the run was to make.
+    pub switches_planned: usize,
     /// Failover: committed changes lost, requests of changes lost, overlaps
     /// excused by an asynchronous failover ([`verdict::Judged`]).
     pub lost: usize,
@@ -266,6 +274,9 @@ pub struct Summary {
     /// Failover: the lost changes' acknowledgements, seconds after the
     /// standby froze (earliest, latest).
     pub lost_window: Option<(f64, f64)>,
+    /// Delivery ids, and (watch, object, sequence)s, that reached consumers
+    /// for two different changes ([`verdict::Judged`]).
+    pub reused: (usize, usize),
     /// Partition: times a host was cut off from the database, and from its
     /// consumers.
     pub partitions: (usize, usize),
@@ -281,13 +292,17 @@ pub struct Summary {
     pub violations: Vec<String>,
 }
 
-/// One failover: when the front reached the promoted standby, how long the
-/// crash, promotion and switch took, how long the rebuild of the old
-/// primary took, and the first delivery of a change emitted after it.
+/// One switch of the primary: what moved it, when the front reached the
+/// new primary, how long that took from the fault, how long the old
+/// primary took to stream again, and the first delivery of a change
+/// emitted after the switch.
 #[derive(Debug, Clone)]
 pub struct Failover {
-    /// When the primary's WAL sender froze (the failover began).
-    pub lag_from: DateTime<Utc>,
+    pub kind: switches::Kind,
+    pub from: &'static str,
+    pub to: &'static str,
+    /// When the fault began (a crash: when the primary's WAL sender froze).
+    pub began: DateTime<Utc>,
     pub promoted_at: DateTime<Utc>,
     pub took: Duration,
     pub rebuilt_in: Duration,
@@ -322,7 +337,10 @@ impl Summary {
                 .iter()
                 .map(|f| {
                     format!(
-                        "switched in {:.1} s, first delivery {} s after, rebuilt in {:.1} s",
+                        "{} {}->{}: switched in {:.1} s, first delivery {} s after, rebuilt in {:.1} s",
+                        f.kind.name(),
+                        f.from,
+                        f.to,
                         f.took.as_secs_f64(),
                         f.first_delivery_after
                             .map_or("-".to_string(), |s| format!("{s:.2}")),
@@ -331,17 +349,20 @@ impl Summary {
                 })
                 .collect();
             line.push_str(&format!(
-                "; failover ({}, standby {} ms behind): {} failovers [{}]; {} committed changes lost{}, {} requests of lost changes, {} overlaps across an asynchronous failover",
-                if synchronous { "synchronous" } else { "asynchronous" },
+                "; failover (Patroni, {}, standby {} ms behind at the crash): {} of {} switches [{}]; {} committed changes lost{}, {} requests of lost changes, {} overlaps across an asynchronous failover; {} delivery ids and {} (watch, object, sequence) reached consumers for two changes",
+                if synchronous { "synchronous_mode" } else { "asynchronous" },
                 self.standby_lag.as_millis(),
                 self.failovers.len(),
+                self.switches_planned,
                 each.join("; "),
                 self.lost,
                 self.lost_window.map_or(String::new(), |(lo, hi)| format!(
                     " (acknowledged {lo:.2} to {hi:.2} s after the standby froze)"
                 )),
                 self.sent_then_lost,
-                self.overlaps_across_async_failover
+                self.overlaps_across_async_failover,
+                self.reused.0,
+                self.reused.1
             ));
         }
         line
@@ -385,7 +406,7 @@ async fn run_async(settings: Settings) -> Summary {
         );
     }
     let ha = match settings.faults {
-        Faults::Failover { synchronous } => Some(Arc::new(HaPair::start(synchronous))),
+        Faults::Failover { synchronous } => Some(Arc::new(PatroniCluster::start(synchronous))),
         Faults::Restarts | Faults::Partition => None,
     };
     let cluster = match &ha {
@@ -465,14 +486,19 @@ async fn run_async(settings: Settings) -> Summary {
         let ports: Vec<u16> = consumers.services.iter().map(|c| c.addr.port()).collect();
         tokio::spawn(partition_hosts(net, ports, rng.gen(), done.clone()))
     });
+    // With the failover fault the producers go on past their transactions
+    // until every switch has happened: each must happen under load.
+    let pace = Arc::new(producers::Pace {
+        more: AtomicBool::new(ha.is_some()),
+        give_up: AtomicBool::new(false),
+    });
     let failing_over = ha.clone().map(|ha| {
-        tokio::spawn(fail_over_twice(
+        tokio::spawn(switch_the_primary(
             ha,
             pumps.clone(),
             settings.clone(),
-            rng.gen(),
             progress.clone(),
-            done.clone(),
+            pace.clone(),
         ))
     });
     let self_service = tokio::spawn(consumers_help_themselves(
@@ -481,8 +507,15 @@ async fn run_async(settings: Settings) -> Summary {
         done.clone(),
     ));
     let retiring = tokio::spawn(retention::run(pool.clone(), done.clone()));
-    let ledger: Ledger = producers::run(&pool, &settings, progress.clone(), rng.gen()).await;
+    let ledger: Ledger = producers::run(&pool, &settings, progress.clone(), pace, rng.gen()).await;
     done.store(true, Ordering::SeqCst);
+    // First: a switch that failed ends the run here (its panic), with the
+    // cluster stopped, rather than after the other tasks' own waits for a
+    // database that may not come back.
+    let failovers = match failing_over {
+        Some(task) => task.await.unwrap(),
+        None => Vec::new(),
+    };
     let self_service = self_service.await.unwrap();
     let mut retention = retiring.await.unwrap();
     let kills = killer.await.unwrap();
@@ -491,10 +524,6 @@ async fn run_async(settings: Settings) -> Summary {
     let partitions = match partitioning {
         Some(task) => task.await.unwrap(),
         None => (0, 0),
-    };
-    let failovers = match failing_over {
-        Some(task) => task.await.unwrap(),
-        None => Vec::new(),
     };
 
     // Healthy consumers, a full set of pumps, and time to drain.
@@ -507,6 +536,7 @@ async fn run_async(settings: Settings) -> Summary {
         listener_kills,
         pg_restarts,
         failovers,
+        switches_planned: if ha.is_some() { SWITCHES.len() } else { 0 },
         committed_changes: 0,
         rolled_back_changes: 0,
         in_doubt: 0,
@@ -520,6 +550,7 @@ async fn run_async(settings: Settings) -> Summary {
         violations: Vec::new(),
         lost: 0,
         lost_window: None,
+        reused: (0, 0),
         sent_then_lost: 0,
         overlaps_across_async_failover: 0,
         partitions,
@@ -562,8 +593,15 @@ async fn run_async(settings: Settings) -> Summary {
             Faults::Failover { synchronous } => Some(synchronous),
             Faults::Restarts | Faults::Partition => None,
         },
-        promoted_at: summary.failovers.iter().map(|f| f.promoted_at).collect(),
-        lag_from: summary.failovers.iter().map(|f| f.lag_from).collect(),
+        // Only a crash leaves a lagging standby behind: a switchover and a
+        // demotion stop the old primary cleanly, after its WAL sender has
+        // sent everything.
+        lossy: summary
+            .failovers
+            .iter()
+            .filter(|f| f.kind == switches::Kind::Crash)
+            .map(|f| (f.began, f.promoted_at))
+            .collect(),
     };
     let judged = verdict::judge(&pool, &ledger, &watches, &requests, &failovers).await;
     summary.deliveries = judged.deliveries;
@@ -572,18 +610,26 @@ async fn run_async(settings: Settings) -> Summary {
     summary.sent_then_lost = judged.sent_then_lost;
     summary.overlaps_across_async_failover = judged.overlaps_across_async_failover;
     summary.lost_window = judged.lost_window;
+    summary.reused = judged.reused;
     summary.replays = judged.replays;
     for f in &mut summary.failovers {
         f.first_delivery_after = first_delivery_after(f.promoted_at, &ledger, &requests);
     }
     summary.violations.extend(judged.violations);
+    if summary.failovers.len() < summary.switches_planned {
+        summary.violations.push(format!(
+            "only {} of {} switches of the primary happened",
+            summary.failovers.len(),
+            summary.switches_planned
+        ));
+    }
     summary.seconds = started.elapsed().as_secs_f64();
     pool.close().await;
     if summary.violations.is_empty() {
         cluster.drop_database(&database).await;
     } else {
         eprintln!("the run's database is kept for a look: {url}");
-        // On the HA clusters, which would otherwise be removed with it.
+        // The Patroni cluster is stopped with the run; its files are kept.
         if let Some(ha) = &ha {
             ha.keep_for_a_look();
         }
@@ -866,46 +912,67 @@ async fn restart_postgres(
     restarts
 }
 
-/// Crashes the primary at two random points (a fifth to two fifths of the
-/// transactions, then three to four fifths), promotes the standby and
-/// switches the front; after each, rebuilds the old primary as the new
-/// standby. Pumps are not killed or started during a switch.
-async fn fail_over_twice(
-    ha: Arc<HaPair>,
+/// The switches of the primary in a failover run, in order, and the
+/// fraction of the transactions each waits for.
+const SWITCHES: [(switches::Kind, f64); 3] = [
+    (switches::Kind::Switchover, 0.2),
+    (switches::Kind::Crash, 0.45),
+    (switches::Kind::Partition, 0.7),
+];
+
+/// Moves the primary of the Patroni cluster ([`SWITCHES`]) as the
+/// producers pass each mark, and brings the old primary back as the new
+/// standby after each; a switch whose mark has passed waits for the
+/// previous rebuild. Pumps are not killed or started while the primary is
+/// being switched. Tells the producers they may stop after the last, and
+/// to give up if a switch fails (panics).
+async fn switch_the_primary(
+    cluster: Arc<PatroniCluster>,
     pumps: Arc<tokio::sync::Mutex<Pumps>>,
     settings: Settings,
-    seed: u64,
     progress: Arc<AtomicUsize>,
-    done: Arc<AtomicBool>,
+    pace: Arc<producers::Pace>,
 ) -> Vec<Failover> {
-    let mut rng = StdRng::seed_from_u64(seed);
-    let marks = [rng.gen_range(0.2..0.4), rng.gen_range(0.6..0.8)];
+    // However this ends: a switch that fails panics, and the producers
+    // must still stop (waiting for no database) for the run to end and its
+    // cluster to be stopped.
+    struct NoMore(Arc<producers::Pace>);
+    impl Drop for NoMore {
+        fn drop(&mut self) {
+            if std::thread::panicking() {
+                self.0.give_up.store(true, Ordering::SeqCst);
+            }
+            self.0.more.store(false, Ordering::SeqCst);
+        }
+    }
+    let _no_more = NoMore(pace);
     let mut failovers = Vec::new();
-    for fraction in marks {
+    for (kind, fraction) in SWITCHES {
         let mark = (fraction * settings.transactions as f64) as usize;
         while progress.load(Ordering::SeqCst) < mark {
-            if done.load(Ordering::SeqCst) {
-                return failovers;
-            }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let held = pumps.lock().await;
-        let pair = ha.clone();
-        let lag_from = Utc::now();
+        let c = cluster.clone();
         let lag = settings.standby_lag;
-        let took = tokio::task::spawn_blocking(move || pair.fail_over(lag))
+        let mut switched = tokio::task::spawn_blocking(move || switches::cause(&c, kind, lag))
             .await
             .unwrap();
-        let promoted_at = Utc::now();
         drop(held);
-        let pair = ha.clone();
-        let rebuilt_in = tokio::task::spawn_blocking(move || pair.rebuild())
-            .await
-            .unwrap();
+        let c = cluster.clone();
+        let (switched, rebuilt_in) = tokio::task::spawn_blocking(move || {
+            let took = switched.rebuild(&c);
+            (switched, took)
+        })
+        .await
+        .unwrap();
         failovers.push(Failover {
-            lag_from,
-            promoted_at,
-            took,
+            kind,
+            from: switched.from,
+            to: switched.to,
+            began: switched.began,
+            promoted_at: switched.promoted_at,
+            took: switched.took,
             rebuilt_in,
             first_delivery_after: None,
         });

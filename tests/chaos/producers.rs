@@ -4,7 +4,7 @@
 //! a commit cut off by a PostgreSQL restart is "in doubt" until the database
 //! is asked afterwards.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -124,19 +124,36 @@ pub async fn disambiguate(
     (ledger, requests)
 }
 
+/// How long the producers go on besides their transactions.
+#[derive(Debug, Default)]
+pub struct Pace {
+    /// Set: on past `settings.transactions` (the failover fault's switches
+    /// must each happen under load).
+    pub more: AtomicBool,
+    /// Set: stop now, even in the middle of waiting for the database (a
+    /// switch of the primary failed, and none may come back).
+    pub give_up: AtomicBool,
+}
+
 /// Runs `settings.producers` producers until `settings.transactions` have
-/// been started; `progress` counts them.
+/// been started, and as `pace` says; `progress` counts them.
 pub async fn run(
     pool: &PgPool,
     settings: &Settings,
     progress: Arc<AtomicUsize>,
+    pace: Arc<Pace>,
     seed: u64,
 ) -> Ledger {
     let mut tasks = Vec::new();
     for p in 0..settings.producers {
-        let (pool, settings, progress) = (pool.clone(), settings.clone(), progress.clone());
+        let (pool, settings, progress, pace) = (
+            pool.clone(),
+            settings.clone(),
+            progress.clone(),
+            pace.clone(),
+        );
         tasks.push(tokio::spawn(async move {
-            produce(&pool, &settings, &progress, p, seed ^ (p as u64 + 1)).await
+            produce(&pool, &settings, &progress, &pace, p, seed ^ (p as u64 + 1)).await
         }));
     }
     let mut ledger = Ledger::default();
@@ -150,16 +167,21 @@ async fn produce(
     pool: &PgPool,
     settings: &Settings,
     progress: &AtomicUsize,
+    pace: &Pace,
     producer: usize,
     seed: u64,
 ) -> Ledger {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut ledger = Ledger::default();
-    while progress.fetch_add(1, Ordering::SeqCst) < settings.transactions {
+    while !pace.give_up.load(Ordering::SeqCst)
+        && (progress.fetch_add(1, Ordering::SeqCst) < settings.transactions
+            || pace.more.load(Ordering::SeqCst))
+    {
         ledger.transactions += 1;
         let mut tx = loop {
             match pool.begin().await {
                 Ok(tx) => break tx,
+                Err(_) if pace.give_up.load(Ordering::SeqCst) => return ledger,
                 // PostgreSQL is restarting.
                 Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
             }

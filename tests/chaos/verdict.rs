@@ -13,7 +13,12 @@
 //!   requests in arrival order nor among 2xx answers; a sequence already
 //!   sent comes again only as the same delivery (a duplicate) or as a
 //!   resync's replay (docs/protocol.md, "Order with replays");
-//! - nothing is left pending, in flight or failed once consumers are healthy.
+//! - nothing is left pending, in flight or failed once consumers are healthy;
+//! - no delivery id (`webhook-id`) and no (watch, object, sequence) reaches
+//!   a consumer for two different changes: a consumer de-duplicating by
+//!   the one, or keeping the newest of the other, would drop news as seen
+//!   (what an asynchronous failover threatens: the new primary may hand
+//!   out again the ids the lost primary had used).
 //!
 //! The expected deliveries are computed here from the watches' own
 //! definitions, not read back from the SQL that made them.
@@ -130,6 +135,9 @@ pub struct Judged {
     pub lost_window: Option<(f64, f64)>,
     /// Requests of replayed deliveries (resyncs).
     pub replays: usize,
+    /// Delivery ids, and (watch, object, sequence)s, that reached
+    /// consumers for two different changes.
+    pub reused: (usize, usize),
 }
 
 /// What the run did to PostgreSQL, for judging.
@@ -137,10 +145,11 @@ pub struct Judged {
 pub struct Failovers {
     /// None without failovers; whether the standby was synchronous.
     pub synchronous: Option<bool>,
-    /// When each promotion was done and the front switched.
-    pub promoted_at: Vec<DateTime<Utc>>,
-    /// When each failover began: the primary's WAL sender froze.
-    pub lag_from: Vec<DateTime<Utc>>,
+    /// The switches that lost the primary with a standby behind (a crash
+    /// after its WAL sender froze): when the sender froze, and when the
+    /// front reached the promoted standby. With an asynchronous standby,
+    /// what was acknowledged between the two may be lost.
+    pub lossy: Vec<(DateTime<Utc>, DateTime<Utc>)>,
 }
 
 pub async fn judge(
@@ -171,15 +180,9 @@ pub async fn judge(
         // Bounded: only what the primary acknowledged while the standby
         // lagged (from the freeze, less what it had not streamed yet) may
         // be lost, never older commits.
-        let window =
-            failovers
-                .lag_from
-                .iter()
-                .zip(&failovers.promoted_at)
-                .find(|(from, promoted)| {
-                    c.acked >= **from - chrono::Duration::milliseconds(LOST_SLACK_MS)
-                        && c.acked <= **promoted
-                });
+        let window = failovers.lossy.iter().find(|(from, promoted)| {
+            c.acked >= *from - chrono::Duration::milliseconds(LOST_SLACK_MS) && c.acked <= *promoted
+        });
         match window {
             Some((from, _)) => {
                 let after = (c.acked - *from).num_milliseconds() as f64 / 1000.0;
@@ -232,7 +235,7 @@ pub async fn judge(
         list.sort_by_key(|r| r.arrived);
         let across = |earlier: &Request, later: &Request| {
             asynchronous
-                && failovers.promoted_at.iter().any(|p| {
+                && failovers.lossy.iter().any(|(_, p)| {
                     earlier.arrived < *p && later.arrived >= *p - chrono::Duration::seconds(1)
                 })
         };
@@ -258,7 +261,10 @@ pub async fn judge(
         *answered.entry((r.delivery_id, r.change_id)).or_default() += 1;
     }
     let duplicates = answered.values().map(|n| n - 1).sum();
+    let (reused, found) = ids_reused(requests);
+    violations.extend(found);
     Judged {
+        reused,
         deliveries,
         duplicates,
         violations,
@@ -268,6 +274,47 @@ pub async fn judge(
         lost_window,
         replays: requests.iter().filter(|r| r.replay).count(),
     }
+}
+
+/// Delivery ids, and (watch, object, sequence)s, that reached consumers
+/// for two different changes (told apart by the payload's `key`, unique in
+/// the run, not by change id, which a failover can hand out twice): how
+/// many of each, and a violation for each. The same change may come again
+/// (a retry, a duplicate after a kill, a resync's replay under its own
+/// sequence); another change never may.
+fn ids_reused(requests: &[Request]) -> ((usize, usize), Vec<String>) {
+    let mut found = Vec::new();
+    let mut by_delivery: HashMap<i64, &Request> = HashMap::new();
+    let mut by_sequence: HashMap<(i64, &str, i64), &Request> = HashMap::new();
+    let (mut deliveries, mut sequences) = (HashSet::new(), HashSet::new());
+    let mut in_order: Vec<&Request> = requests.iter().collect();
+    in_order.sort_by_key(|r| r.arrived);
+    for r in in_order {
+        let first = by_delivery.entry(r.delivery_id).or_insert(r);
+        if first.key != r.key && deliveries.insert(r.delivery_id) {
+            found.push(format!(
+                "delivery id {} reached consumers for two changes: {} (change {}, watch {}, {}, sequence {}) at {}, then {} (change {}, watch {}, {}, sequence {}) at {}",
+                r.delivery_id,
+                first.key, first.change_id, first.watch_id, first.object, first.sequence,
+                first.arrived.format("%H:%M:%S%.3f"),
+                r.key, r.change_id, r.watch_id, r.object, r.sequence,
+                r.arrived.format("%H:%M:%S%.3f"),
+            ));
+        }
+        let stream = (r.watch_id, r.object.as_str(), r.sequence);
+        let first = by_sequence.entry(stream).or_insert(r);
+        if first.key != r.key && sequences.insert(stream) {
+            found.push(format!(
+                "watch {}, {}: sequence {} reached the consumer for two changes: {} (change {}, delivery {}) at {}, then {} (change {}, delivery {}) at {}",
+                r.watch_id, r.object, r.sequence,
+                first.key, first.change_id, first.delivery_id,
+                first.arrived.format("%H:%M:%S%.3f"),
+                r.key, r.change_id, r.delivery_id,
+                r.arrived.format("%H:%M:%S%.3f"),
+            ));
+        }
+    }
+    ((deliveries.len(), sequences.len()), found)
 }
 
 /// How long before a lagging standby's freeze a commit may still be lost:
