@@ -314,8 +314,8 @@ impl Summary {
         let mut line = self.base_line();
         let s = &self.self_service;
         line.push_str(&format!(
-            "; consumers: {} watch pauses, {} service pauses, {} resumes, {} resyncs ({} replays queued, {} replayed requests)",
-            s.watch_pauses, s.service_pauses, s.resumes, s.resyncs, s.replays_queued, self.replays
+            "; consumers: {} watch pauses, {} service pauses, {} resumes ({} found still paused at the end), {} resyncs ({} replays queued, {} replayed requests)",
+            s.watch_pauses, s.service_pauses, s.resumes, s.found_paused, s.resyncs, s.replays_queued, self.replays
         ));
         let r = &self.retention;
         line.push_str(&format!(
@@ -720,6 +720,11 @@ pub struct SelfService {
     pub resyncs: usize,
     /// Replays the resyncs queued.
     pub replays_queued: i64,
+    /// Watches and services found paused at the end though the consumers
+    /// had not paused them or had resumed them: a pause whose answer a
+    /// crash cut off (in doubt, and committed), or a resume an
+    /// asynchronous failover lost. Resumed then.
+    pub found_paused: usize,
 }
 
 /// The consumers' own faults: now and then a watch or a whole service is
@@ -797,9 +802,41 @@ async fn consumers_help_themselves(
         }
     }
     // Everything resumed before the run settles (a watch the consumer
-    // dropped with a 410 is no longer live: nothing to resume).
+    // dropped with a 410 is no longer live: nothing to resume). Then, as a
+    // consumer that sees nothing arrive would, whatever the database still
+    // has paused: a pause whose answer a crash cut off may have committed,
+    // and an asynchronous failover may lose an acknowledged resume.
     let deadline = Instant::now() + Duration::from_secs(120);
-    while !(paused_watches.is_empty() && paused_services.is_empty()) {
+    let mut looked_again = false;
+    loop {
+        if paused_watches.is_empty() && paused_services.is_empty() {
+            if looked_again {
+                break;
+            }
+            let watches: Result<Vec<(i64, i64)>, _> = sqlx::query_as(
+                "select service_id, id from watchpump.watches where paused_at is not null and removed_at is null",
+            )
+            .fetch_all(&pool)
+            .await;
+            let services: Result<Vec<i64>, _> = sqlx::query_scalar(
+                "select id from watchpump.services where paused_at is not null and removed_at is null",
+            )
+            .fetch_all(&pool)
+            .await;
+            match (watches, services) {
+                (Ok(watches), Ok(services)) => {
+                    did.found_paused = watches.len() + services.len();
+                    paused_watches = watches;
+                    paused_services = services;
+                    looked_again = true;
+                }
+                (Err(e), _) | (_, Err(e)) => {
+                    assert!(Instant::now() < deadline, "cannot read the pauses: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+            continue;
+        }
         if let Some(&(service, watch)) = paused_watches.last() {
             match pause::set_watch(&pool, service, watch, false).await {
                 Ok(_) | Err(watchpump::Error::NotFound(_)) => {
