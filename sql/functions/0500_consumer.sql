@@ -9,19 +9,19 @@
 -- "Redeliver". The order rule (0200_pump.sql) holds: a superseded delivery,
 -- or one whose (watch, object) has newer news sent or on its way
 -- (newer_news()), is refused (55000, a 409), as is one still queued.
--- Recorded as a 'retry' action by p_actor. Returns the state it had.
+-- Recorded as a 'retry' action by p_actor, which keeps the attempt that
+-- delivered it (requeue() deletes the settled row that held it): the
+-- delivery's record loses no attempt. Returns the state it had.
 create or replace function watchpump.redeliver(p_service_id bigint, p_delivery_id bigint, p_actor text)
 returns text
 language plpgsql as $$
 declare
+    v_settled     watchpump.settled;
     v_state       text;
-    v_error       text;
-    v_by          bigint;
     v_newer       bigint;
     v_newer_state text;
-    v_ended_at    timestamptz;
 begin
-    select d.state, d.last_error, d.superseded_by, d.finished_at into v_state, v_error, v_by, v_ended_at
+    select d.* into v_settled
     from watchpump.settled d
     where d.id = p_delivery_id and d.service_id = p_service_id
     for update;
@@ -36,9 +36,9 @@ begin
         raise exception 'watchpump.redeliver: delivery % is % already', p_delivery_id, v_state
             using errcode = '55000';
     end if;
-    if v_state = 'superseded' then
+    if v_settled.state = 'superseded' then
         raise exception 'watchpump.redeliver: delivery % was superseded by delivery %, which carries newer news of the same object',
-            p_delivery_id, v_by
+            p_delivery_id, v_settled.superseded_by
             using errcode = '55000';
     end if;
     select n.delivery_id, n.state into v_newer, v_newer_state
@@ -49,12 +49,15 @@ begin
             using errcode = '55000';
     end if;
     perform watchpump.requeue(array[p_delivery_id]);
-    -- As retry() (0300_operator.sql): the ended event stays in
-    -- delivery_history after the delivery is queued again.
-    insert into watchpump.actions (delivery_id, action, actor, from_state, note, ended_at, ended_detail)
-    values (p_delivery_id, 'retry', p_actor, v_state, 'redelivery asked for by the consumer',
-            v_ended_at, v_error);
-    return v_state;
+    -- As retry() (0300_operator.sql): the ended event, and the attempt that
+    -- made it, stay in the history after the delivery is queued again.
+    insert into watchpump.actions (delivery_id, action, actor, from_state, note, ended_at, ended_detail,
+                                   attempt, attempt_started_at, attempt_duration_ms, attempt_status,
+                                   attempt_response_head, attempt_pump)
+    select p_delivery_id, 'retry', p_actor, v_settled.state, 'redelivery asked for by the consumer',
+           v_settled.finished_at, v_settled.last_error, a.*
+    from watchpump.settled_attempt(v_settled) a;
+    return v_settled.state;
 end
 $$;
 
