@@ -57,6 +57,9 @@ pub const SENDS_ABANDONED: &str = "watchpump_sends_abandoned_total";
 /// WATCHPUMP_RESYNC_MAX_OBJECTS); and the replays they queued.
 pub const RESYNCS: &str = "watchpump_resyncs_total";
 pub const RESYNC_REPLAYS: &str = "watchpump_resync_replays_total";
+/// Watches refused at the fan-out bounds (`watches::fanout`), by service
+/// and `limit`: watches (per object), share, budget.
+pub const FANOUT_REFUSED: &str = "watchpump_fanout_refused_total";
 /// Host name lookups of consumers' base URLs, by `result`: ok, error,
 /// timeout, refused (too many pending, `destinations::MAX_PENDING_LOOKUPS`).
 pub const DNS_LOOKUPS: &str = "watchpump_dns_lookups_total";
@@ -94,6 +97,9 @@ pub const OUTCOMES: &[&str] = &[
     "dropped",
     "superseded",
 ];
+
+/// What [`FANOUT_REFUSED`] counts (`watches::fanout::refusal_limit`).
+pub const FANOUT_LIMITS: &[&str] = &["watches", "share", "budget"];
 
 /// Outcomes counted in [`NOTIFY_WARNINGS`].
 pub const NOTIFY_OUTCOMES: &[&str] = &["sent", "folded", "logged"];
@@ -238,6 +244,10 @@ fn describe() {
         "Replayed deliveries that resyncs queued, at most one per object a resync looked at."
     );
     describe_counter!(
+        FANOUT_REFUSED,
+        "Watches refused with a 422 at the fan-out bounds, by service and limit: watches (per object), share (half the budget), budget."
+    );
+    describe_counter!(
         SENDS_ABANDONED,
         "Claimed deliveries not sent because the lease no longer covered the request timeout and the hold after it (the claim or the database was slow); each goes again when its lease runs out."
     );
@@ -354,4 +364,9 @@ pub fn register_service(service: &str) {
     metrics::counter!(SENDS_ABANDONED, "service" => service.to_string()).absolute(0);
     metrics::gauge!(PAUSED_WATCHES, "service" => service.to_string()).increment(0.0);
     metrics::gauge!(RATE_LIMIT, "service" => service.to_string()).increment(0.0);
+    for limit in FANOUT_LIMITS {
+        metrics::counter!(FANOUT_REFUSED,
+            "service" => service.to_string(), "limit" => *limit)
+        .increment(0);
+    }
 }

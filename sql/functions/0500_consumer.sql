@@ -656,3 +656,14 @@ create or replace function watchpump.resync_finish(p_watch_id bigint) returns vo
 language sql as $$
     delete from watchpump.resyncs where watch_id = p_watch_id
 $$;
+
+-- FAN-OUT BUDGETS (src/watches/fanout.rs). What the watches covering one
+-- object may cost emit() together, for the objects under the top segment
+-- p_top: the operator's figure in fanout_budgets (`watchpump fanout
+-- set-budget`), else settings.fanout_units, else 1,200 units.
+create or replace function watchpump.fanout_budget(p_top text) returns integer
+language sql stable as $$
+    select coalesce((select b.units from watchpump.fanout_budgets b where b.top_segment = p_top),
+                    (select s.fanout_units from watchpump.settings s),
+                    1200)
+$$;

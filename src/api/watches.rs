@@ -25,7 +25,13 @@ pub async fn create(
     body: Result<Json<NewWatch>, JsonRejection>,
 ) -> Result<(StatusCode, Json<Value>), HttpError> {
     let Json(new) = body?;
-    let (watch, created) = watches::create(&state.pool, service.id, &new).await?;
+    let (watch, created) = watches::create(&state.pool, service.id, &new)
+        .await
+        .inspect_err(|e| {
+            if let Some(limit) = crate::watches::fanout::refusal_limit(e) {
+                crate::watches::fanout::count(&service.name, limit);
+            }
+        })?;
     let status = if created {
         StatusCode::CREATED
     } else {
