@@ -57,6 +57,10 @@ pub const SENDS_ABANDONED: &str = "watchpump_sends_abandoned_total";
 /// WATCHPUMP_RESYNC_MAX_OBJECTS); and the replays they queued.
 pub const RESYNCS: &str = "watchpump_resyncs_total";
 pub const RESYNC_REPLAYS: &str = "watchpump_resync_replays_total";
+/// A consumer's self-service writes refused at a bound
+/// (`api::limits`), by service and `limit`: rate, ping, redeliver,
+/// resync_running, replay_budget.
+pub const SELF_SERVICE_REFUSED: &str = "watchpump_self_service_refused_total";
 /// Watches refused at the fan-out bounds (`watches::fanout`), by service
 /// and `limit`: watches (per object), share, budget.
 pub const FANOUT_REFUSED: &str = "watchpump_fanout_refused_total";
@@ -244,6 +248,10 @@ fn describe() {
         "Replayed deliveries that resyncs queued, at most one per object a resync looked at."
     );
     describe_counter!(
+        SELF_SERVICE_REFUSED,
+        "Self-service writes of a consumer refused with a 429, by service and limit: rate (its bucket), ping, redeliver, resync_running, replay_budget."
+    );
+    describe_counter!(
         FANOUT_REFUSED,
         "Watches refused with a 422 at the fan-out bounds, by service and limit: watches (per object), share (half the budget), budget."
     );
@@ -364,6 +372,11 @@ pub fn register_service(service: &str) {
     metrics::counter!(SENDS_ABANDONED, "service" => service.to_string()).absolute(0);
     metrics::gauge!(PAUSED_WATCHES, "service" => service.to_string()).increment(0.0);
     metrics::gauge!(RATE_LIMIT, "service" => service.to_string()).increment(0.0);
+    for limit in crate::api::limits::LIMITS {
+        metrics::counter!(SELF_SERVICE_REFUSED,
+            "service" => service.to_string(), "limit" => *limit)
+        .increment(0);
+    }
     for limit in FANOUT_LIMITS {
         metrics::counter!(FANOUT_REFUSED,
             "service" => service.to_string(), "limit" => *limit)

@@ -9,6 +9,10 @@
 -- "Redeliver". The order rule (0200_pump.sql) holds: a superseded delivery,
 -- or one whose (watch, object) has newer news sent or on its way
 -- (newer_news()), is refused (55000, a 409), as is one still queued.
+-- Bounded (README, "Bounds"): one redelivery of a delivery per
+-- REDELIVER_EVERY = 1 minute (54000, a 429, with the seconds to wait in
+-- its detail), so that a delivery cannot be sent in a loop; the
+-- service's token bucket (take_write_tokens()) bounds all of them.
 -- Recorded as a 'retry' action by p_actor, which keeps the attempt that
 -- delivered it (requeue() deletes the settled row that held it): the
 -- delivery's record loses no attempt. Returns the state it had.
@@ -20,6 +24,7 @@ declare
     v_state       text;
     v_newer       bigint;
     v_newer_state text;
+    v_last        timestamptz;
 begin
     select d.* into v_settled
     from watchpump.settled d
@@ -48,6 +53,14 @@ begin
             v_newer, v_newer_state
             using errcode = '55000';
     end if;
+    -- After the refusals that waiting cannot change: a 429 says "later".
+    select max(x.at) into v_last from watchpump.actions x where x.delivery_id = p_delivery_id;
+    if v_last > now() - interval '1 minute' then
+        raise exception 'watchpump.redeliver: delivery % was redelivered less than a minute ago; a delivery may be redelivered once a minute',
+            p_delivery_id
+            using errcode = '54000',
+                  detail = 'retry_after=' || ceil(extract(epoch from v_last + interval '1 minute' - now()));
+    end if;
     perform watchpump.requeue(array[p_delivery_id]);
     -- As retry() (0300_operator.sql): the ended event, and the attempt that
     -- made it, stay in the history after the delivery is queued again.
@@ -58,6 +71,53 @@ begin
            v_settled.finished_at, v_settled.last_error, a.*
     from watchpump.settled_attempt(v_settled) a;
     return v_settled.state;
+end
+$$;
+
+-- SELF-SERVICE WRITES (issue 34). Every write a consumer makes through
+-- the API (creating a watch, a ping, a redelivery, a resync, a pause, a
+-- resume) first takes a token from its service's bucket in write_buckets:
+-- it fills at settings.self_service_rate tokens a second (null: 1) up to
+-- settings.self_service_burst (null: 60). A call without a token is
+-- refused at once with a 429 whose Retry-After is the wait for one
+-- (src/api/limits.rs); it takes nothing. One bucket per service, so one
+-- service's loop never slows another's; the row lock serialises only that
+-- service's own writes.
+
+-- The bucket's rate and burst.
+create or replace function watchpump.write_rate(out rate double precision, out burst integer)
+language sql stable as $$
+    select coalesce(s.self_service_rate, 1), coalesce(s.self_service_burst, 60)
+    from watchpump.settings s
+$$;
+
+-- Takes p_cost tokens from the service's bucket: wait_secs is 0 when they
+-- were taken, else the seconds until they will be there (nothing taken);
+-- with the rate and burst, for the refusal's message.
+create or replace function watchpump.take_write_tokens(p_service_id bigint, p_cost integer,
+                                                       out wait_secs double precision,
+                                                       out rate double precision, out burst integer)
+language plpgsql as $$
+declare
+    v_now    timestamptz := clock_timestamp();
+    v_tokens double precision;
+begin
+    select r.rate, r.burst into rate, burst from watchpump.write_rate() r;
+    insert into watchpump.write_buckets (service_id, tokens, refilled_at)
+    values (p_service_id, burst, v_now)
+    on conflict do nothing;
+    select least(burst, b.tokens + rate * greatest(0, extract(epoch from v_now - b.refilled_at)))
+    into v_tokens
+    from watchpump.write_buckets b where b.service_id = p_service_id
+    for update;
+    if v_tokens >= p_cost then
+        update watchpump.write_buckets b
+        set tokens = v_tokens - p_cost, refilled_at = greatest(b.refilled_at, v_now)
+        where b.service_id = p_service_id;
+        wait_secs := 0;
+    else
+        wait_secs := (p_cost - v_tokens) / rate;
+    end if;
 end
 $$;
 
@@ -99,7 +159,8 @@ begin
     where d.watch_id = p_watch_id and d.object = v_object;
     if v_last > now() - p_every then
         raise exception 'watchpump.ping: watch % was pinged less than % ago', p_watch_id, p_every
-            using errcode = '54000';
+            using errcode = '54000',
+                  detail = 'retry_after=' || ceil(extract(epoch from v_last + p_every - now()));
     end if;
     insert into watchpump.objects as o (object, last_sequence)
     values (v_object, 1)
@@ -499,10 +560,16 @@ $$;
 -- newest retained change that matches the watch's kinds and filter is
 -- queued again for it, as an ordinary delivery with replay = true (its body
 -- says "replay": true, with the change's own change_id and sequence).
---   - One resync per watch at a time: resync_start() takes the watch's row
---     in watchpump.resyncs, and refuses (54000, a 429) while another holds
---     it; resync_finish() gives it back. A row whose heartbeat is older
---     than a minute was left by a process that died, and is taken over.
+--   - One resync per service at a time (issue 34: 300 resyncs of one
+--     service's watches queued 600,000 replays): resync_start() takes the
+--     watch's row in watchpump.resyncs, and refuses (54000, a 429) while a
+--     resync of any watch of the service holds one; resync_finish() gives
+--     it back. A row whose heartbeat is older than a minute was left by a
+--     process that died, and is taken over.
+--   - A daily replay budget per service, for the consumer's own resyncs
+--     (consumer_resync_start()): a resync goes through at most as many
+--     objects as the budget holds replays, and the replays it did not
+--     queue are given back when it ends (give_back_replays()).
 --   - Bounded: the caller (src/resync.rs) goes through at most
 --     WATCHPUMP_RESYNC_MAX_OBJECTS objects, in batches of resync_batch(),
 --     each its own short transaction.
@@ -531,6 +598,7 @@ language plpgsql as $$
 declare
     v_object  text;
     v_covered integer;
+    v_running bigint;
 begin
     select w.object into v_object
     from watchpump.watches w
@@ -539,15 +607,23 @@ begin
         raise exception 'watchpump.resync_start: there is no live watch % for this service', p_watch_id
             using errcode = 'P0002';
     end if;
+    -- One at a time per service: the check and the insert under a lock of
+    -- the service's, so that two starts cannot both find none running.
+    perform pg_advisory_xact_lock(2003856752, hashtext('watchpump.resync/' || p_service_id));
+    select r.watch_id into v_running
+    from watchpump.resyncs r
+    where r.service_id = p_service_id and r.heartbeat_at >= now() - interval '1 minute'
+    limit 1;
+    if found then
+        raise exception 'watchpump.resync_start: a resync of watch % of this service is running: one at a time per service', v_running
+            using errcode = '54000', detail = 'retry_after=5';
+    end if;
+    -- What is left is stale: its process died.
+    delete from watchpump.resyncs r where r.service_id = p_service_id;
     insert into watchpump.resyncs as r (watch_id, service_id)
     values (p_watch_id, p_service_id)
     on conflict (watch_id) do update
-        set started_at = now(), heartbeat_at = now()
-        where r.heartbeat_at < now() - interval '1 minute';
-    if not found then
-        raise exception 'watchpump.resync_start: a resync of watch % is running', p_watch_id
-            using errcode = '54000';
-    end if;
+        set service_id = excluded.service_id, started_at = now(), heartbeat_at = now();
     select count(*)::integer into v_covered
     from (select 1 from watchpump.covered_objects(v_object, null, greatest(p_max, 0) + 1)) c;
     objects := least(v_covered, greatest(p_max, 0));
@@ -655,6 +731,82 @@ $$;
 create or replace function watchpump.resync_finish(p_watch_id bigint) returns void
 language sql as $$
     delete from watchpump.resyncs where watch_id = p_watch_id
+$$;
+
+-- The replay budget of the service's own resyncs: settings.replays_per_day
+-- (null: 20,000) replays a day, a bucket that holds a day's worth and
+-- refills over the day. Takes up to p_want replays: granted, what is left
+-- after, the day's figure, and (when nothing could be granted) the
+-- seconds until a batch of 200 (or the day's figure, if smaller) is there.
+create or replace function watchpump.take_replays(p_service_id bigint, p_want integer,
+                                                  out granted integer, out left_after integer,
+                                                  out per_day integer, out wait_secs double precision)
+language plpgsql as $$
+declare
+    v_now    timestamptz := clock_timestamp();
+    v_rate   double precision;
+    v_tokens double precision;
+begin
+    select coalesce(s.replays_per_day, 20000) into per_day from watchpump.settings s;
+    v_rate := per_day / 86400.0;
+    insert into watchpump.replay_buckets (service_id, tokens, refilled_at)
+    values (p_service_id, per_day, v_now)
+    on conflict do nothing;
+    select least(per_day, b.tokens + v_rate * greatest(0, extract(epoch from v_now - b.refilled_at)))
+    into v_tokens
+    from watchpump.replay_buckets b where b.service_id = p_service_id
+    for update;
+    granted := least(greatest(p_want, 0), floor(v_tokens))::integer;
+    update watchpump.replay_buckets b
+    set tokens = v_tokens - granted, refilled_at = greatest(b.refilled_at, v_now)
+    where b.service_id = p_service_id;
+    left_after := floor(v_tokens - granted)::integer;
+    wait_secs := case when granted > 0 then 0
+                      else (least(200, per_day) - v_tokens) / v_rate end;
+end
+$$;
+
+-- Gives replays a resync did not queue back to the service's budget.
+create or replace function watchpump.give_back_replays(p_service_id bigint, p_unused integer) returns void
+language sql as $$
+    update watchpump.replay_buckets b
+    set tokens = least(coalesce((select s.replays_per_day from watchpump.settings s), 20000),
+                       b.tokens + greatest(p_unused, 0))
+    where b.service_id = p_service_id
+$$;
+
+-- A consumer's resync (the API's): resync_start() within the service's
+-- replay budget. The budget's replays are taken for every object the
+-- resync will go through (at most what the budget holds: truncated when
+-- the watch covers more), and the caller gives back what it did not queue
+-- (give_back_replays()). An empty budget is 54000 (a 429) with the wait in
+-- its detail, and takes no resync slot.
+create or replace function watchpump.consumer_resync_start(p_service_id bigint, p_watch_id bigint, p_max integer,
+                                                           out objects integer, out truncated boolean,
+                                                           out history_from timestamptz,
+                                                           out replays_left integer, out replays_per_day integer)
+language plpgsql as $$
+declare
+    v_budget record;
+    v_start  record;
+begin
+    -- What the budget holds, taken whole and the rest given back below,
+    -- so that two resyncs cannot spend it twice (the second waits for the
+    -- bucket's row lock, then finds the slot taken).
+    select * into v_budget from watchpump.take_replays(p_service_id, greatest(p_max, 0));
+    if v_budget.granted = 0 then
+        raise exception 'watchpump.consumer_resync_start: this service''s resyncs have used up its replays for now: % a day',
+            v_budget.per_day
+            using errcode = '54000', detail = 'retry_after=' || ceil(v_budget.wait_secs);
+    end if;
+    select * into v_start from watchpump.resync_start(p_service_id, p_watch_id, v_budget.granted);
+    objects := v_start.objects;
+    truncated := v_start.truncated;
+    history_from := v_start.history_from;
+    perform watchpump.give_back_replays(p_service_id, v_budget.granted - objects);
+    replays_left := v_budget.left_after + v_budget.granted - objects;
+    replays_per_day := v_budget.per_day;
+end
 $$;
 
 -- FAN-OUT BUDGETS (src/watches/fanout.rs). What the watches covering one

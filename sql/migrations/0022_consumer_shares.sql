@@ -17,6 +17,35 @@ create table watchpump.fanout_budgets (
     set_by      text not null
 );
 
+-- Self-service writes (ping, redeliver, resync, pause, resume, watch
+-- creation) per service: tokens a second, and the burst (null: 1 and 60);
+-- and the replays one service's resyncs may queue a day (null: 20,000).
+-- Read where they are used, as the other settings (0008_storage_v3.sql).
+alter table watchpump.settings
+    add column self_service_rate  double precision check (self_service_rate > 0),
+    add column self_service_burst integer check (self_service_burst >= 1),
+    add column replays_per_day    integer check (replays_per_day >= 1);
+
+-- One token bucket per service over its self-service writes
+-- (take_write_tokens(), 0500_consumer.sql), like rate_buckets for
+-- deliveries: tokens, and when they were last refilled.
+create table watchpump.write_buckets (
+    service_id  bigint primary key,
+    tokens      double precision not null,
+    refilled_at timestamptz not null
+);
+
+-- The daily replay budget of each service (take_replays()): a bucket that
+-- holds a day's replays and refills over a day.
+create table watchpump.replay_buckets (
+    service_id  bigint primary key,
+    tokens      double precision not null,
+    refilled_at timestamptz not null
+);
+
+-- One resync per service at a time (resync_start()): found by service.
+create index resyncs_service on watchpump.resyncs (service_id);
+
 -- The attempt that delivered a delivery lives on its settled row; a
 -- redelivery (or an operator's retry) moves the delivery back to the queue
 -- and that row goes. The action that requeued it keeps that attempt, so
