@@ -59,11 +59,13 @@ pub const RESYNCS: &str = "watchpump_resyncs_total";
 pub const RESYNC_REPLAYS: &str = "watchpump_resync_replays_total";
 /// A consumer's self-service writes refused at a bound
 /// (`api::limits`), by service and `limit`: rate, ping, redeliver,
-/// resync_running, replay_budget.
+/// resync_running, replay_budget, repause.
 pub const SELF_SERVICE_REFUSED: &str = "watchpump_self_service_refused_total";
 /// Watches refused at the fan-out bounds (`watches::fanout`), by service
 /// and `limit`: watches (per object), share, budget.
 pub const FANOUT_REFUSED: &str = "watchpump_fanout_refused_total";
+/// Consumers' pauses ended at `watchpump.settings.max_pause`, by service.
+pub const PAUSES_EXPIRED: &str = "watchpump_pauses_expired_total";
 /// Host name lookups of consumers' base URLs, by `result`: ok, error,
 /// timeout, refused (too many pending, `destinations::MAX_PENDING_LOOKUPS`).
 pub const DNS_LOOKUPS: &str = "watchpump_dns_lookups_total";
@@ -249,11 +251,15 @@ fn describe() {
     );
     describe_counter!(
         SELF_SERVICE_REFUSED,
-        "Self-service writes of a consumer refused with a 429, by service and limit: rate (its bucket), ping, redeliver, resync_running, replay_budget."
+        "Self-service writes of a consumer refused with a 429, by service and limit: rate (its bucket), ping, redeliver, resync_running, replay_budget, repause."
     );
     describe_counter!(
         FANOUT_REFUSED,
         "Watches refused with a 422 at the fan-out bounds, by service and limit: watches (per object), share (half the budget), budget."
+    );
+    describe_counter!(
+        PAUSES_EXPIRED,
+        "Consumers' pauses of watches that reached watchpump.settings.max_pause and were ended, what they held sent, by service."
     );
     describe_counter!(
         SENDS_ABANDONED,
@@ -382,4 +388,5 @@ pub fn register_service(service: &str) {
             "service" => service.to_string(), "limit" => *limit)
         .increment(0);
     }
+    metrics::counter!(PAUSES_EXPIRED, "service" => service.to_string()).increment(0);
 }

@@ -1,5 +1,7 @@
--- Issue 34: what consumer services share, shared fairly, and the record
--- of every attempt kept across a redelivery.
+-- Fair shares of what consumer services share (issue 34): an object's
+-- fan-out budget per top segment, a token bucket per service over its
+-- self-service writes, a daily replay budget per service, bounded pauses,
+-- and the record of every attempt kept across a redelivery.
 
 -- The fan-out budget of an object (src/watches/fanout.rs) where
 -- fanout_budgets says nothing of its top segment. Null: 1,200 units. Read
@@ -46,6 +48,30 @@ create table watchpump.replay_buckets (
 -- One resync per service at a time (resync_start()): found by service.
 create index resyncs_service on watchpump.resyncs (service_id);
 
+-- How long a consumer's pause of a watch lasts at most; then the watch is
+-- resumed and what it held is sent. Null: 7 days.
+alter table watchpump.settings
+    add column max_pause interval check (max_pause > interval '0');
+
+-- When a watch was last resumed: a watch resumed less than a minute ago
+-- is not paused again (set_watch_paused()), so that pausing and resuming
+-- in a loop cannot rewrite what the watch holds again and again.
+alter table watchpump.watches add column resumed_at timestamptz;
+
+-- Resumed watches whose held deliveries are still being released, a batch
+-- at a time (release_resumed(), 0500_consumer.sql): a resume releases one
+-- batch itself and the operator's task the rest.
+create table watchpump.releasing (
+    watch_id   bigint primary key,
+    service_id bigint not null
+);
+
+-- The held deliveries of a watch, oldest first, for releasing them in
+-- batches. Partial: a delivery enters it only while held, so emit() and
+-- the pump's claims never write to it.
+create index queue_held on watchpump.queue (watch_id, id)
+    where next_attempt_at = timestamptz '9999-12-31 00:00:00+00';
+
 -- The attempt that delivered a delivery lives on its settled row; a
 -- redelivery (or an operator's retry) moves the delivery back to the queue
 -- and that row goes. The action that requeued it keeps that attempt, so
@@ -57,3 +83,9 @@ alter table watchpump.actions add column attempt             integer,
                               add column attempt_status      integer,
                               add column attempt_response_head text,
                               add column attempt_pump        text;
+
+-- set_watch_paused() gains who is asking (the API refuses a re-pause soon
+-- after a resume; the operator's CLI is not refused), and release_held()
+-- a bound; 0500_consumer.sql makes both again.
+drop function if exists watchpump.set_watch_paused(bigint, bigint, boolean);
+drop function if exists watchpump.release_held(bigint[]);

@@ -13,7 +13,8 @@
 //! error's detail, [`refusal_of`]): a ping per watch per 10 s
 //! (`watchpump.ping()`), a redelivery per delivery per minute
 //! (`watchpump.redeliver()`), one resync per service at a time and a daily
-//! replay budget (`watchpump.resync_start()`, `consumer_resync_start()`).
+//! replay budget (`watchpump.resync_start()`, `consumer_resync_start()`),
+//! no pause within a minute of a resume (`watchpump.set_watch_paused()`).
 //! Each refusal is counted in `watchpump_self_service_refused_total`
 //! (`tests/consumer_limits.rs`).
 
@@ -33,6 +34,7 @@ pub const LIMITS: &[&str] = &[
     "redeliver",
     "resync_running",
     "replay_budget",
+    "repause",
 ];
 
 /// A self-service write, for the refusal's message.

@@ -166,7 +166,8 @@ pub async fn remove(
 
 /// Pauses the watch: 200 `{"watch_id", "paused": true, "changed"}`;
 /// `changed` is false for a watch that was paused already. While paused
-/// nothing is sent and nothing fails (`crate::watches::pause`).
+/// nothing is sent and nothing fails (`crate::watches::pause`). 429 for a
+/// watch resumed less than a minute ago.
 pub async fn pause(
     State(state): State<AppState>,
     Caller(service): Caller,
@@ -194,7 +195,12 @@ async fn set_paused(
     let id = watch_id(id)?;
     let what = if paused { Write::Pause } else { Write::Resume };
     limits::take(&state.pool, &service, what).await?;
-    let changed = watches::pause::set_watch(&state.pool, service.id, id, paused).await?;
+    let changed = watches::pause::set_watch_by_consumer(&state.pool, service.id, id, paused)
+        .await
+        .map_err(|e| match e {
+            crate::Error::Database(e) => limits::too_many_or_raised(e, &service.name, "repause"),
+            e => e.into(),
+        })?;
     Ok(Json(
         json!({ "watch_id": id, "paused": paused, "changed": changed }),
     ))
