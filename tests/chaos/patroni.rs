@@ -167,6 +167,11 @@ impl PatroniCluster {
     /// it as a standby (the synchronous one when `synchronous`), and puts
     /// HAProxy in front; returns once the front reaches the primary.
     pub fn start(synchronous: bool) -> PatroniCluster {
+        let uid = Command::new("id").arg("-u").output().expect("run id -u");
+        assert!(
+            String::from_utf8_lossy(&uid.stdout).trim() == "0",
+            "the failover fault runs PostgreSQL and Patroni as the postgres user and cuts etcd off with nftables: run it as root"
+        );
         let tools = root().join("target/tools");
         let install = Command::new(root().join("scripts/patroni-tools.sh"))
             .status()
