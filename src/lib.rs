@@ -70,7 +70,9 @@
 //!   idle and write timeouts, the open-file limit and its budget.
 //! - [`throttle`]: failed authentications per client address (admin
 //!   token, panel log-in, service tokens), 429 once they are used up.
-//! - [`server`]: `watchpump serve`: pool, migrations, pump, API, shutdown.
+//! - [`server`]: `watchpump serve`: pool, migrations, pump, API, shutdown;
+//!   [`pooler`]: what works through a connection pooler, and the check at
+//!   start that refuses transaction pooling for `serve` itself.
 //! - [`cli`]: the `watchpump` command; [`cli_consumer`]: its forms of the
 //!   consumer's own calls (deliveries, pause, resume).
 //! - [`kit`]: the consumer's side, for services that receive deliveries:
@@ -114,6 +116,8 @@ pub mod leader;
 pub mod metrics;
 #[cfg(feature = "producer")]
 pub mod operator;
+#[cfg(feature = "producer")]
+pub mod pooler;
 #[cfg(feature = "producer")]
 pub mod pump;
 #[cfg(feature = "producer")]

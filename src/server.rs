@@ -75,9 +75,17 @@ fn parse_database_url(database_url: &str, shown: &str) -> Result<PgConnectOption
             ))
         })
         .and_then(|_| {
-            database_url.parse().map_err(|e| {
-                Error::Config(format!("DATABASE_URL {shown:?} is not a valid URL: {e}"))
-            })
+            database_url
+                .parse::<PgConnectOptions>()
+                .map_err(|e| {
+                    Error::Config(format!("DATABASE_URL {shown:?} is not a valid URL: {e}"))
+                })
+                // sqlx asks for extra_float_digits = 2 at connection, which
+                // pgbouncer refuses unless told to ignore it: without it
+                // `serve` reaches its own check (crate::pooler) and says
+                // what to change. Floats are read in binary, and
+                // PostgreSQL 12+ prints them exactly by default.
+                .map(|options| options.extra_float_digits(None))
         })
 }
 
@@ -189,6 +197,9 @@ pub async fn serve(
     let soft_limit = open_file_limit();
     // One connection more than asked for: the listener keeps one for itself.
     let pool = connect_waiting(database_url, cfg.db_pool.max(2) + 1, START_UP_PATIENCE).await?;
+    // Before anything is written: behind transaction pooling, migrations
+    // and everything after them would fail at random (crate::pooler).
+    crate::pooler::check(&pool.connect_options(), "DATABASE_URL").await?;
     let services = prepare_database(&pool).await?;
     let budget = budget(&cfg, soft_limit, metrics_addr.is_some());
     let metrics = match (metrics_addr, budget.metrics) {
