@@ -161,12 +161,11 @@ async fn check_startup_settings(options: &PgConnectOptions, setting: &str) -> Re
         }
         Err(e) => return Err(e.into()),
     };
-    let read: Option<String> = sqlx::raw_sql(&format!(
-        "select current_setting('{PROBE_SETTING}', true)"
-    ))
-    .fetch_one(&mut conn)
-    .await?
-    .try_get(0)?;
+    let read: Option<String> =
+        sqlx::raw_sql(&format!("select current_setting('{PROBE_SETTING}', true)"))
+            .fetch_one(&mut conn)
+            .await?
+            .try_get(0)?;
     let _ = conn.close().await;
     if read.as_deref() == Some("on") {
         return Ok(());

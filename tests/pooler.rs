@@ -123,11 +123,7 @@ fn pgbouncer_binary() -> PathBuf {
     if let Some(path) = find() {
         return path;
     }
-    let out = Command::new(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/scripts/test-deps.sh"
-    ))
-    .output();
+    let out = Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/test-deps.sh")).output();
     find().unwrap_or_else(|| {
         panic!(
             "pgbouncer is not in target/tools and scripts/test-deps.sh could not unpack it: {}",
@@ -234,7 +230,11 @@ async fn producers_emit_with_their_trace_context_through_transaction_pooling() {
     // sessions.
     let mut clients = Vec::new();
     for _ in 0..2 {
-        clients.push(PgConnection::connect(&bouncer.url("producer")).await.unwrap());
+        clients.push(
+            PgConnection::connect(&bouncer.url("producer"))
+                .await
+                .unwrap(),
+        );
     }
     let mut ran_on = Vec::new();
     for n in 2..6u64 {
@@ -283,19 +283,23 @@ async fn producers_emit_with_their_trace_context_through_transaction_pooling() {
     }
 
     // The consumer API and the panel, of the serve connected directly.
-    until(Duration::from_secs(30), "the consumer API lists 5 delivered", || async {
-        let page: serde_json::Value = http
-            .get(format!("{base}/api/v1/deliveries?state=delivered"))
-            .bearer_auth(&token)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        let n = page["deliveries"].as_array().map_or(0, Vec::len);
-        check(n == 5, format!("{n} listed"))
-    })
+    until(
+        Duration::from_secs(30),
+        "the consumer API lists 5 delivered",
+        || async {
+            let page: serde_json::Value = http
+                .get(format!("{base}/api/v1/deliveries?state=delivered"))
+                .bearer_auth(&token)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            let n = page["deliveries"].as_array().map_or(0, Vec::len);
+            check(n == 5, format!("{n} listed"))
+        },
+    )
     .await;
     let panel = panel_client();
     let login = panel
@@ -323,8 +327,12 @@ async fn producers_emit_with_their_trace_context_through_transaction_pooling() {
 async fn statements_sqlx_keeps_break_under_transaction_pooling() {
     let db = TestDb::new().await;
     let bouncer = Pgbouncer::start(&db.url, &[("producer", "transaction")]);
-    let mut first = PgConnection::connect(&bouncer.url("producer")).await.unwrap();
-    let mut second = PgConnection::connect(&bouncer.url("producer")).await.unwrap();
+    let mut first = PgConnection::connect(&bouncer.url("producer"))
+        .await
+        .unwrap();
+    let mut second = PgConnection::connect(&bouncer.url("producer"))
+        .await
+        .unwrap();
     // watchpump::emit() runs a statement sqlx prepares under a name of its
     // own (sqlx_s_1) and keeps; the server session keeps it too, and the
     // next client given that session prepares its own under the same name.
@@ -381,9 +389,10 @@ async fn serve_and_migrate_refuse_a_pooler_they_cannot_work_through() {
         "{said}"
     );
     // Refused before anything was written.
-    let schema: Option<String> = sqlx::query_scalar("select to_regclass('watchpump.settings')::text")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
+    let schema: Option<String> =
+        sqlx::query_scalar("select to_regclass('watchpump.settings')::text")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
     assert_eq!(schema, None, "nothing was migrated");
 }
