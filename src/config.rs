@@ -238,6 +238,19 @@ pub struct ServeConfig {
     #[arg(long, env = "WATCHPUMP_DB_POOL", default_value_t = 8)]
     pub db_pool: u32,
 
+    /// PostgreSQL connection URL of a streaming standby of DATABASE_URL's
+    /// primary, for the pages that only list: the panel's overview,
+    /// deliveries, watches and warnings, the admin API's backlog,
+    /// deliveries, watches and warnings, the consumer API's deliveries and
+    /// watches, and the backlog gauges. Each such page then says how far
+    /// behind the standby is (`replica_lag_seconds`, a line in the panel).
+    /// Claims, sweeps and everything that writes stay on the primary, and
+    /// so do the pages of one delivery, one watch or one service. Up to
+    /// WATCHPUMP_DB_POOL connections to the standby. Unset, everything
+    /// reads the primary.
+    #[arg(long, env = "WATCHPUMP_READ_DATABASE_URL", hide_env_values = true)]
+    pub read_database_url: Option<String>,
+
     /// How often the backlog gauges (watchpump_backlog,
     /// watchpump_oldest_due_age_seconds) are read from the database. One pump
     /// at a time does it, on a connection of its own outside the pool.

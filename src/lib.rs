@@ -66,6 +66,8 @@
 //! - [`metrics`]: Prometheus metric names and the exporter;
 //!   [`metrics::backlog`] reads the backlog gauges from the database, one
 //!   pump at a time.
+//! - [`replica`]: the listing pages and the backlog gauges read on a
+//!   standby (`WATCHPUMP_READ_DATABASE_URL`), and how far behind it is.
 //! - [`edge`]: the HTTP listeners' defences: connection caps, header, body,
 //!   idle and write timeouts, the open-file limit and its budget.
 //! - [`throttle`]: failed authentications per client address (admin
@@ -122,6 +124,8 @@ pub mod pooler;
 pub mod pump;
 #[cfg(feature = "producer")]
 pub mod redact;
+#[cfg(feature = "producer")]
+pub mod replica;
 #[cfg(feature = "producer")]
 pub mod retry;
 #[cfg(feature = "producer")]

@@ -18,6 +18,7 @@ use crate::api::{self, AppState};
 use crate::config::ServeConfig;
 use crate::error::{Error, Result};
 use crate::pump::Pump;
+use crate::replica::Reads;
 use crate::{edge, metrics, operator, schema, services};
 
 /// Opens a pool on `database_url` with `size` connections. One connection
@@ -38,8 +39,18 @@ pub async fn connect(database_url: &str, size: u32) -> Result<PgPool> {
 /// is back instead of exiting. A bad URL, a wrong password or a missing
 /// database fail at once: waiting does not cure them.
 pub async fn connect_waiting(database_url: &str, size: u32, patience: Duration) -> Result<PgPool> {
+    connect_as(database_url, size, patience, "DATABASE_URL").await
+}
+
+/// [`connect_waiting`] for the URL of `setting`, which its errors name.
+async fn connect_as(
+    database_url: &str,
+    size: u32,
+    patience: Duration,
+    setting: &str,
+) -> Result<PgPool> {
     let shown = crate::redact::mask_database_url(database_url);
-    let options = parse_database_url(database_url, &shown)?;
+    let options = parse_database_url(database_url, &shown, setting)?;
     let started = tokio::time::Instant::now();
     loop {
         match open_pool(&options, size).await {
@@ -56,7 +67,7 @@ pub async fn connect_waiting(database_url: &str, size: u32, patience: Duration) 
             }
             Err(e) => {
                 return Err(Error::Connect(format!(
-                    "cannot connect to the database at {shown} (DATABASE_URL): {}",
+                    "cannot connect to the database at {shown} ({setting}): {}",
                     cause(&e)
                 )))
             }
@@ -64,22 +75,20 @@ pub async fn connect_waiting(database_url: &str, size: u32, patience: Duration) 
     }
 }
 
-fn parse_database_url(database_url: &str, shown: &str) -> Result<PgConnectOptions> {
+fn parse_database_url(database_url: &str, shown: &str, setting: &str) -> Result<PgConnectOptions> {
     database_url
         .strip_prefix("postgres://")
         .or_else(|| database_url.strip_prefix("postgresql://"))
         .ok_or_else(|| {
             Error::Config(format!(
-                "DATABASE_URL {shown:?} is not a PostgreSQL URL: it must start with postgres:// \
+                "{setting} {shown:?} is not a PostgreSQL URL: it must start with postgres:// \
                  (e.g. postgres://user@127.0.0.1:5432/dbname)"
             ))
         })
         .and_then(|_| {
             database_url
                 .parse::<PgConnectOptions>()
-                .map_err(|e| {
-                    Error::Config(format!("DATABASE_URL {shown:?} is not a valid URL: {e}"))
-                })
+                .map_err(|e| Error::Config(format!("{setting} {shown:?} is not a valid URL: {e}")))
                 // sqlx asks for extra_float_digits = 2 at connection, which
                 // pgbouncer refuses unless told to ignore it: without it
                 // `serve` reaches its own check (crate::pooler) and says
@@ -200,6 +209,7 @@ pub async fn serve(
     // Before anything is written: behind transaction pooling, migrations
     // and everything after them would fail at random (crate::pooler).
     crate::pooler::check(&pool.connect_options(), "DATABASE_URL").await?;
+    let reads = reads(&cfg, &pool).await?;
     let services = prepare_database(&pool).await?;
     let budget = budget(&cfg, soft_limit, metrics_addr.is_some());
     let metrics = match (metrics_addr, budget.metrics) {
@@ -232,12 +242,15 @@ pub async fn serve(
         &cfg.pump,
         &settings.panel_url,
     )?;
-    let app = api::app_with(AppState::new(pool.clone(), &cfg.pump), throttle).merge(
-        operator::router(operator::OperatorState {
-            pool: pool.clone(),
-            settings: std::sync::Arc::new(settings),
-        }),
-    );
+    let app = api::app_with(
+        AppState::new(pool.clone(), &cfg.pump).with_reads(reads.clone()),
+        throttle,
+    )
+    .merge(operator::router(operator::OperatorState {
+        pool: pool.clone(),
+        reads: reads.clone(),
+        settings: std::sync::Arc::new(settings),
+    }));
     let api = tokio::spawn(edge::serve(
         listener,
         app,
@@ -262,8 +275,12 @@ pub async fn serve(
             }
         }));
         let interval = std::time::Duration::from_millis(cfg.backlog_interval_ms);
-        tasks.push(tokio::spawn(metrics::backlog::run(
-            pool.clone(),
+        let mut collector = metrics::backlog::Collector::new(&pool);
+        if reads.is_standby() {
+            collector = collector.reading(reads.pool().clone());
+        }
+        tasks.push(tokio::spawn(metrics::backlog::run_collector(
+            collector,
             interval,
             stopped(stop_rx.clone()),
         )));
@@ -286,6 +303,60 @@ pub async fn serve(
     }
     pool.close().await;
     pump_result
+}
+
+/// `WATCHPUMP_READ_DATABASE_URL`, for messages.
+const READ_SETTING: &str = "WATCHPUMP_READ_DATABASE_URL";
+
+/// Where the listing pages read: the standby of
+/// `WATCHPUMP_READ_DATABASE_URL`, checked as DATABASE_URL is (no pooler
+/// that shares sessions) and for being a copy of the same database, or
+/// else the primary.
+async fn reads(cfg: &ServeConfig, primary: &PgPool) -> Result<Reads> {
+    let Some(url) = &cfg.read_database_url else {
+        return Ok(Reads::primary(primary.clone()));
+    };
+    let shown = crate::redact::mask_database_url(url);
+    let pool = connect_as(url, cfg.db_pool.max(2), START_UP_PATIENCE, READ_SETTING).await?;
+    crate::pooler::check_sessions(&pool.connect_options(), READ_SETTING).await?;
+    let (standby, copy) = (identity(&pool).await?, identity(primary).await?);
+    let other_cluster = standby.2.is_some() && copy.2.is_some() && standby.2 != copy.2;
+    if standby.1 != copy.1 || other_cluster {
+        return Err(Error::Config(format!(
+            "{READ_SETTING} ({shown}) must be a standby of DATABASE_URL's primary, naming the \
+             same database: it is database {:?}{}, DATABASE_URL's is {:?}",
+            standby.1,
+            if other_cluster {
+                " of another cluster"
+            } else {
+                ""
+            },
+            copy.1
+        )));
+    }
+    if standby.0 {
+        tracing::info!(database = %shown, "the listing pages and the backlog gauges read the standby");
+    } else {
+        tracing::warn!(database = %shown,
+            "{READ_SETTING} is not a standby (pg_is_in_recovery() is false): the listing pages read it, and show it 0 s behind");
+    }
+    Ok(Reads::standby(pool))
+}
+
+/// Whether the server is in recovery, its database's name, and its
+/// cluster's system identifier (shared by a primary and its standbys; None
+/// where the role may not read it).
+async fn identity(pool: &PgPool) -> Result<(bool, String, Option<i64>)> {
+    let (recovery, name): (bool, String) =
+        sqlx::query_as("select pg_is_in_recovery(), current_database()::text")
+            .fetch_one(pool)
+            .await?;
+    let system: Option<i64> =
+        sqlx::query_scalar("select system_identifier from pg_control_system()")
+            .fetch_one(pool)
+            .await
+            .ok();
+    Ok((recovery, name, system))
 }
 
 /// Where the panel is, or why it is off: its page says so too, but nobody
@@ -389,7 +460,11 @@ const RESERVED_IDLE: u64 = 128;
 /// 352 services at 64 each left the API 1 connection), its idle keep-alive
 /// connections ([`RESERVED_IDLE`]), and one for notify.
 fn fd_reserve(cfg: &ServeConfig) -> u64 {
-    let database = u64::from(cfg.db_pool.max(2) + 1) + PUMP_DB_CONNECTIONS + 1;
+    let standby = match cfg.read_database_url {
+        Some(_) => u64::from(cfg.db_pool.max(2)),
+        None => 0,
+    };
+    let database = u64::from(cfg.db_pool.max(2) + 1) + PUMP_DB_CONNECTIONS + 1 + standby;
     database + u64::from(cfg.pump.max_in_flight) + RESERVED_IDLE + 1
 }
 
