@@ -32,11 +32,11 @@ struct Pgbouncer {
 
 impl Pgbouncer {
     /// pgbouncer in front of the cluster of `database_url`, each of
-    /// `databases` an alias `(name, pool_mode)` of that database, with the
-    /// setting docs/operator.md's recipe gives (sqlx sends
-    /// `extra_float_digits`) and two server sessions per pool at most, so
-    /// that clients share them.
-    fn start(database_url: &str, databases: &[(&str, &str)]) -> Pgbouncer {
+    /// `databases` an alias `(name, pool_mode)` of that database, ignoring
+    /// the startup parameters `ignore` (docs/operator.md's recipe:
+    /// `extra_float_digits`, which sqlx sends), with two server sessions per
+    /// pool at most, so that clients share them.
+    fn start(database_url: &str, databases: &[(&str, &str)], ignore: &str) -> Pgbouncer {
         let target: PgConnectOptions = database_url.parse().unwrap();
         let dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/target"))
             .join(format!("pgbouncer-{:08x}", rand::random::<u32>()));
@@ -54,7 +54,7 @@ impl Pgbouncer {
         ini.push_str(&format!(
             "[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n\
              auth_type = trust\nauth_file = {}/users.txt\ndefault_pool_size = 2\n\
-             ignore_startup_parameters = extra_float_digits\n",
+             ignore_startup_parameters = {ignore}\n",
             dir.display()
         ));
         std::fs::write(dir.join("pgbouncer.ini"), ini).unwrap();
@@ -107,6 +107,9 @@ impl Drop for Pgbouncer {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// What docs/operator.md's pgbouncer ignores: sqlx sends it.
+const RECIPE: &str = "extra_float_digits";
 
 /// target/tools/bin/pgbouncer (or an installed one); runs
 /// `scripts/test-deps.sh` when neither is there, and fails saying why.
@@ -191,7 +194,7 @@ async fn producers_emit_with_their_trace_context_through_transaction_pooling() {
     let db = TestDb::new().await;
     let consumer = Receiver::start().await;
     let (_, token) = db.add_service("deploy", &consumer.base_url()).await;
-    let bouncer = Pgbouncer::start(&db.url, &[("producer", "transaction")]);
+    let bouncer = Pgbouncer::start(&db.url, &[("producer", "transaction")], RECIPE);
     // The recipe: watchpump serve connects to PostgreSQL itself.
     let (_serve, base) = serve(&db.url).await;
     let http = reqwest::Client::new();
@@ -326,7 +329,7 @@ async fn producers_emit_with_their_trace_context_through_transaction_pooling() {
 #[tokio::test]
 async fn statements_sqlx_keeps_break_under_transaction_pooling() {
     let db = TestDb::new().await;
-    let bouncer = Pgbouncer::start(&db.url, &[("producer", "transaction")]);
+    let bouncer = Pgbouncer::start(&db.url, &[("producer", "transaction")], RECIPE);
     let mut first = PgConnection::connect(&bouncer.url("producer"))
         .await
         .unwrap();
@@ -355,7 +358,16 @@ async fn statements_sqlx_keeps_break_under_transaction_pooling() {
 #[tokio::test]
 async fn serve_and_migrate_refuse_a_pooler_they_cannot_work_through() {
     let (url, pool) = blank_database().await;
-    let bouncer = Pgbouncer::start(&url, &[("tx", "transaction"), ("session", "session")]);
+    let bouncer = Pgbouncer::start(
+        &url,
+        &[("tx", "transaction"), ("session", "session")],
+        RECIPE,
+    );
+    let dropping = Pgbouncer::start(
+        &url,
+        &[("session", "session")],
+        "extra_float_digits, options",
+    );
     let run = |url: String, args: &'static [&'static str]| {
         watchpump_cli(Some(&url))
             .args(args)
@@ -386,6 +398,15 @@ async fn serve_and_migrate_refuse_a_pooler_they_cannot_work_through() {
     assert!(
         said.contains("unsupported startup parameter: options")
             && said.contains("point DATABASE_URL at PostgreSQL itself"),
+        "{said}"
+    );
+    // One told to ignore it drops it: the pump would run without its
+    // settings.
+    let out = run(dropping.url("session"), &["serve"]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{said}");
+    assert!(
+        said.contains("DATABASE_URL drops startup settings on the way"),
         "{said}"
     );
     // Refused before anything was written.
