@@ -306,8 +306,8 @@ async fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Migrate => {
             let pool = server::connect(&url, 2).await?;
-            // The migration's session lock and prepared statements need a
-            // session of its own, as `serve` does (crate::pooler).
+            // sqlx's kept statements need a session of their own, as
+            // `serve`'s do (crate::pooler).
             crate::pooler::check_sessions(&pool.connect_options(), "DATABASE_URL").await?;
             let applied = schema::migrate(&pool).await?;
             if applied.is_empty() {
