@@ -14,7 +14,10 @@
 
 use sqlx::PgPool;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
+
+/// The setting, for messages.
+const SETTING: &str = "WATCHPUMP_READ_DATABASE_URL";
 
 /// Where the listing pages read: the primary's pool, or a standby's.
 #[derive(Clone, Debug)]
@@ -55,6 +58,71 @@ impl Reads {
             return Ok(None);
         }
         Ok(Some(standby_lag(&self.pool).await?))
+    }
+}
+
+/// Where the listing pages read: the standby at `read_url`
+/// (`WATCHPUMP_READ_DATABASE_URL`, up to `size` connections), checked as
+/// DATABASE_URL is (no pooler that shares sessions: [`crate::pooler`]) and
+/// for being a copy of `primary`'s database; without it, `primary`. A
+/// standby down at start is waited for as the primary is.
+pub async fn connect(read_url: Option<&str>, size: u32, primary: &PgPool) -> Result<Reads> {
+    let Some(url) = read_url else {
+        return Ok(Reads::primary(primary.clone()));
+    };
+    let shown = crate::redact::mask_database_url(url);
+    let patience = crate::server::START_UP_PATIENCE;
+    let pool = crate::server::connect_as(url, size.max(2), patience, SETTING).await?;
+    crate::pooler::check_sessions(&pool.connect_options(), SETTING).await?;
+    let (read, written) = (Identity::of(&pool).await?, Identity::of(primary).await?);
+    let other_cluster =
+        read.system.is_some() && written.system.is_some() && read.system != written.system;
+    if read.database != written.database || other_cluster {
+        return Err(Error::Config(format!(
+            "{SETTING} ({shown}) must be a standby of DATABASE_URL's primary, naming the \
+             same database: it is database {:?}{}, DATABASE_URL's is {:?}",
+            read.database,
+            if other_cluster {
+                " of another cluster"
+            } else {
+                ""
+            },
+            written.database
+        )));
+    }
+    if read.in_recovery {
+        tracing::info!(database = %shown, "the listing pages and the backlog gauges read the standby");
+    } else {
+        tracing::warn!(database = %shown,
+            "{SETTING} is not a standby (pg_is_in_recovery() is false): the listing pages read it, and show it 0 s behind");
+    }
+    Ok(Reads::standby(pool))
+}
+
+/// What tells a standby of the primary's database from another database.
+struct Identity {
+    in_recovery: bool,
+    database: String,
+    /// The cluster's system identifier, which a primary and its standbys
+    /// share; None where the role may not read it.
+    system: Option<i64>,
+}
+
+impl Identity {
+    async fn of(pool: &PgPool) -> Result<Identity> {
+        let (in_recovery, database): (bool, String) =
+            sqlx::query_as("select pg_is_in_recovery(), current_database()::text")
+                .fetch_one(pool)
+                .await?;
+        let system = sqlx::query_scalar("select system_identifier from pg_control_system()")
+            .fetch_one(pool)
+            .await
+            .ok();
+        Ok(Identity {
+            in_recovery,
+            database,
+            system,
+        })
     }
 }
 

@@ -18,7 +18,6 @@ use crate::api::{self, AppState};
 use crate::config::ServeConfig;
 use crate::error::{Error, Result};
 use crate::pump::Pump;
-use crate::replica::Reads;
 use crate::{edge, metrics, operator, schema, services};
 
 /// Opens a pool on `database_url` with `size` connections. One connection
@@ -43,7 +42,7 @@ pub async fn connect_waiting(database_url: &str, size: u32, patience: Duration) 
 }
 
 /// [`connect_waiting`] for the URL of `setting`, which its errors name.
-async fn connect_as(
+pub(crate) async fn connect_as(
     database_url: &str,
     size: u32,
     patience: Duration,
@@ -209,7 +208,8 @@ pub async fn serve(
     // Before anything is written: behind transaction pooling, migrations
     // and everything after them would fail at random (crate::pooler).
     crate::pooler::check(&pool.connect_options(), "DATABASE_URL").await?;
-    let reads = reads(&cfg, &pool).await?;
+    let reads =
+        crate::replica::connect(cfg.read_database_url.as_deref(), cfg.db_pool, &pool).await?;
     let services = prepare_database(&pool).await?;
     let budget = budget(&cfg, soft_limit, metrics_addr.is_some());
     let metrics = match (metrics_addr, budget.metrics) {
@@ -303,60 +303,6 @@ pub async fn serve(
     }
     pool.close().await;
     pump_result
-}
-
-/// `WATCHPUMP_READ_DATABASE_URL`, for messages.
-const READ_SETTING: &str = "WATCHPUMP_READ_DATABASE_URL";
-
-/// Where the listing pages read: the standby of
-/// `WATCHPUMP_READ_DATABASE_URL`, checked as DATABASE_URL is (no pooler
-/// that shares sessions) and for being a copy of the same database, or
-/// else the primary.
-async fn reads(cfg: &ServeConfig, primary: &PgPool) -> Result<Reads> {
-    let Some(url) = &cfg.read_database_url else {
-        return Ok(Reads::primary(primary.clone()));
-    };
-    let shown = crate::redact::mask_database_url(url);
-    let pool = connect_as(url, cfg.db_pool.max(2), START_UP_PATIENCE, READ_SETTING).await?;
-    crate::pooler::check_sessions(&pool.connect_options(), READ_SETTING).await?;
-    let (standby, copy) = (identity(&pool).await?, identity(primary).await?);
-    let other_cluster = standby.2.is_some() && copy.2.is_some() && standby.2 != copy.2;
-    if standby.1 != copy.1 || other_cluster {
-        return Err(Error::Config(format!(
-            "{READ_SETTING} ({shown}) must be a standby of DATABASE_URL's primary, naming the \
-             same database: it is database {:?}{}, DATABASE_URL's is {:?}",
-            standby.1,
-            if other_cluster {
-                " of another cluster"
-            } else {
-                ""
-            },
-            copy.1
-        )));
-    }
-    if standby.0 {
-        tracing::info!(database = %shown, "the listing pages and the backlog gauges read the standby");
-    } else {
-        tracing::warn!(database = %shown,
-            "{READ_SETTING} is not a standby (pg_is_in_recovery() is false): the listing pages read it, and show it 0 s behind");
-    }
-    Ok(Reads::standby(pool))
-}
-
-/// Whether the server is in recovery, its database's name, and its
-/// cluster's system identifier (shared by a primary and its standbys; None
-/// where the role may not read it).
-async fn identity(pool: &PgPool) -> Result<(bool, String, Option<i64>)> {
-    let (recovery, name): (bool, String) =
-        sqlx::query_as("select pg_is_in_recovery(), current_database()::text")
-            .fetch_one(pool)
-            .await?;
-    let system: Option<i64> =
-        sqlx::query_scalar("select system_identifier from pg_control_system()")
-            .fetch_one(pool)
-            .await
-            .ok();
-    Ok((recovery, name, system))
 }
 
 /// Where the panel is, or why it is off: its page says so too, but nobody
