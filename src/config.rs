@@ -14,6 +14,10 @@ use crate::retry::RetryPolicy;
 #[command(name = "watchpump", version, about)]
 pub struct Cli {
     /// PostgreSQL connection URL of the producer's database.
+    ///
+    /// PostgreSQL itself, not a pooler in transaction mode, which `serve`
+    /// and `migrate` refuse at start (docs/operator.md, "Connection
+    /// poolers").
     #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
     pub database_url: Option<String>,
 

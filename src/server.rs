@@ -478,4 +478,22 @@ mod tests {
         assert_eq!(budget(&cfg, 512, true).api, crate::edge::config::API_FLOOR);
         assert_eq!(budget(&cfg, 65_536, true).api, cfg.edge.max_connections);
     }
+
+    #[test]
+    fn a_standby_to_read_adds_its_pool_to_the_reserve() {
+        use clap::Parser;
+        let plain = crate::config::Cli::parse_from(["watchpump", "serve"]);
+        let standby = crate::config::Cli::parse_from([
+            "watchpump",
+            "serve",
+            "--read-database-url",
+            "postgres://standby/db",
+        ]);
+        let (crate::config::Command::Serve(plain), crate::config::Command::Serve(standby)) =
+            (plain.command, standby.command)
+        else {
+            unreachable!()
+        };
+        assert_eq!(fd_reserve(&standby), fd_reserve(&plain) + 8);
+    }
 }
