@@ -60,8 +60,9 @@ pub async fn check(options: &PgConnectOptions, setting: &str) -> Result<()> {
 }
 
 /// The sharing half of [`check`], for connections that need sessions of
-/// their own but carry no startup settings (the reads on a standby:
-/// [`crate::replica`]).
+/// their own but carry no startup settings: `migrate`'s, and the reads on
+/// a standby ([`crate::replica`]). pgbouncer's statement pooling shows as
+/// a refused transaction.
 pub async fn check_sessions(options: &PgConnectOptions, setting: &str) -> Result<()> {
     match sessions_shared(options).await? {
         Some(evidence) => Err(Error::Config(format!(
