@@ -489,7 +489,7 @@ async fn bulk_one(b: Bench) -> Outcome {
     }
     tx.commit().await.unwrap();
     b.db_time_reset().await;
-    let work = WorkCpu::now();
+    let work = WorkCpu::now(&b.pool).await;
     let start = Instant::now();
     let extra: Vec<(String, String)> = std::env::var("WATCHPUMP_BENCH_PUMP_ENV")
         .ok()
@@ -867,37 +867,38 @@ fn stat_fields(stat_path: &str) -> Option<StatFields> {
 /// machine's CPU a delivery", without other tenants of a shared host.
 #[derive(Clone, Copy)]
 struct WorkCpu {
+    postmaster: u32,
     postgres: f64,
     bench: f64,
 }
 
 impl WorkCpu {
-    fn now() -> WorkCpu {
+    /// Now, for the cluster `pool` is connected to (on this host).
+    async fn now(pool: &PgPool) -> WorkCpu {
+        let backend: i32 = sqlx::query_scalar("select pg_backend_pid()")
+            .fetch_one(pool)
+            .await
+            .unwrap();
+        let postmaster = stat_fields(&format!("/proc/{backend}/stat")).map_or(0, |f| f.ppid);
         WorkCpu {
-            postgres: postgres_cpu_seconds(),
+            postmaster,
+            postgres: postgres_cpu_seconds(postmaster),
             bench: cpu_seconds_of("/proc/self/stat"),
         }
     }
 
     /// PostgreSQL's and this process's CPU seconds since `self`.
     fn since(&self) -> (f64, f64) {
-        let now = WorkCpu::now();
-        (now.postgres - self.postgres, now.bench - self.bench)
+        (
+            postgres_cpu_seconds(self.postmaster) - self.postgres,
+            cpu_seconds_of("/proc/self/stat") - self.bench,
+        )
     }
 }
 
-/// The bench cluster's CPU seconds so far (target/pg-bench/postmaster.pid).
-fn postgres_cpu_seconds() -> f64 {
-    let pid_file = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/target/pg-bench/postmaster.pid"
-    );
-    let Some(postmaster) = std::fs::read_to_string(pid_file)
-        .ok()
-        .and_then(|s| s.lines().next().and_then(|l| l.trim().parse::<u32>().ok()))
-    else {
-        return 0.0;
-    };
+/// A PostgreSQL cluster's CPU seconds so far: its postmaster's, its live
+/// children's, and those of its children that exited.
+fn postgres_cpu_seconds(postmaster: u32) -> f64 {
     let Some(own) = stat_fields(&format!("/proc/{postmaster}/stat")) else {
         return 0.0;
     };

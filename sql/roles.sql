@@ -180,6 +180,9 @@ begin
               -- what those call with the pump's rights
               'settle', 'supersede_older', 'stream_lock', 'stage_failed', 'is_staged',
               'delivery_window', 'held_until', 'is_paused', 'rate_burst', 'effective_rate',
+              -- the floors of ids and sequences (0023_timeline_floors.sql): the
+              -- defaults of the ids ping() and resync queue with
+              'id_floor', 'timeline', 'first_timeline',
               -- the watches API and the consumer's own calls (src/api/, src/watches/)
               'message', 'ping', 'redeliver', 'object_prefixes', 'remove_watch',
               'hold_paused', 'hold_paused_of', 'paused_watches', 'pause_key', 'release_held',

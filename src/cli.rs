@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-use crate::config::{Cli, Command, KindsCommand, SecretsCommand, ServicesCommand};
+use crate::config::{Cli, Command, FanoutCommand, KindsCommand, SecretsCommand, ServicesCommand};
 use crate::error::{Error, Result};
 use crate::{kinds, schema, server, services, telemetry};
 
@@ -366,6 +366,11 @@ async fn run(cli: Cli) -> Result<()> {
             schema::require(&pool).await?;
             crate::cli_consumer::run_deliveries(&pool, command).await?;
         }
+        Command::Fanout(command) => {
+            let pool = server::connect(&url, 2).await?;
+            schema::require(&pool).await?;
+            run_fanout(&pool, command).await?;
+        }
         Command::Emit {
             object,
             kind,
@@ -434,6 +439,53 @@ fn emit_error(e: sqlx::Error) -> Error {
         },
         _ => Error::raised(e),
     }
+}
+
+/// `watchpump fanout ...`: the budgets per top segment, and setting one.
+async fn run_fanout(pool: &sqlx::PgPool, command: FanoutCommand) -> Result<()> {
+    use crate::watches::fanout;
+    match command {
+        FanoutCommand::List { json } => {
+            let reports = fanout::report(pool).await?;
+            if json {
+                println!("{}", serde_json::json!({ "top_segments": reports }));
+                return Ok(());
+            }
+            if reports.is_empty() {
+                println!("no live watches, and no budget set");
+            }
+            for r in reports {
+                let set = if r.set_by_operator { ", set" } else { "" };
+                let worst = r
+                    .worst_object
+                    .as_deref()
+                    .map_or(String::new(), |o| format!(" at {o}"));
+                println!(
+                    "{}: budget {}{set}, each service at most {}; {} used{worst}",
+                    r.top_segment, r.budget, r.share, r.units
+                );
+                for s in r.services {
+                    println!("  {} {}", s.service, s.units);
+                }
+            }
+        }
+        FanoutCommand::SetBudget { top_segment, units } => {
+            let units = match units.as_str() {
+                "default" => None,
+                n => Some(n.parse::<i64>().map_err(|_| {
+                    Error::Invalid(format!(
+                        "units must be a whole number of units or `default`, not {n}"
+                    ))
+                })?),
+            };
+            let budget = fanout::set_budget(pool, &top_segment, units, "cli").await?;
+            println!(
+                "fan-out budget of {top_segment}: {budget} units, each service at most {}",
+                budget / fanout::SHARES
+            );
+        }
+    }
+    Ok(())
 }
 
 /// `watchpump kinds ...`: each prints what it did.

@@ -170,14 +170,16 @@ pub async fn run_watches(pool: &PgPool, command: WatchesCommand) -> Result<()> {
 }
 
 /// `watchpump watches resync ID --service NAME`: started as the API starts
-/// it (one at a time per watch), run to its end in this process.
+/// it (one at a time per service; the operator's own, so not out of the
+/// service's replay budget), run to its end in this process.
 async fn run_resync(pool: &PgPool, id: i64, service: &str, max: u32) -> Result<()> {
     let service_id = pause::service_id(pool, service).await?;
     let started = match resync::start(pool, service_id, id, max).await {
-        Err(e) if resync::is_running(&e) => {
+        Err(Error::Database(e)) if crate::api::limits::refusal_of(&e).is_some() => {
+            let (message, _) = crate::api::limits::refusal_of(&e).expect("checked above");
             return Err(Error::Conflict(format!(
-                "a resync of watch {id} is running; ask again when it is done"
-            )))
+                "{message}; ask again when it is done"
+            )));
         }
         other => other?,
     };

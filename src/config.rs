@@ -66,6 +66,10 @@ pub enum Command {
     /// Consumers' watches: pause and resume one.
     #[command(subcommand)]
     Watches(crate::cli_consumer::WatchesCommand),
+    /// The fan-out budgets: what the watches covering one object may cost
+    /// emit(), per top segment of the objects (each service may hold half).
+    #[command(subcommand)]
+    Fanout(FanoutCommand),
     /// Record a change and fan it out to the matching watches (for trying
     /// things out; producers call watchpump.emit() in their own transaction).
     Emit {
@@ -185,6 +189,29 @@ pub enum ServicesCommand {
         /// Confirm: without it nothing is removed.
         #[arg(long)]
         yes: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum FanoutCommand {
+    /// Each top segment with watches under it (or a budget of its own): its
+    /// budget, each service's share, the object under it whose watches cost
+    /// the most and what they cost, and what each service holds.
+    List {
+        /// One JSON object {"top_segments": [...]} instead.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Set the budget of the objects under one top segment (`acme/`), in
+    /// units: 1 per watch, 25 per unit of filter cost; one change there may
+    /// then make emit() write that many rows. `default` goes back to the
+    /// default (watchpump.settings.fanout_units, else 1200).
+    SetBudget {
+        /// The top segment: up to and including the first '/' (`acme/`),
+        /// or a whole object without one.
+        top_segment: String,
+        /// Units, 1 to 1000000, or `default`.
+        units: String,
     },
 }
 

@@ -50,12 +50,16 @@
 //!   leader is chosen and replaced (advisory locks, keepalives).
 //! - [`http`]: what the HTTP front ends share: the one error type, the
 //!   bearer parser, request text checks, the panel's HTML blocks.
-//! - [`api`]: the watches API consumers call (axum).
+//! - [`api`]: the watches API consumers call (axum); [`api::limits`]:
+//!   what one service's self-service writes may cost (a token bucket per
+//!   service, and the bounds on what the writes queue).
 //! - [`watches`]: what a watch may be: names, the safe jsonpath subset its
 //!   filter must be in ([`watches::filter`]), what a service's filters on
 //!   one object may cost ([`watches::cap`]), what every service's watches
-//!   covering one object may cost `emit()` ([`watches::fanout`]), and
-//!   `migrate`'s report of older filters ([`watches::audit`]).
+//!   covering one object may cost `emit()` and each service's share of it
+//!   ([`watches::fanout`]), pauses and resyncs ([`watches::pause`],
+//!   [`watches::resync`]), and `migrate`'s report of older filters
+//!   ([`watches::audit`]).
 //! - [`operator`]: the operator's side: the panel (`/panel`), the admin API
 //!   (`/api/v1/admin`), warnings to notify about failed deliveries, and
 //!   pruning; its SQL views and retry functions work from psql too.

@@ -57,6 +57,15 @@ pub const SENDS_ABANDONED: &str = "watchpump_sends_abandoned_total";
 /// WATCHPUMP_RESYNC_MAX_OBJECTS); and the replays they queued.
 pub const RESYNCS: &str = "watchpump_resyncs_total";
 pub const RESYNC_REPLAYS: &str = "watchpump_resync_replays_total";
+/// A consumer's self-service writes refused at a bound
+/// (`api::limits`), by service and `limit`: rate, ping, redeliver,
+/// resync_running, replay_budget, repause.
+pub const SELF_SERVICE_REFUSED: &str = "watchpump_self_service_refused_total";
+/// Watches refused at the fan-out bounds (`watches::fanout`), by service
+/// and `limit`: watches (per object), share, budget.
+pub const FANOUT_REFUSED: &str = "watchpump_fanout_refused_total";
+/// Consumers' pauses ended at `watchpump.settings.max_pause`, by service.
+pub const PAUSES_EXPIRED: &str = "watchpump_pauses_expired_total";
 /// Host name lookups of consumers' base URLs, by `result`: ok, error,
 /// timeout, refused (too many pending, `destinations::MAX_PENDING_LOOKUPS`).
 pub const DNS_LOOKUPS: &str = "watchpump_dns_lookups_total";
@@ -94,6 +103,9 @@ pub const OUTCOMES: &[&str] = &[
     "dropped",
     "superseded",
 ];
+
+/// What [`FANOUT_REFUSED`] counts (`watches::fanout::refusal_limit`).
+pub const FANOUT_LIMITS: &[&str] = &["watches", "share", "budget"];
 
 /// Outcomes counted in [`NOTIFY_WARNINGS`].
 pub const NOTIFY_OUTCOMES: &[&str] = &["sent", "folded", "logged"];
@@ -238,6 +250,18 @@ fn describe() {
         "Replayed deliveries that resyncs queued, at most one per object a resync looked at."
     );
     describe_counter!(
+        SELF_SERVICE_REFUSED,
+        "Self-service writes of a consumer refused with a 429, by service and limit: rate (its bucket), ping, redeliver, resync_running, replay_budget, repause."
+    );
+    describe_counter!(
+        FANOUT_REFUSED,
+        "Watches refused with a 422 at the fan-out bounds, by service and limit: watches (per object), share (half the budget), budget."
+    );
+    describe_counter!(
+        PAUSES_EXPIRED,
+        "Consumers' pauses of watches that reached watchpump.settings.max_pause and were ended, what they held sent, by service."
+    );
+    describe_counter!(
         SENDS_ABANDONED,
         "Claimed deliveries not sent because the lease no longer covered the request timeout and the hold after it (the claim or the database was slow); each goes again when its lease runs out."
     );
@@ -354,4 +378,15 @@ pub fn register_service(service: &str) {
     metrics::counter!(SENDS_ABANDONED, "service" => service.to_string()).absolute(0);
     metrics::gauge!(PAUSED_WATCHES, "service" => service.to_string()).increment(0.0);
     metrics::gauge!(RATE_LIMIT, "service" => service.to_string()).increment(0.0);
+    for limit in crate::api::limits::LIMITS {
+        metrics::counter!(SELF_SERVICE_REFUSED,
+            "service" => service.to_string(), "limit" => *limit)
+        .increment(0);
+    }
+    for limit in FANOUT_LIMITS {
+        metrics::counter!(FANOUT_REFUSED,
+            "service" => service.to_string(), "limit" => *limit)
+        .increment(0);
+    }
+    metrics::counter!(PAUSES_EXPIRED, "service" => service.to_string()).increment(0);
 }

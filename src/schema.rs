@@ -45,6 +45,8 @@ const FILES: &[SqlFile] = &[
     sql_file!("migrations", "0019_make_partition_table", false),
     sql_file!("migrations", "0020_delivery_engine_v4", false),
     sql_file!("migrations", "0021_owner_code", false),
+    sql_file!("migrations", "0022_consumer_shares", false),
+    sql_file!("migrations", "0023_timeline_floors", false),
     sql_file!("functions", "0050_registry", true),
     sql_file!("functions", "0100_emit", true),
     sql_file!("functions", "0150_kinds", true),

@@ -152,6 +152,23 @@ begin
 end
 $$;
 
+-- The timeline this server writes WAL on: each promotion of a standby
+-- starts a new one (the first eight hex digits of a WAL file's name).
+create or replace function watchpump.timeline() returns integer
+language sql volatile as $$
+    select ('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::integer
+$$;
+
+-- The floor of this timeline's ids and sequences (0023_timeline_floors.sql):
+-- 0 on the timeline the database was installed on, 2^40 more for each
+-- promotion since. Change ids and delivery ids are nextval() plus this,
+-- and an object's next sequence is at least this plus one, so that a new
+-- primary never hands out again what a lost one sent (issue 36).
+create or replace function watchpump.id_floor() returns bigint
+language sql volatile as $$
+    select greatest(watchpump.timeline() - watchpump.first_timeline(), 0)::bigint << 40
+$$;
+
 -- What emit() refuses of one change, before anything is written (README,
 -- "Bounds"), or null when it accepts it. Refusals carry a SQLSTATE of
 -- their own (refuse_change()), never an error of the storage underneath:
@@ -231,6 +248,8 @@ declare
     v_tracestate  text;
     v_change      bigint;
     v_wake        boolean;
+    -- This timeline's ids and sequences start above it (id_floor()).
+    v_floor       bigint := watchpump.id_floor();
 begin
     -- An SQL NULL payload is the empty object everywhere: stored, matched
     -- against filters and sent.
@@ -279,13 +298,14 @@ begin
     if pg_column_size(p_payload) < 8192 then
         with counted as (
             insert into watchpump.objects as o (object, last_sequence)
-            values (p_object, 1)
-            on conflict (object) do update set last_sequence = o.last_sequence + 1
+            values (p_object, v_floor + 1)
+            on conflict (object) do update set last_sequence = greatest(o.last_sequence, v_floor) + 1
             returning o.last_sequence
         ),
         change as (
-            insert into watchpump.changes (object, kind, sequence, payload, payload_bytes, traceparent, tracestate)
-            select p_object, p_kind, c.last_sequence, p_payload, v_bytes, v_traceparent, v_tracestate
+            insert into watchpump.changes (id, object, kind, sequence, payload, payload_bytes, traceparent, tracestate)
+            select nextval('watchpump.change_ids') + v_floor, p_object, p_kind, c.last_sequence, p_payload,
+                   v_bytes, v_traceparent, v_tracestate
             from counted c
             returning id, sequence, occurred_at
         ),
@@ -307,13 +327,14 @@ begin
     else
         with counted as (
             insert into watchpump.objects as o (object, last_sequence)
-            values (p_object, 1)
-            on conflict (object) do update set last_sequence = o.last_sequence + 1
+            values (p_object, v_floor + 1)
+            on conflict (object) do update set last_sequence = greatest(o.last_sequence, v_floor) + 1
             returning o.last_sequence
         ),
         change as (
-            insert into watchpump.changes (object, kind, sequence, payload, payload_bytes, traceparent, tracestate)
-            select p_object, p_kind, c.last_sequence, p_payload, v_bytes, v_traceparent, v_tracestate
+            insert into watchpump.changes (id, object, kind, sequence, payload, payload_bytes, traceparent, tracestate)
+            select nextval('watchpump.change_ids') + v_floor, p_object, p_kind, c.last_sequence, p_payload,
+                   v_bytes, v_traceparent, v_tracestate
             from counted c
             returning id, sequence, occurred_at
         ),
@@ -392,6 +413,7 @@ declare
     v_tracestate  text;
     v_ids         bigint[];
     v_wake        boolean;
+    v_floor       bigint := watchpump.id_floor();
 begin
     if coalesce(cardinality(p_kinds), 0) <> v_n or coalesce(cardinality(p_payloads), 0) <> v_n then
         raise exception 'watchpump.emit_many: % objects, % kinds and % payloads: one of each per change',
@@ -440,15 +462,16 @@ begin
     -- per folder the batch's objects are in ('acme/web/refs/heads/'), not
     -- once per change: a batch's objects share a few folders.
     with input as materialized (
-        select u.n, nextval('watchpump.change_ids') as id, u.object, u.kind,
+        select u.n, nextval('watchpump.change_ids') + v_floor as id, u.object, u.kind,
                coalesce(u.payload, '{}') as payload, u.bytes,
                left(u.object, length(u.object) - length(split_part(u.object, '/', -1))) as folder
         from unnest(p_objects, p_kinds, p_payloads, v_bytes) with ordinality as u (object, kind, payload, bytes, n)
     ),
     counted as (
         insert into watchpump.objects as o (object, last_sequence)
-        select i.object, count(*) from input i group by i.object order by i.object
-        on conflict (object) do update set last_sequence = o.last_sequence + excluded.last_sequence
+        select i.object, v_floor + count(*) from input i group by i.object order by i.object
+        on conflict (object) do update
+        set last_sequence = greatest(o.last_sequence, v_floor) + excluded.last_sequence - v_floor
         returning o.object, o.last_sequence
     ),
     numbered as (

@@ -19,20 +19,22 @@ select q.id, q.change_id, q.watch_id, q.service_id, q.object,
        case when q.lease_until > now() then q.lease_until end as lease_until,
        case when q.lease_until > now() then q.leased_by end as leased_by,
        q.deadline, null::bigint as superseded_by, q.last_status, q.last_error, q.created_at,
-       null::timestamptz as finished_at
+       null::timestamptz as finished_at, q.replay
 from watchpump.queue q
 union all
 select s.id, s.change_id, s.watch_id, s.service_id, s.object, s.state, s.attempts, s.next_attempt_at,
        null::timestamptz, null::text, s.deadline, s.superseded_by, s.last_status, s.last_error,
-       s.created_at, s.finished_at
+       s.created_at, s.finished_at, s.replay
 from watchpump.settled s;
 
 -- Every attempt to send a delivery, as the table of that name held them
--- before 0004_storage_v2.sql: the log of attempts that did not deliver, and
--- the delivering attempt kept on its settled row. A row of the log stands
--- for `repeats` attempts in a row (attempt .. attempt + repeats - 1):
--- status and error are the last one's, first_status and first_error the
--- first one's, statuses counts the answers ({"503": 4, "no answer": 2}).
+-- before 0004_storage_v2.sql: the log of attempts that did not deliver, the
+-- delivering attempt kept on its settled row, and a delivering attempt
+-- kept on the action that queued its delivery again (a redelivery or a
+-- retry deletes the settled row: 0022_consumer_shares.sql). A row of the
+-- log stands for `repeats` attempts in a row (attempt .. attempt + repeats
+-- - 1): status and error are the last one's, first_status and first_error
+-- the first one's, statuses counts the answers ({"503": 4, "no answer": 2}).
 create or replace view watchpump.attempts as
 select a.id, a.delivery_id, a.attempt, a.started_at, a.duration_ms, a.status, a.error,
        a.response_head, a.pump, a.repeats, a.last_started_at, a.first_status, a.first_error,
@@ -43,7 +45,14 @@ select null::bigint, s.id, s.attempts, s.last_started_at, s.last_duration_ms, s.
        s.last_response_head, s.last_pump, 1, null::timestamptz, s.last_status, null::text,
        jsonb_build_object(s.last_status::text, 1)
 from watchpump.settled s
-where s.last_pump is not null;
+where s.last_pump is not null
+union all
+select null::bigint, x.delivery_id, x.attempt, x.attempt_started_at, x.attempt_duration_ms,
+       x.attempt_status, null::text, x.attempt_response_head, x.attempt_pump, 1, null::timestamptz,
+       x.attempt_status, null::text,
+       jsonb_build_object(coalesce(x.attempt_status::text, 'no answer'), 1)
+from watchpump.actions x
+where x.attempt is not null;
 
 -- One row per consumer service: what waits, what is on its way, what failed.
 -- `looks_down`: deliveries are being retried (or failed) and nothing was
@@ -197,7 +206,8 @@ join watchpump.services s on s.id = w.service_id;
 create or replace view watchpump.delivery_history as
 select d.id as delivery_id, d.created_at as at, 0 as seq, 'created' as event,
        format('change %s (%s of %s, sequence %s) for watch %s', d.change_id, c.kind, c.object,
-              c.sequence, d.watch_id) as detail
+              c.sequence, d.watch_id)
+       || case when d.replay then ', a replay asked for by a resync' else '' end as detail
 from watchpump.deliveries d
 cross join lateral (
     -- As in delivery_log: the change in its day.
@@ -311,6 +321,22 @@ language sql stable as $$
     limit 1
 $$;
 
+-- The attempt a settled delivery keeps on its row (the one that delivered
+-- it), as the action that queues it again keeps it: one row, all null when
+-- the row keeps none (a failed or dropped delivery's attempts are all in
+-- attempt_log).
+create or replace function watchpump.settled_attempt(p_settled watchpump.settled)
+returns table (attempt integer, started_at timestamptz, duration_ms double precision, status integer,
+               response_head text, pump text)
+language sql immutable as $$
+    select case when p_settled.last_pump is not null then p_settled.attempts end,
+           case when p_settled.last_pump is not null then p_settled.last_started_at end,
+           case when p_settled.last_pump is not null then p_settled.last_duration_ms end,
+           case when p_settled.last_pump is not null then p_settled.last_status end,
+           case when p_settled.last_pump is not null then p_settled.last_response_head end,
+           p_settled.last_pump
+$$;
+
 -- Moves settled deliveries back to the queue: pending, due now, a fresh
 -- deadline, the same id (the consumer still de-duplicates by it) and its
 -- attempts so far; wakes the pumps. The callers have checked the order
@@ -350,17 +376,21 @@ create or replace function watchpump.retry(p_delivery_id bigint, p_actor text de
 returns text
 language plpgsql as $$
 declare
+    v_settled       watchpump.settled;
     v_state         text;
     v_error         text;
     v_superseded_by bigint;
     v_newer_state   text;
     v_ended_at      timestamptz;
 begin
-    select d.state, d.last_error, d.superseded_by, d.finished_at
-    into v_state, v_error, v_superseded_by, v_ended_at
+    select d.* into v_settled
     from watchpump.settled d
     where d.id = p_delivery_id
     for update;
+    v_state := v_settled.state;
+    v_error := v_settled.last_error;
+    v_superseded_by := v_settled.superseded_by;
+    v_ended_at := v_settled.finished_at;
     if not found then
         select d.state into v_state from watchpump.deliveries d where d.id = p_delivery_id;
         if not found then
@@ -392,8 +422,12 @@ begin
     end if;
 
     perform watchpump.requeue(array[p_delivery_id]);
-    insert into watchpump.actions (delivery_id, action, actor, from_state, note, ended_at, ended_detail)
-    values (p_delivery_id, 'retry', watchpump.actor(p_actor), v_state, v_error, v_ended_at, v_error);
+    -- The action keeps the ending and the attempt the settled row held.
+    insert into watchpump.actions (delivery_id, action, actor, from_state, note, ended_at, ended_detail,
+                                   attempt, attempt_started_at, attempt_duration_ms, attempt_status,
+                                   attempt_response_head, attempt_pump)
+    select p_delivery_id, 'retry', watchpump.actor(p_actor), v_state, v_error, v_ended_at, v_error, a.*
+    from watchpump.settled_attempt(v_settled) a;
     return v_state;
 end
 $$;
@@ -432,11 +466,15 @@ begin
     where c.newest_first = 1
       and not exists (select 1 from watchpump.newer_news(c.id));
 
-    insert into watchpump.actions (delivery_id, action, actor, from_state, note, ended_at, ended_detail)
+    insert into watchpump.actions (delivery_id, action, actor, from_state, note, ended_at, ended_detail,
+                                   attempt, attempt_started_at, attempt_duration_ms, attempt_status,
+                                   attempt_response_head, attempt_pump)
     select d.id, 'retry', watchpump.actor(p_actor),
            'failed', 'all failed since ' || p_since::text || coalesce('; ' || d.last_error, ''),
-           d.finished_at, d.last_error
-    from watchpump.settled d where d.id = any (v_ids);
+           d.finished_at, d.last_error, a.*
+    from watchpump.settled d
+    cross join lateral watchpump.settled_attempt(d) a
+    where d.id = any (v_ids);
     return watchpump.requeue(v_ids);
 end
 $$;

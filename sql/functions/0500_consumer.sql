@@ -9,19 +9,24 @@
 -- "Redeliver". The order rule (0200_pump.sql) holds: a superseded delivery,
 -- or one whose (watch, object) has newer news sent or on its way
 -- (newer_news()), is refused (55000, a 409), as is one still queued.
--- Recorded as a 'retry' action by p_actor. Returns the state it had.
+-- Bounded (README, "Bounds"): one redelivery of a delivery per
+-- REDELIVER_EVERY = 1 minute (54000, a 429, with the seconds to wait in
+-- its detail), so that a delivery cannot be sent in a loop; the
+-- service's token bucket (take_write_tokens()) bounds all of them.
+-- Recorded as a 'retry' action by p_actor, which keeps the attempt that
+-- delivered it (requeue() deletes the settled row that held it): the
+-- delivery's record loses no attempt. Returns the state it had.
 create or replace function watchpump.redeliver(p_service_id bigint, p_delivery_id bigint, p_actor text)
 returns text
 language plpgsql as $$
 declare
+    v_settled     watchpump.settled;
     v_state       text;
-    v_error       text;
-    v_by          bigint;
     v_newer       bigint;
     v_newer_state text;
-    v_ended_at    timestamptz;
+    v_last        timestamptz;
 begin
-    select d.state, d.last_error, d.superseded_by, d.finished_at into v_state, v_error, v_by, v_ended_at
+    select d.* into v_settled
     from watchpump.settled d
     where d.id = p_delivery_id and d.service_id = p_service_id
     for update;
@@ -36,9 +41,9 @@ begin
         raise exception 'watchpump.redeliver: delivery % is % already', p_delivery_id, v_state
             using errcode = '55000';
     end if;
-    if v_state = 'superseded' then
+    if v_settled.state = 'superseded' then
         raise exception 'watchpump.redeliver: delivery % was superseded by delivery %, which carries newer news of the same object',
-            p_delivery_id, v_by
+            p_delivery_id, v_settled.superseded_by
             using errcode = '55000';
     end if;
     select n.delivery_id, n.state into v_newer, v_newer_state
@@ -48,13 +53,71 @@ begin
             v_newer, v_newer_state
             using errcode = '55000';
     end if;
+    -- After the refusals that waiting cannot change: a 429 says "later".
+    select max(x.at) into v_last from watchpump.actions x where x.delivery_id = p_delivery_id;
+    if v_last > now() - interval '1 minute' then
+        raise exception 'watchpump.redeliver: delivery % was redelivered less than a minute ago; a delivery may be redelivered once a minute',
+            p_delivery_id
+            using errcode = '54000',
+                  detail = 'retry_after=' || ceil(extract(epoch from v_last + interval '1 minute' - now()));
+    end if;
     perform watchpump.requeue(array[p_delivery_id]);
-    -- As retry() (0300_operator.sql): the ended event stays in
-    -- delivery_history after the delivery is queued again.
-    insert into watchpump.actions (delivery_id, action, actor, from_state, note, ended_at, ended_detail)
-    values (p_delivery_id, 'retry', p_actor, v_state, 'redelivery asked for by the consumer',
-            v_ended_at, v_error);
-    return v_state;
+    -- As retry() (0300_operator.sql): the ended event, and the attempt that
+    -- made it, stay in the history after the delivery is queued again.
+    insert into watchpump.actions (delivery_id, action, actor, from_state, note, ended_at, ended_detail,
+                                   attempt, attempt_started_at, attempt_duration_ms, attempt_status,
+                                   attempt_response_head, attempt_pump)
+    select p_delivery_id, 'retry', p_actor, v_settled.state, 'redelivery asked for by the consumer',
+           v_settled.finished_at, v_settled.last_error, a.*
+    from watchpump.settled_attempt(v_settled) a;
+    return v_settled.state;
+end
+$$;
+
+-- SELF-SERVICE WRITES (issue 34). Every write a consumer makes through
+-- the API (creating a watch, a ping, a redelivery, a resync, a pause, a
+-- resume) first takes a token from its service's bucket in write_buckets:
+-- it fills at settings.self_service_rate tokens a second (null: 1) up to
+-- settings.self_service_burst (null: 60). A call without a token is
+-- refused at once with a 429 whose Retry-After is the wait for one
+-- (src/api/limits.rs); it takes nothing. One bucket per service, so one
+-- service's loop never slows another's; the row lock serialises only that
+-- service's own writes.
+
+-- The bucket's rate and burst.
+create or replace function watchpump.write_rate(out rate double precision, out burst integer)
+language sql stable as $$
+    select coalesce(s.self_service_rate, 1), coalesce(s.self_service_burst, 60)
+    from watchpump.settings s
+$$;
+
+-- Takes p_cost tokens from the service's bucket: wait_secs is 0 when they
+-- were taken, else the seconds until they will be there (nothing taken);
+-- with the rate and burst, for the refusal's message.
+create or replace function watchpump.take_write_tokens(p_service_id bigint, p_cost integer,
+                                                       out wait_secs double precision,
+                                                       out rate double precision, out burst integer)
+language plpgsql as $$
+declare
+    v_now    timestamptz := clock_timestamp();
+    v_tokens double precision;
+begin
+    select r.rate, r.burst into rate, burst from watchpump.write_rate() r;
+    insert into watchpump.write_buckets (service_id, tokens, refilled_at)
+    values (p_service_id, burst, v_now)
+    on conflict do nothing;
+    select least(burst, b.tokens + rate * greatest(0, extract(epoch from v_now - b.refilled_at)))
+    into v_tokens
+    from watchpump.write_buckets b where b.service_id = p_service_id
+    for update;
+    if v_tokens >= p_cost then
+        update watchpump.write_buckets b
+        set tokens = v_tokens - p_cost, refilled_at = greatest(b.refilled_at, v_now)
+        where b.service_id = p_service_id;
+        wait_secs := 0;
+    else
+        wait_secs := (p_cost - v_tokens) / rate;
+    end if;
 end
 $$;
 
@@ -96,7 +159,8 @@ begin
     where d.watch_id = p_watch_id and d.object = v_object;
     if v_last > now() - p_every then
         raise exception 'watchpump.ping: watch % was pinged less than % ago', p_watch_id, p_every
-            using errcode = '54000';
+            using errcode = '54000',
+                  detail = 'retry_after=' || ceil(extract(epoch from v_last + p_every - now()));
     end if;
     insert into watchpump.objects as o (object, last_sequence)
     values (v_object, 1)
@@ -129,11 +193,31 @@ $$;
 --   - what emit() queued since hold_paused() last ran is due at once, so
 --     claim() also skips paused watches and services (its one pause
 --     condition, 0200_pump.sql);
---   - resume gives every held delivery a fresh delivery window, due now:
---     the window restarts at resume. The pump then sends the newest news of
---     each (watch, object) in the order rule's order.
+--   - resume gives every held delivery a fresh delivery window, due now, as
+--     it releases it: the window restarts at its release. The pump then
+--     sends the newest news of each (watch, object) in the order rule's
+--     order.
 -- A delivery already in flight when the pause begins finishes its attempt
 -- (a failed one is then held like the rest).
+--
+-- What a pause or a resume costs is bounded (issue 34: 17 pauses and
+-- resumes of a watch with 10,000 queued deliveries rewrote every row each
+-- time, 254 MB of WAL in 20 s):
+--   - a pause holds at most PAUSE_BATCH = 1,000 deliveries itself, and a
+--     resume releases at most 1,000 (release_held()); the operator's task
+--     holds the rest (hold_paused(), 10,000 a round) and releases the rest
+--     (release_resumed(), 1,000 a watch and 10,000 a round), so a pause or
+--     resume writes a bounded number of rows however much the watch holds;
+--   - through the API, each takes a token of the service's bucket
+--     (take_write_tokens()), and a watch resumed less than a minute ago is
+--     not paused again (54000, a 429): what one watch's pauses rewrite is
+--     at most twice what it holds, once a minute;
+--   - a consumer's pause of a watch lasts at most settings.max_pause (7
+--     days by default): then expire_pauses() resumes the watch and what it
+--     held is sent (and fails at the end of its new window if the consumer
+--     still does not take it), so that no pause keeps deliveries and the
+--     changes they need forever. An operator's pause of a whole service
+--     has no maximum: it is the operator's decision.
 
 -- The time a held delivery is "due": far enough to never come, and a real
 -- timestamp (not 'infinity', which clients' date types cannot hold).
@@ -261,19 +345,32 @@ begin
 end
 $$;
 
--- Releases held deliveries of the given watches that no pause holds any
--- more: due now, with a fresh delivery window. Wakes the pumps.
-create or replace function watchpump.release_held(p_watch_ids bigint[]) returns integer
+-- Releases at most p_max held deliveries of each of the given watches that
+-- no pause holds any more, oldest first: due now, with a fresh delivery
+-- window. Walks the partial index queue_held (0022_consumer_shares.sql),
+-- one watch at a time, so it reads what it releases. Rows another
+-- transaction holds are skipped (a later batch takes them). Wakes the
+-- pumps. Returns how many it released.
+create or replace function watchpump.release_held(p_watch_ids bigint[], p_max integer) returns integer
 language plpgsql as $$
 declare
-    v_count integer;
+    v_watch bigint;
+    v_n     integer;
+    v_count integer := 0;
 begin
-    update watchpump.queue q
-    set next_attempt_at = now(), deadline = now() + watchpump.delivery_window()
-    where q.watch_id = any (p_watch_ids)
-      and q.next_attempt_at = watchpump.held_until()
-      and not watchpump.is_paused(q.watch_id);
-    get diagnostics v_count = row_count;
+    foreach v_watch in array coalesce(p_watch_ids, '{}') loop
+        continue when watchpump.is_paused(v_watch);
+        update watchpump.queue q
+        set next_attempt_at = now(), deadline = now() + watchpump.delivery_window()
+        where q.id = any (array(
+                  select h.id from watchpump.queue h
+                  where h.watch_id = v_watch and h.next_attempt_at = watchpump.held_until()
+                  order by h.id
+                  limit greatest(p_max, 0)
+                  for update skip locked));
+        get diagnostics v_n = row_count;
+        v_count := v_count + v_n;
+    end loop;
     if v_count > 0 then
         perform pg_notify('watchpump', '');
     end if;
@@ -281,17 +378,84 @@ begin
 end
 $$;
 
+-- Whether a watch still has held deliveries (the index queue_held).
+create or replace function watchpump.holds_any(p_watch_id bigint) returns boolean
+language sql stable as $$
+    select exists (select 1 from watchpump.queue h
+                   where h.watch_id = p_watch_id and h.next_attempt_at = watchpump.held_until())
+$$;
+
+-- Resumed watches release what they hold a batch at a time: the resume
+-- itself one batch (set_watch_paused(), set_service_paused()), this the
+-- rest, from the operator's periodic task. The watches of watchpump.
+-- releasing of up to 32 services a round, chosen at random, each service
+-- only while its pause lock is free (a pause or resume under way is left
+-- to a later round, as in hold_paused(); a round holds at most 32 locks),
+-- and up to 1,000 watches a service; at most p_per_watch deliveries a
+-- watch and p_max in all. A watch with nothing held left, or paused again,
+-- leaves the list. Returns how many deliveries it released.
+create or replace function watchpump.release_resumed(p_per_watch integer, p_max integer)
+returns integer
+language plpgsql
+set jit = off
+as $$
+declare
+    v_service bigint;
+    v_watch   bigint;
+    v_count   integer := 0;
+begin
+    <<services>>
+    for v_service in
+        select x.service_id from (select distinct r.service_id from watchpump.releasing r) x
+        order by random() limit 32
+    loop
+        continue when not pg_try_advisory_xact_lock_shared(2003856752, watchpump.pause_key(v_service));
+        for v_watch in
+            select r.watch_id from watchpump.releasing r where r.service_id = v_service
+            order by r.watch_id limit 1000
+        loop
+            exit services when v_count >= p_max;
+            if not watchpump.is_paused(v_watch) then
+                v_count := v_count + watchpump.release_held(array[v_watch], least(p_per_watch, p_max - v_count));
+            end if;
+            if watchpump.is_paused(v_watch) or not watchpump.holds_any(v_watch) then
+                delete from watchpump.releasing where watch_id = v_watch;
+            end if;
+        end loop;
+    end loop;
+    return v_count;
+end
+$$;
+
+-- Releases one batch of the watch's held deliveries now and, when more are
+-- held, puts it on the list the operator's task releases from.
+create or replace function watchpump.start_release(p_watch_id bigint, p_service_id bigint) returns void
+language plpgsql as $$
+begin
+    perform watchpump.release_held(array[p_watch_id], 1000);
+    if watchpump.holds_any(p_watch_id) then
+        insert into watchpump.releasing (watch_id, service_id) values (p_watch_id, p_service_id)
+        on conflict do nothing;
+    end if;
+end
+$$;
+
 -- Pauses (p_paused) or resumes one of the service's live watches. Returns
 -- whether it changed anything: a repeated pause or resume is a no-op.
--- Another service's watch, or a removed one, is P0002.
-create or replace function watchpump.set_watch_paused(p_service_id bigint, p_watch_id bigint, p_paused boolean)
+-- Another service's watch, or a removed one, is P0002. With
+-- p_repause_after (the API's: a minute), a pause of a watch resumed less
+-- than that ago is refused (54000, with the seconds to wait in its
+-- detail); the operator's CLI passes none.
+create or replace function watchpump.set_watch_paused(p_service_id bigint, p_watch_id bigint, p_paused boolean,
+                                                      p_repause_after interval default null)
 returns boolean
 language plpgsql as $$
 declare
-    v_paused_at timestamptz;
+    v_paused_at  timestamptz;
+    v_resumed_at timestamptz;
 begin
     perform pg_advisory_xact_lock(2003856752, watchpump.pause_key(p_service_id));
-    select w.paused_at into v_paused_at
+    select w.paused_at, w.resumed_at into v_paused_at, v_resumed_at
     from watchpump.watches w
     where w.id = p_watch_id and w.service_id = p_service_id and w.removed_at is null
     for update;
@@ -302,11 +466,21 @@ begin
     if (v_paused_at is not null) = p_paused then
         return false;
     end if;
-    update watchpump.watches set paused_at = case when p_paused then now() end where id = p_watch_id;
+    if p_paused and v_resumed_at > now() - p_repause_after then
+        raise exception 'watchpump.set_watch_paused: watch % was resumed less than % s ago: a watch is paused again % s after its resume at the soonest',
+            p_watch_id, extract(epoch from p_repause_after)::bigint, extract(epoch from p_repause_after)::bigint
+            using errcode = '54000',
+                  detail = 'retry_after=' || ceil(extract(epoch from v_resumed_at + p_repause_after - now()));
+    end if;
+    update watchpump.watches
+    set paused_at = case when p_paused then now() end,
+        resumed_at = case when p_paused then resumed_at else now() end
+    where id = p_watch_id;
     if p_paused then
-        perform watchpump.hold_paused_of(array[p_service_id], 10000);
+        delete from watchpump.releasing where watch_id = p_watch_id;
+        perform watchpump.hold_paused_of(array[p_service_id], 1000);
     else
-        perform watchpump.release_held(array[p_watch_id]);
+        perform watchpump.start_release(p_watch_id, p_service_id);
     end if;
     return true;
 end
@@ -314,13 +488,16 @@ $$;
 
 -- Pauses or resumes every watch of a live service (its own pauses of
 -- single watches stay). Returns whether it changed anything. An unknown
--- service is P0002.
+-- service is P0002. The operator's (`watchpump services pause`): no
+-- token, no minimum between pauses, no maximum pause; bounded all the
+-- same, a batch at once and the rest by the operator's task.
 create or replace function watchpump.set_service_paused(p_service_id bigint, p_paused boolean)
 returns boolean
 language plpgsql as $$
 declare
     v_paused_at timestamptz;
-    v_watch_ids bigint[];
+    v_watch     bigint;
+    v_left      integer := 1000;
 begin
     perform pg_advisory_xact_lock(2003856752, watchpump.pause_key(p_service_id));
     select s.paused_at into v_paused_at
@@ -336,13 +513,60 @@ begin
     end if;
     update watchpump.services set paused_at = case when p_paused then now() end where id = p_service_id;
     if p_paused then
-        perform watchpump.hold_paused_of(array[p_service_id], 10000);
+        delete from watchpump.releasing where service_id = p_service_id;
+        perform watchpump.hold_paused_of(array[p_service_id], 1000);
     else
-        select coalesce(array_agg(w.id), '{}') into v_watch_ids
-        from watchpump.watches w where w.service_id = p_service_id;
-        perform watchpump.release_held(v_watch_ids);
+        -- Every live watch not paused on its own that holds something goes
+        -- on the list (at most MAX_WATCHES_PER_SERVICE rows), and one
+        -- batch of them is released now.
+        insert into watchpump.releasing (watch_id, service_id)
+        select w.id, w.service_id from watchpump.watches w
+        where w.service_id = p_service_id and w.removed_at is null and w.paused_at is null
+          and watchpump.holds_any(w.id)
+        on conflict do nothing;
+        for v_watch in
+            select r.watch_id from watchpump.releasing r where r.service_id = p_service_id order by r.watch_id
+        loop
+            exit when v_left <= 0;
+            v_left := v_left - watchpump.release_held(array[v_watch], v_left);
+        end loop;
+        perform pg_notify('watchpump', '');
     end if;
     return true;
+end
+$$;
+
+-- Ends the consumers' pauses of watches older than settings.max_pause (7
+-- days by default): each is resumed, as by the consumer (its held news is
+-- released and sent), at most p_max a call, those of a service whose
+-- pause is under way left to the next call. Returns the watches resumed,
+-- with their service, for the log and the metric
+-- watchpump_pauses_expired_total.
+create or replace function watchpump.expire_pauses(p_max integer)
+returns table (service text, watch_id bigint)
+language plpgsql as $$
+declare
+    v_max   interval;
+    v_watch record;
+begin
+    select coalesce(s.max_pause, interval '7 days') into v_max from watchpump.settings s;
+    for v_watch in
+        select w.id, w.service_id, v.name
+        from watchpump.watches w
+        join watchpump.services v on v.id = w.service_id
+        where w.paused_at is not null and w.paused_at < now() - v_max and w.removed_at is null
+        order by w.paused_at
+        limit greatest(p_max, 0)
+    loop
+        continue when not pg_try_advisory_xact_lock(2003856752, watchpump.pause_key(v_watch.service_id));
+        update watchpump.watches w set paused_at = null, resumed_at = now()
+        where w.id = v_watch.id and w.paused_at < now() - v_max;
+        continue when not found;
+        perform watchpump.start_release(v_watch.id, v_watch.service_id);
+        service := v_watch.name;
+        watch_id := v_watch.id;
+        return next;
+    end loop;
 end
 $$;
 
@@ -496,10 +720,16 @@ $$;
 -- newest retained change that matches the watch's kinds and filter is
 -- queued again for it, as an ordinary delivery with replay = true (its body
 -- says "replay": true, with the change's own change_id and sequence).
---   - One resync per watch at a time: resync_start() takes the watch's row
---     in watchpump.resyncs, and refuses (54000, a 429) while another holds
---     it; resync_finish() gives it back. A row whose heartbeat is older
---     than a minute was left by a process that died, and is taken over.
+--   - One resync per service at a time (issue 34: 300 resyncs of one
+--     service's watches queued 600,000 replays): resync_start() takes the
+--     watch's row in watchpump.resyncs, and refuses (54000, a 429) while a
+--     resync of any watch of the service holds one; resync_finish() gives
+--     it back. A row whose heartbeat is older than a minute was left by a
+--     process that died, and is taken over.
+--   - A daily replay budget per service, for the consumer's own resyncs
+--     (consumer_resync_start()): a resync goes through at most as many
+--     objects as the budget holds replays, and the replays it did not
+--     queue are given back when it ends (give_back_replays()).
 --   - Bounded: the caller (src/resync.rs) goes through at most
 --     WATCHPUMP_RESYNC_MAX_OBJECTS objects, in batches of resync_batch(),
 --     each its own short transaction.
@@ -528,6 +758,7 @@ language plpgsql as $$
 declare
     v_object  text;
     v_covered integer;
+    v_running bigint;
 begin
     select w.object into v_object
     from watchpump.watches w
@@ -536,15 +767,23 @@ begin
         raise exception 'watchpump.resync_start: there is no live watch % for this service', p_watch_id
             using errcode = 'P0002';
     end if;
+    -- One at a time per service: the check and the insert under a lock of
+    -- the service's, so that two starts cannot both find none running.
+    perform pg_advisory_xact_lock(2003856752, hashtext('watchpump.resync/' || p_service_id));
+    select r.watch_id into v_running
+    from watchpump.resyncs r
+    where r.service_id = p_service_id and r.heartbeat_at >= now() - interval '1 minute'
+    limit 1;
+    if found then
+        raise exception 'watchpump.resync_start: a resync of watch % of this service is running: one at a time per service', v_running
+            using errcode = '54000', detail = 'retry_after=5';
+    end if;
+    -- What is left is stale: its process died.
+    delete from watchpump.resyncs r where r.service_id = p_service_id;
     insert into watchpump.resyncs as r (watch_id, service_id)
     values (p_watch_id, p_service_id)
     on conflict (watch_id) do update
-        set started_at = now(), heartbeat_at = now()
-        where r.heartbeat_at < now() - interval '1 minute';
-    if not found then
-        raise exception 'watchpump.resync_start: a resync of watch % is running', p_watch_id
-            using errcode = '54000';
-    end if;
+        set service_id = excluded.service_id, started_at = now(), heartbeat_at = now();
     select count(*)::integer into v_covered
     from (select 1 from watchpump.covered_objects(v_object, null, greatest(p_max, 0) + 1)) c;
     objects := least(v_covered, greatest(p_max, 0));
@@ -652,4 +891,91 @@ $$;
 create or replace function watchpump.resync_finish(p_watch_id bigint) returns void
 language sql as $$
     delete from watchpump.resyncs where watch_id = p_watch_id
+$$;
+
+-- The replay budget of the service's own resyncs: settings.replays_per_day
+-- (null: 20,000) replays a day, a bucket that holds a day's worth and
+-- refills over the day. Takes up to p_want replays: granted, what is left
+-- after, the day's figure, and (when nothing could be granted) the
+-- seconds until a batch of 200 (or the day's figure, if smaller) is there.
+create or replace function watchpump.take_replays(p_service_id bigint, p_want integer,
+                                                  out granted integer, out left_after integer,
+                                                  out per_day integer, out wait_secs double precision)
+language plpgsql as $$
+declare
+    v_now    timestamptz := clock_timestamp();
+    v_rate   double precision;
+    v_tokens double precision;
+begin
+    select coalesce(s.replays_per_day, 20000) into per_day from watchpump.settings s;
+    v_rate := per_day / 86400.0;
+    insert into watchpump.replay_buckets (service_id, tokens, refilled_at)
+    values (p_service_id, per_day, v_now)
+    on conflict do nothing;
+    select least(per_day, b.tokens + v_rate * greatest(0, extract(epoch from v_now - b.refilled_at)))
+    into v_tokens
+    from watchpump.replay_buckets b where b.service_id = p_service_id
+    for update;
+    granted := least(greatest(p_want, 0), floor(v_tokens))::integer;
+    update watchpump.replay_buckets b
+    set tokens = v_tokens - granted, refilled_at = greatest(b.refilled_at, v_now)
+    where b.service_id = p_service_id;
+    left_after := floor(v_tokens - granted)::integer;
+    wait_secs := case when granted > 0 then 0
+                      else (least(200, per_day) - v_tokens) / v_rate end;
+end
+$$;
+
+-- Gives replays a resync did not queue back to the service's budget.
+create or replace function watchpump.give_back_replays(p_service_id bigint, p_unused integer) returns void
+language sql as $$
+    update watchpump.replay_buckets b
+    set tokens = least(coalesce((select s.replays_per_day from watchpump.settings s), 20000),
+                       b.tokens + greatest(p_unused, 0))
+    where b.service_id = p_service_id
+$$;
+
+-- A consumer's resync (the API's): resync_start() within the service's
+-- replay budget. The budget's replays are taken for every object the
+-- resync will go through (at most what the budget holds: truncated when
+-- the watch covers more), and the caller gives back what it did not queue
+-- (give_back_replays()). An empty budget is 54000 (a 429) with the wait in
+-- its detail, and takes no resync slot.
+create or replace function watchpump.consumer_resync_start(p_service_id bigint, p_watch_id bigint, p_max integer,
+                                                           out objects integer, out truncated boolean,
+                                                           out history_from timestamptz,
+                                                           out replays_left integer, out replays_per_day integer)
+language plpgsql as $$
+declare
+    v_budget record;
+    v_start  record;
+begin
+    -- What the budget holds, taken whole and the rest given back below,
+    -- so that two resyncs cannot spend it twice (the second waits for the
+    -- bucket's row lock, then finds the slot taken).
+    select * into v_budget from watchpump.take_replays(p_service_id, greatest(p_max, 0));
+    if v_budget.granted = 0 then
+        raise exception 'watchpump.consumer_resync_start: this service''s resyncs have used up its replays for now: % a day',
+            v_budget.per_day
+            using errcode = '54000', detail = 'retry_after=' || ceil(v_budget.wait_secs);
+    end if;
+    select * into v_start from watchpump.resync_start(p_service_id, p_watch_id, v_budget.granted);
+    objects := v_start.objects;
+    truncated := v_start.truncated;
+    history_from := v_start.history_from;
+    perform watchpump.give_back_replays(p_service_id, v_budget.granted - objects);
+    replays_left := v_budget.left_after + v_budget.granted - objects;
+    replays_per_day := v_budget.per_day;
+end
+$$;
+
+-- FAN-OUT BUDGETS (src/watches/fanout.rs). What the watches covering one
+-- object may cost emit() together, for the objects under the top segment
+-- p_top: the operator's figure in fanout_budgets (`watchpump fanout
+-- set-budget`), else settings.fanout_units, else 1,200 units.
+create or replace function watchpump.fanout_budget(p_top text) returns integer
+language sql stable as $$
+    select coalesce((select b.units from watchpump.fanout_budgets b where b.top_segment = p_top),
+                    (select s.fanout_units from watchpump.settings s),
+                    1200)
 $$;

@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use sqlx::{PgPool, Postgres, QueryBuilder};
 
+use crate::api::limits::{self, Write};
 use crate::api::{auth::Caller, AppState};
 use crate::delivery::{Message, State as DeliveryState};
 use crate::error::{Error, Result};
@@ -145,21 +146,23 @@ pub async fn show(
     Ok(Json(state.mask_json(shown)))
 }
 
-/// Queues the delivery again under the same id: 202, or 409 where the
-/// order rule forbids it (`watchpump.redeliver()`).
+/// Queues the delivery again under the same id: 202, 409 where the order
+/// rule forbids it, 429 within a minute of its last redelivery
+/// (`watchpump.redeliver()`) or past the service's bucket ([`limits`]).
 pub async fn redeliver(
     State(state): State<AppState>,
     Caller(service): Caller,
     id: Result<Path<i64>, PathRejection>,
 ) -> Result<(StatusCode, Json<Value>), HttpError> {
     let id = delivery_id(id)?;
+    limits::take(&state.pool, &service, Write::Redeliver).await?;
     let previous: String = sqlx::query_scalar("select watchpump.redeliver($1, $2, $3)")
         .bind(service.id)
         .bind(id)
         .bind(format!("consumer {}", service.name))
         .fetch_one(&state.pool)
         .await
-        .map_err(Error::raised)?;
+        .map_err(|e| limits::too_many_or_raised(e, &service.name, "redeliver"))?;
     Ok((
         StatusCode::ACCEPTED,
         Json(json!({"delivery_id": id, "previous_state": previous, "state": "pending"})),

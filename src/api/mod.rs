@@ -1,13 +1,14 @@
 //! The HTTP API consumers call, on `WATCHPUMP_LISTEN`: their watches
 //! ([`watches`]), their own deliveries ([`deliveries`]) and the producer's
 //! kinds of change ([`kinds`]), authenticated by their service token ([`auth`], with
-//! failures throttled per client address), and never handed a path or
-//! query that is not text ([`crate::http::text`]). Errors are
-//! [`HttpError`]s, as JSON.
+//! failures throttled per client address), their writes bounded per
+//! service ([`limits`]), and never handed a path or query that is not text
+//! ([`crate::http::text`]). Errors are [`HttpError`]s, as JSON.
 
 pub mod auth;
 pub mod deliveries;
 pub mod kinds;
+pub mod limits;
 pub mod openapi;
 pub mod rate;
 pub mod watches;

@@ -8,24 +8,38 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use crate::api::limits::{self, Write};
 use crate::api::{auth::Caller, AppState};
 use crate::http::HttpError;
+use crate::services::Service;
 use crate::watches::{self, resync, NewWatch, Watch};
 
 const DEFAULT_PAGE: i64 = 100;
 const MAX_PAGE: i64 = 1000;
 
-/// 201 with the new watch, or 200 with the identical one it already has.
-/// With `"resync": true` the watch's resync starts too ([`resync`]) and the
-/// answer carries its start under `"resync"` (429 if one is running: the
-/// watch exists, and asking again is safe).
+/// 201 with the new watch, or 200 with the identical one it already has
+/// (which writes nothing and takes no token of the service's bucket,
+/// [`limits`]). With `"resync": true` the watch's resync starts too
+/// ([`resync`]) and the answer carries its start under `"resync"` (429 if
+/// one of the service's runs, or its replay budget is spent: the watch
+/// exists, and asking again is safe).
 pub async fn create(
     State(state): State<AppState>,
     Caller(service): Caller,
     body: Result<Json<NewWatch>, JsonRejection>,
 ) -> Result<(StatusCode, Json<Value>), HttpError> {
     let Json(new) = body?;
-    let (watch, created) = watches::create(&state.pool, service.id, &new).await?;
+    let existing = watches::find_live(&state.pool, service.id, &new).await?;
+    if existing.is_none() {
+        limits::take(&state.pool, &service, Write::Create).await?;
+    }
+    let (watch, created) = watches::create(&state.pool, service.id, &new)
+        .await
+        .inspect_err(|e| {
+            if let Some(limit) = crate::watches::fanout::refusal_limit(e) {
+                crate::watches::fanout::count(&service.name, limit);
+            }
+        })?;
     let status = if created {
         StatusCode::CREATED
     } else {
@@ -33,23 +47,24 @@ pub async fn create(
     };
     let mut answer = serde_json::to_value(&watch).expect("a watch serialises");
     if new.resync {
-        let started = start_resync(&state, service.id, watch.id).await?;
+        let started = start_resync(&state, &service, watch.id).await?;
         answer["resync"] = serde_json::to_value(started).expect("a resync serialises");
     }
     Ok((status, Json(answer)))
 }
 
 /// Starts a resync of the watch (docs/protocol.md, "Resync"): 202
-/// `{"watch_id", "objects", "truncated", "history_from"}`, and the replays
-/// are queued in batches after the answer. 404 for another service's or a
-/// removed watch, 429 while a resync of the watch runs.
+/// `{"watch_id", "objects", "truncated", "history_from", "replays_left",
+/// "replays_per_day"}`, and the replays are queued in batches after the
+/// answer. 404 for another service's or a removed watch, 429 while a
+/// resync of the service runs, or when its replay budget is spent.
 pub async fn resync(
     State(state): State<AppState>,
     Caller(service): Caller,
     id: Result<Path<i64>, axum::extract::rejection::PathRejection>,
 ) -> Result<(StatusCode, Json<Value>), HttpError> {
     let id = watch_id(id)?;
-    let started = start_resync(&state, service.id, id).await?;
+    let started = start_resync(&state, &service, id).await?;
     Ok((
         StatusCode::ACCEPTED,
         Json(serde_json::to_value(started).expect("a resync serialises")),
@@ -58,17 +73,30 @@ pub async fn resync(
 
 async fn start_resync(
     state: &AppState,
-    service_id: i64,
+    service: &Service,
     watch_id: i64,
-) -> Result<resync::Started, HttpError> {
+) -> Result<resync::ConsumerStarted, HttpError> {
+    limits::take(&state.pool, service, Write::Resync).await?;
     let max = state.resync_max_objects;
-    let started = resync::start(&state.pool, service_id, watch_id, max)
+    let started = resync::start_for_consumer(&state.pool, service.id, watch_id, max)
         .await
         .map_err(|e| match e {
-            crate::Error::Database(e) => too_many_or_raised(e),
+            crate::Error::Database(e) => {
+                let limit = if resync::is_out_of_replays(&e) {
+                    "replay_budget"
+                } else {
+                    "resync_running"
+                };
+                limits::too_many_or_raised(e, &service.name, limit)
+            }
             e => e.into(),
         })?;
-    resync::spawn(state.pool.clone(), watch_id, max);
+    resync::spawn_for_consumer(
+        state.pool.clone(),
+        service.id,
+        watch_id,
+        u32::try_from(started.objects).unwrap_or(0),
+    );
     Ok(started)
 }
 
@@ -142,13 +170,14 @@ pub async fn remove(
 
 /// Pauses the watch: 200 `{"watch_id", "paused": true, "changed"}`;
 /// `changed` is false for a watch that was paused already. While paused
-/// nothing is sent and nothing fails (`crate::watches::pause`).
+/// nothing is sent and nothing fails (`crate::watches::pause`). 429 for a
+/// watch resumed less than a minute ago.
 pub async fn pause(
     State(state): State<AppState>,
     Caller(service): Caller,
     id: Result<Path<i64>, axum::extract::rejection::PathRejection>,
 ) -> Result<Json<Value>, HttpError> {
-    set_paused(state, service.id, id, true).await
+    set_paused(state, service, id, true).await
 }
 
 /// Resumes the watch: its waiting news is sent, each with a fresh delivery
@@ -158,17 +187,24 @@ pub async fn resume(
     Caller(service): Caller,
     id: Result<Path<i64>, axum::extract::rejection::PathRejection>,
 ) -> Result<Json<Value>, HttpError> {
-    set_paused(state, service.id, id, false).await
+    set_paused(state, service, id, false).await
 }
 
 async fn set_paused(
     state: AppState,
-    service_id: i64,
+    service: Service,
     id: Result<Path<i64>, axum::extract::rejection::PathRejection>,
     paused: bool,
 ) -> Result<Json<Value>, HttpError> {
     let id = watch_id(id)?;
-    let changed = watches::pause::set_watch(&state.pool, service_id, id, paused).await?;
+    let what = if paused { Write::Pause } else { Write::Resume };
+    limits::take(&state.pool, &service, what).await?;
+    let changed = watches::pause::set_watch_by_consumer(&state.pool, service.id, id, paused)
+        .await
+        .map_err(|e| match e {
+            crate::Error::Database(e) => limits::too_many_or_raised(e, &service.name, "repause"),
+            e => e.into(),
+        })?;
     Ok(Json(
         json!({ "watch_id": id, "paused": paused, "changed": changed }),
     ))
@@ -177,7 +213,9 @@ async fn set_paused(
 /// How often one watch may be pinged: each ping is a change and a
 /// delivery kept in the history, so a consumer pinging in a loop would
 /// otherwise grow both without bound. A sooner ping is a 429
-/// (tests/consumer_deliveries.rs).
+/// (tests/consumer_deliveries.rs); all of a service's pings take tokens of
+/// its bucket besides ([`limits`]), so that new watches do not get around
+/// it.
 pub const PING_EVERY_SECS: i64 = 10;
 
 /// Sends the watch a delivery of kind `watchpump.ping`, queued and signed
@@ -190,6 +228,7 @@ pub async fn ping(
     id: Result<Path<i64>, axum::extract::rejection::PathRejection>,
 ) -> Result<(StatusCode, Json<Value>), HttpError> {
     let id = watch_id(id)?;
+    limits::take(&state.pool, &service, Write::Ping).await?;
     let delivery_id: i64 =
         sqlx::query_scalar("select watchpump.ping($1, $2, make_interval(secs => $3))")
             .bind(service.id)
@@ -197,27 +236,11 @@ pub async fn ping(
             .bind(PING_EVERY_SECS as f64)
             .fetch_one(&state.pool)
             .await
-            .map_err(too_many_or_raised)?;
+            .map_err(|e| limits::too_many_or_raised(e, &service.name, "ping"))?;
     Ok((
         StatusCode::ACCEPTED,
         Json(json!({ "delivery_id": delivery_id })),
     ))
-}
-
-/// A bound of `sql/functions/0500_consumer.sql` (54000) as 429; any other
-/// refusal as [`crate::Error::raised`] maps it.
-pub(crate) fn too_many_or_raised(e: sqlx::Error) -> HttpError {
-    if let sqlx::Error::Database(d) = &e {
-        if d.code().as_deref() == Some("54000") {
-            let message = d.message();
-            let message = message
-                .split_once(": ")
-                .map_or(message, |(_, m)| m)
-                .to_string();
-            return HttpError::TooMany(message);
-        }
-    }
-    crate::Error::raised(e).into()
 }
 
 fn watch_id(

@@ -42,10 +42,11 @@ pub enum HttpError {
     /// time until it may try again.
     #[error("too many failed authentications from your address; try again in {} s", throttle::retry_after_secs(*.0))]
     Throttled(Duration),
-    /// A bound on what a caller may ask for was reached (a ping too soon,
-    /// a resync while one runs): 429, the message says which.
+    /// A bound on what a caller may ask for was reached (its service's
+    /// self-service writes, a ping too soon, a resync while one runs): 429,
+    /// the message says which, and `Retry-After` when it may try again.
     #[error("{0}")]
-    TooMany(String),
+    TooMany(String, Duration),
     /// This door is turned off by configuration.
     #[error("{0}")]
     Off(&'static str),
@@ -68,7 +69,7 @@ impl HttpError {
             }
             HttpError::Invalid(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid"),
             HttpError::Throttled(_) => (StatusCode::TOO_MANY_REQUESTS, "too_many_failures"),
-            HttpError::TooMany(_) => (StatusCode::TOO_MANY_REQUESTS, "too_many_requests"),
+            HttpError::TooMany(..) => (StatusCode::TOO_MANY_REQUESTS, "too_many_requests"),
             HttpError::Off(_) => (StatusCode::SERVICE_UNAVAILABLE, "disabled"),
             HttpError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         }
@@ -85,7 +86,7 @@ impl HttpError {
             HttpError::Unauthorized(_)
             | HttpError::Forbidden(_)
             | HttpError::Throttled(_)
-            | HttpError::TooMany(_) => "Refused",
+            | HttpError::TooMany(..) => "Refused",
             HttpError::Off(_) => "Off",
             HttpError::Internal(_) => "Internal error",
         }
@@ -118,7 +119,7 @@ impl HttpError {
         if status == StatusCode::UNAUTHORIZED {
             headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
-        if let HttpError::Throttled(wait) = self {
+        if let HttpError::Throttled(wait) | HttpError::TooMany(_, wait) = self {
             headers.insert(header::RETRY_AFTER, throttle::retry_after(wait));
         }
         response

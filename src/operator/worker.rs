@@ -1,5 +1,6 @@
 //! The operator's periodic task: fold failures into warnings, send them,
-//! hold what paused watches were sent, and prune, in one pump at a time.
+//! hold what paused watches were sent, end pauses past their maximum,
+//! release what resumed watches hold, and prune, in one pump at a time.
 //!
 //! Every pump runs a [`Worker`]; the one holding a session-level advisory
 //! lock on a connection of its own does the work. The lock goes with that
@@ -56,8 +57,12 @@ impl Worker {
     /// Folds new failures into warnings and hands the due ones to notify.
     pub async fn step(&self) -> Result<Step> {
         // Paused watches (issue 20): news arrived since the last tick is
-        // held, and supersedes older held news.
+        // held, and supersedes older held news; pauses past their maximum
+        // end, and resumed watches release what they still hold, a batch
+        // a round (issue 34).
         crate::watches::pause::hold_paused(&self.pool).await?;
+        crate::watches::pause::expire_pauses(&self.pool).await?;
+        crate::watches::pause::release_resumed(&self.pool).await?;
         let folded = notify::fold(&self.pool, self.cfg.fold_every()).await?;
         let handed = self.notifier.send_due(&self.pool).await?;
         Ok(Step { folded, handed })

@@ -211,6 +211,16 @@ pub async fn create(pool: &PgPool, service_id: i64, new: &NewWatch) -> Result<(W
     Ok((watch, true))
 }
 
+/// The identical live watch the service already has, if any: registering
+/// it again writes nothing (the API takes no token of the service's bucket
+/// for it, `crate::api::limits`). [`create`] checks again under the
+/// service's lock.
+pub async fn find_live(pool: &PgPool, service_id: i64, new: &NewWatch) -> Result<Option<Watch>> {
+    let filters = serde_json::to_value(&new.filters).expect("filters serialise");
+    let mut conn = pool.acquire().await?;
+    find_identical(&mut conn, service_id, new, &filters).await
+}
+
 async fn find_identical(
     tx: &mut PgConnection,
     service_id: i64,

@@ -4,10 +4,14 @@
 //! are SQL's (`sql/functions/0500_consumer.sql`, "RESYNC"); this is their
 //! one caller, for the API and the CLI alike.
 //!
-//! [`start`] takes the watch's one resync slot and counts what it covers;
-//! [`run`] goes through the objects in batches of [`BATCH`], each its own
-//! short transaction, then gives the slot back. The API answers 202 after
-//! [`start`] and runs [`run`] in a task of its own ([`spawn`]).
+//! [`start`] takes the service's one resync slot (one resync per service at
+//! a time, issue 34) and counts what the watch covers; [`run`] goes through
+//! the objects in batches of [`BATCH`], each its own short transaction,
+//! then gives the slot back. The API answers 202 after
+//! [`start_for_consumer`], which also takes the objects from the service's
+//! daily replay budget, and runs [`run`] in a task of its own
+//! ([`spawn_for_consumer`], which gives back what was not queued); the
+//! operator's panel and CLI use [`start`], without a budget.
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -33,6 +37,21 @@ pub struct Started {
     pub history_from: Option<DateTime<Utc>>,
 }
 
+/// A consumer's resync, started within its service's daily replay budget
+/// ([`start_for_consumer`]): [`Started`], and what is left of the budget.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct ConsumerStarted {
+    pub watch_id: i64,
+    pub objects: i32,
+    pub truncated: bool,
+    pub history_from: Option<DateTime<Utc>>,
+    /// Replays the service's resyncs may still queue now, after this one's
+    /// objects were taken from its budget.
+    pub replays_left: i32,
+    /// The budget: replays a day (`watchpump.settings.replays_per_day`).
+    pub replays_per_day: i32,
+}
+
 /// What a finished resync did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Done {
@@ -43,8 +62,9 @@ pub struct Done {
     pub queued: i64,
 }
 
-/// Takes the watch's resync slot. Another service's watch, or a removed
-/// one, is [`Error::NotFound`]; a watch with a resync running is a database
+/// Takes the watch's resync slot, as the operator (the CLI and the panel:
+/// no replay budget). Another service's watch, or a removed one, is
+/// [`Error::NotFound`]; a service with a resync running is a database
 /// error with SQLSTATE 54000 (the API's 429; [`is_running`]).
 pub async fn start(pool: &PgPool, service_id: i64, watch_id: i64, max: u32) -> Result<Started> {
     let started: Result<Started> = sqlx::query_as(
@@ -69,7 +89,49 @@ pub async fn start(pool: &PgPool, service_id: i64, watch_id: i64, max: u32) -> R
     started
 }
 
-/// Whether `e` is [`start`]'s refusal of a second resync of a watch.
+/// [`start`] for a consumer, through the API: one resync per service at a
+/// time as [`start`], and at most as many objects as the service's replay
+/// budget holds (`watchpump.consumer_resync_start()`); a spent budget is a
+/// database error with SQLSTATE 54000 too ([`is_out_of_replays`]). The
+/// caller runs it with [`spawn_for_consumer`], which gives back to the
+/// budget the replays it did not queue.
+pub async fn start_for_consumer(
+    pool: &PgPool,
+    service_id: i64,
+    watch_id: i64,
+    max: u32,
+) -> Result<ConsumerStarted> {
+    let started: Result<ConsumerStarted> = sqlx::query_as(
+        "select $2::bigint as watch_id, objects, truncated, history_from, replays_left, replays_per_day
+         from watchpump.consumer_resync_start($1, $2, $3)",
+    )
+    .bind(service_id)
+    .bind(watch_id)
+    .bind(i32::try_from(max).unwrap_or(i32::MAX))
+    .fetch_one(pool)
+    .await
+    .map_err(Error::raised);
+    let outcome = match &started {
+        Ok(s) if s.truncated => Some("truncated"),
+        Ok(_) => Some("started"),
+        Err(e) if is_running(e) => Some("refused"),
+        Err(_) => None,
+    };
+    if let Some(outcome) = outcome {
+        metrics::counter!(crate::metrics::RESYNCS, "outcome" => outcome).increment(1);
+    }
+    started
+}
+
+/// Whether a 54000 from [`start_for_consumer`] says the replay budget is
+/// spent (rather than that a resync of the service runs).
+pub fn is_out_of_replays(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(d)
+        if d.code().as_deref() == Some("54000") && d.message().contains("used up its replays"))
+}
+
+/// Whether `e` is [`start`]'s refusal of a second resync of a service (or,
+/// from [`start_for_consumer`], of a spent replay budget).
 pub fn is_running(e: &Error) -> bool {
     matches!(e, Error::Database(sqlx::Error::Database(d)) if d.code().as_deref() == Some("54000"))
 }
@@ -78,6 +140,11 @@ pub fn is_running(e: &Error) -> bool {
 /// then gives the slot back (also when a batch fails).
 pub async fn run(pool: &PgPool, watch_id: i64, max: u32) -> Result<Done> {
     let done = batches(pool, watch_id, max).await;
+    finish(pool, watch_id, done).await
+}
+
+/// Gives the slot back, whatever `done` says, and returns it.
+async fn finish(pool: &PgPool, watch_id: i64, done: Result<Done>) -> Result<Done> {
     let finished = sqlx::query("select watchpump.resync_finish($1)")
         .bind(watch_id)
         .execute(pool)
@@ -113,7 +180,39 @@ async fn batches(pool: &PgPool, watch_id: i64, max: u32) -> Result<Done> {
     }
 }
 
-/// [`run`] in a task of its own, for the API: its outcome is logged.
+/// [`run`] over the `objects` [`start_for_consumer`] took from the
+/// service's budget, in a task of its own. The replays it did not queue go
+/// back to the budget before the slot is given back, so that the
+/// service's next resync (which needs the slot) sees them; a resync that
+/// fails partway gives nothing back (what it queued is not known then).
+pub fn spawn_for_consumer(pool: PgPool, service_id: i64, watch_id: i64, objects: u32) {
+    tokio::spawn(async move {
+        let done = batches(&pool, watch_id, objects).await;
+        if let Ok(done) = &done {
+            let unused = i64::from(objects) - done.queued;
+            let given = sqlx::query("select watchpump.give_back_replays($1, $2)")
+                .bind(service_id)
+                .bind(i32::try_from(unused.max(0)).unwrap_or(i32::MAX))
+                .execute(&pool)
+                .await;
+            if let Err(e) = given {
+                tracing::warn!(watch_id, error = %e, "cannot give unused replays back");
+            }
+        }
+        match finish(&pool, watch_id, done).await {
+            Ok(done) => tracing::info!(
+                watch_id,
+                objects = done.objects,
+                queued = done.queued,
+                "resync done"
+            ),
+            Err(e) => tracing::warn!(watch_id, error = %e, "resync failed; it may be asked again"),
+        }
+    });
+}
+
+/// [`run`] in a task of its own, for the operator's panel: its outcome is
+/// logged.
 pub fn spawn(pool: PgPool, watch_id: i64, max: u32) {
     tokio::spawn(async move {
         match run(&pool, watch_id, max).await {

@@ -124,8 +124,9 @@ pub async fn resume_watch(
     set_watch(&state, watch_id, false).await
 }
 
-/// Starts a resync as the consumer API does (one per watch at a time, at
-/// most `WATCHPUMP_RESYNC_MAX_OBJECTS` objects); its replays are queued in
+/// Starts a resync as the consumer API does (one per service at a time,
+/// at most `WATCHPUMP_RESYNC_MAX_OBJECTS` objects; the operator's own, so
+/// not out of the service's replay budget); its replays are queued in
 /// batches after the answer.
 pub async fn resync_watch(
     _: Session,
@@ -136,11 +137,11 @@ pub async fn resync_watch(
     let (service_id, name) = owner(&state, watch_id).await?;
     let max = state.settings.resync_max_objects;
     let started = match resync::start(&state.pool, service_id, watch_id, max).await {
-        Err(e) if resync::is_running(&e) => {
-            return Err(HttpError::TooMany(format!(
-                "A resync of watch {watch_id} is running; ask again when it is done."
-            ))
-            .into())
+        Err(crate::Error::Database(e)) if crate::api::limits::refusal_of(&e).is_some() => {
+            let (message, wait) = crate::api::limits::refusal_of(&e).expect("checked above");
+            return Err(
+                HttpError::TooMany(format!("{message}; ask again when it is done."), wait).into(),
+            );
         }
         other => other?,
     };
