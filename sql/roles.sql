@@ -138,6 +138,13 @@ begin
     --   back, `select ... for update`, which needs it)
     grant select, insert, update, delete on watchpump.queue, watchpump.sleepers, watchpump.settled
         to watchpump_pump;
+    --   consumers' own bounds (0022_consumer_shares.sql): their buckets of
+    --   writes and of replays, the paused watches being released in
+    --   batches, and the fan-out budgets operators set (read only: the
+    --   owner sets them, `watchpump fanout set-budget`)
+    grant select, insert, update on watchpump.write_buckets, watchpump.replay_buckets to watchpump_pump;
+    grant select, insert, update, delete on watchpump.releasing to watchpump_pump;
+    grant select on watchpump.fanout_budgets to watchpump_pump;
     grant select, insert, update on watchpump.attempt_log, watchpump.rate_buckets to watchpump_pump;
     grant select, update on watchpump.prune_position to watchpump_pump;
     --   settle()'s failures kept for retention (stage_failed()), taken out
@@ -183,6 +190,10 @@ begin
               -- the floors of ids and sequences (0023_timeline_floors.sql): the
               -- defaults of the ids ping() and resync queue with
               'id_floor', 'timeline', 'first_timeline',
+              -- consumers' own bounds (0022_consumer_shares.sql)
+              'settled_attempt', 'write_rate', 'take_write_tokens', 'holds_any', 'release_resumed',
+              'start_release', 'expire_pauses', 'take_replays', 'give_back_replays',
+              'consumer_resync_start', 'fanout_budget',
               -- the watches API and the consumer's own calls (src/api/, src/watches/)
               'message', 'ping', 'redeliver', 'object_prefixes', 'remove_watch',
               'hold_paused', 'hold_paused_of', 'paused_watches', 'pause_key', 'release_held',

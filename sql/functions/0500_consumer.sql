@@ -162,9 +162,10 @@ begin
             using errcode = '54000',
                   detail = 'retry_after=' || ceil(extract(epoch from v_last + p_every - now()));
     end if;
+    -- Above this timeline's floor, as emit()'s (0023_timeline_floors.sql).
     insert into watchpump.objects as o (object, last_sequence)
-    values (v_object, 1)
-    on conflict (object) do update set last_sequence = o.last_sequence + 1
+    values (v_object, watchpump.id_floor() + 1)
+    on conflict (object) do update set last_sequence = greatest(o.last_sequence, watchpump.id_floor()) + 1
     returning o.last_sequence into v_sequence;
     v_payload := jsonb_build_object('watch_id', p_watch_id, 'zen', 'pong');
     insert into watchpump.changes (object, kind, sequence, payload, payload_bytes)
