@@ -1,6 +1,6 @@
 //! pgbouncer in transaction mode between the producers and PostgreSQL
 //! (issue 36; docs/operator.md, "Connection poolers"): a producer's
-//! `emit()` with its trace context works through it, from psql and from
+//! `emit()` and `emit_many()` with their trace context work through it, from psql and from
 //! sqlx with statements not kept across transactions, while the pooler
 //! hands one server session to several clients; sqlx's kept statements (as
 //! `watchpump::emit()` and `serve` use them) break there; and `watchpump
@@ -207,17 +207,24 @@ async fn producers_emit_with_their_trace_context_through_transaction_pooling() {
         .unwrap();
     assert_eq!(created.status(), 201, "the watch, through the watches API");
 
-    // psql: each statement a message of its own, within one transaction.
-    let set = format!(
-        "select set_config('watchpump.traceparent', '{}', true)",
-        traceparent(1)
-    );
+    // psql: each statement a message of its own, in two transactions,
+    // emit() and then emit_many(), each with its own trace context.
+    let set = |n| {
+        format!(
+            "select set_config('watchpump.traceparent', '{}', true)",
+            traceparent(n)
+        )
+    };
     let out = psql(
         &bouncer.url("producer"),
         &[
             "begin",
-            &set,
+            &set(1),
             "select watchpump.emit('acme/psql', 'push', '{\"n\": 1}')",
+            "commit",
+            "begin",
+            &set(6),
+            "select watchpump.emit_many(array['acme/many'], array['push'], array['{\"n\": 6}'::jsonb])",
             "commit",
         ],
     );
@@ -274,7 +281,7 @@ async fn producers_emit_with_their_trace_context_through_transaction_pooling() {
 
     // Each change reaches the consumer with the trace context its
     // producer's transaction set (the pump forwards it as is, traces off).
-    let received = consumer.wait_for(5, Duration::from_secs(30)).await;
+    let received = consumer.wait_for(6, Duration::from_secs(30)).await;
     for r in &received {
         let n = r.body["payload"]["n"].as_u64().unwrap();
         assert_eq!(
@@ -288,7 +295,7 @@ async fn producers_emit_with_their_trace_context_through_transaction_pooling() {
     // The consumer API and the panel, of the serve connected directly.
     until(
         Duration::from_secs(30),
-        "the consumer API lists 5 delivered",
+        "the consumer API lists 6 delivered",
         || async {
             let page: serde_json::Value = http
                 .get(format!("{base}/api/v1/deliveries?state=delivered"))
@@ -300,7 +307,7 @@ async fn producers_emit_with_their_trace_context_through_transaction_pooling() {
                 .await
                 .unwrap();
             let n = page["deliveries"].as_array().map_or(0, Vec::len);
-            check(n == 5, format!("{n} listed"))
+            check(n == 6, format!("{n} listed"))
         },
     )
     .await;
@@ -323,7 +330,9 @@ async fn producers_emit_with_their_trace_context_through_transaction_pooling() {
         .text()
         .await
         .unwrap();
-    assert!(page.contains("acme/psql") && page.contains("acme/sqlx-5"));
+    assert!(["acme/psql", "acme/many", "acme/sqlx-5"]
+        .iter()
+        .all(|o| page.contains(o)));
 }
 
 #[tokio::test]
