@@ -1,11 +1,11 @@
 //! pgbouncer in transaction mode between the producers and PostgreSQL
 //! (issue 36; docs/operator.md, "Connection poolers"): a producer's
-//! `emit()` and `emit_many()` with their trace context work through it, from psql and from
-//! sqlx with statements not kept across transactions, while the pooler
-//! hands one server session to several clients; sqlx's kept statements (as
-//! `watchpump::emit()` and `serve` use them) break there; and `watchpump
-//! serve` and `migrate` refuse it at start, naming what to change, before
-//! they write anything.
+//! `emit()` and `emit_many()` with their trace context work through it,
+//! from psql and from sqlx with statements not kept across transactions,
+//! while the pooler hands one server session to several clients; sqlx's
+//! kept statements (as `watchpump::emit()` and `serve` use them) break
+//! there; and `watchpump serve` and `migrate` refuse it at start, naming
+//! what to change, before they write anything.
 //!
 //! pgbouncer is Debian's 1.18, unpacked into target/tools by
 //! `scripts/test-deps.sh`, run per test as a child process on a free
