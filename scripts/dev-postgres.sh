@@ -6,6 +6,10 @@
 #   scripts/dev-postgres.sh stop  NAME     (quiet when it is not running)
 #   scripts/dev-postgres.sh restart NAME   (a fast restart, for the chaos suite)
 #   scripts/dev-postgres.sh port  NAME     (prints the port `auto` means)
+#   scripts/dev-postgres.sh standby NAME PORT PRIMARY_PORT
+#       a fresh streaming standby of the cluster on PRIMARY_PORT (a
+#       pg_basebackup of it), in target/NAME, started on PORT
+#   scripts/dev-postgres.sh remove NAME    (stops it, deletes target/NAME)
 #
 # `auto` (what `make test`, `make bench` and the chaos suite use): a free
 # port chosen the first time, among 20000-32767 (below Linux's ephemeral
@@ -20,7 +24,7 @@
 # as root, because PostgreSQL refuses to run as root.
 set -euo pipefail
 
-cmd=${1:?usage: dev-postgres.sh start|stop|restart|port NAME [PORT|auto] [fsync]}
+cmd=${1:?usage: dev-postgres.sh start|stop|restart|port|standby|remove NAME [PORT|auto] [fsync|PRIMARY_PORT]}
 name=${2:?cluster name}
 port=${3:-54329}
 fsync=${4:-on}
@@ -91,18 +95,8 @@ as_owner() {
   fi
 }
 
-case "$cmd" in
-  start)
-    mkdir -p "$root/target"
-    [ -L "$data" ] && data=$(readlink "$data")
-    # Checked before anything is set up, so that the message names the
-    # setting instead of PostgreSQL's "could not bind" in a log.
-    running_here=$([ -f "$data/postmaster.pid" ] && sed -n 4p "$data/postmaster.pid" 2>/dev/null || true)
-    if [ "$running_here" != "$port" ] && ! port_free "$port"; then
-      echo "dev-postgres: cannot start $name on port $port: the port is in use (another program, or another checkout's cluster)." >&2
-      echo "dev-postgres: choose another with $(setting)=<port>, or delete target/$name.port to have a free one chosen." >&2
-      exit 1
-    fi
+# Makes the data directory, owned by the postgres user when run as root.
+make_data_dir() {
     if [ "$(id -u)" = 0 ]; then
       id postgres >/dev/null 2>&1 || useradd --system --home /var/lib/postgresql postgres
       mkdir -p "$data" && chown postgres "$data" && chmod 700 "$data"
@@ -119,6 +113,21 @@ case "$cmd" in
     else
       mkdir -p "$data"
     fi
+}
+
+case "$cmd" in
+  start)
+    mkdir -p "$root/target"
+    [ -L "$data" ] && data=$(readlink "$data")
+    # Checked before anything is set up, so that the message names the
+    # setting instead of PostgreSQL's "could not bind" in a log.
+    running_here=$([ -f "$data/postmaster.pid" ] && sed -n 4p "$data/postmaster.pid" 2>/dev/null || true)
+    if [ "$running_here" != "$port" ] && ! port_free "$port"; then
+      echo "dev-postgres: cannot start $name on port $port: the port is in use (another program, or another checkout's cluster)." >&2
+      echo "dev-postgres: choose another with $(setting)=<port>, or delete target/$name.port to have a free one chosen." >&2
+      exit 1
+    fi
+    make_data_dir
     if [ ! -f "$data/PG_VERSION" ]; then
       as_owner "$bindir/initdb" -D "$data" -U postgres -A trust -E UTF8 --no-sync >"$root/target/$name.initdb.log" 2>&1 \
         || { cat "$root/target/$name.initdb.log" >&2; exit 1; }
@@ -160,8 +169,28 @@ CONF
       as_owner "$bindir/pg_ctl" -D "$data" -m fast -w stop >&2 || true
     fi
     ;;
+  standby)
+    primary_port=${4:?usage: dev-postgres.sh standby NAME PORT PRIMARY_PORT}
+    "$0" remove "$name"
+    mkdir -p "$root/target"
+    make_data_dir
+    # -R writes standby.signal and primary_conninfo: it streams from the
+    # primary as soon as it starts. The copied postgresql.conf names the
+    # primary's socket directory; -k gives the standby its own.
+    as_owner "$bindir/pg_basebackup" -h 127.0.0.1 -p "$primary_port" -U postgres -D "$data" \
+      -X stream -R -c fast >&2
+    as_owner "$bindir/pg_ctl" -D "$data" -l "$data/server.log" -w -t 60 \
+      -o "-p $port -k $data" start >&2 \
+      || { tail -20 "$data/server.log" >&2; exit 1; }
+    echo "postgres://postgres@127.0.0.1:$port/postgres"
+    ;;
+  remove)
+    "$0" stop "$name"
+    [ -L "$data" ] && { rm -rf "$(readlink "$data")"; rm -f "$data"; }
+    rm -rf "$data" "$root/target/$name.initdb.log"
+    ;;
   *)
-    echo "usage: dev-postgres.sh start|stop|restart|port NAME [PORT|auto] [fsync]" >&2
+    echo "usage: dev-postgres.sh start|stop|restart|port|standby|remove NAME [PORT|auto] [fsync|PRIMARY_PORT]" >&2
     exit 2
     ;;
 esac

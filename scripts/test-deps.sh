@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Installs what the test suite needs beyond Rust and PostgreSQL, when missing:
-# prometheus/promtool (metrics checks), chromium and chromium-driver (the
-# panel's browser test, tests/panel.rs), Python's standardwebhooks (the
-# signing interop test), and, as root, HAProxy and nftables (the short
-# failover and partition runs of tests/chaos, which run only as root), and
-# Debian's Patroni and etcd unpacked into target/tools with Patroni's Python
-# libraries (the failover run's cluster: scripts/patroni-tools.sh). Says
-# clearly what it could not install.
+# prometheus/promtool (metrics checks), pgbouncer (tests/pooler.rs),
+# chromium and chromium-driver (the panel's browser test, tests/panel.rs),
+# Python's standardwebhooks (the signing interop test), and, as root,
+# HAProxy and nftables (the short failover and partition runs of
+# tests/chaos, which run only as root), and Debian's Patroni and etcd
+# unpacked into target/tools with Patroni's Python libraries (the failover
+# run's cluster: scripts/patroni-tools.sh). Says clearly what it could not
+# install.
 #
 # All apt installs happen here, before the tests start: the chaos scripts
 # can install HAProxy and nftables themselves, but two of them doing it at
@@ -48,6 +49,27 @@ if ! { command -v promtool && command -v prometheus; } >/dev/null 2>&1 && [ ! -x
   mkdir -p "$tools/bin" && dpkg-deb -x "$work"/prometheus_*.deb "$tools/prometheus" \
     && ln -sf "$tools/prometheus/usr/bin/prometheus" "$tools/prometheus/usr/bin/promtool" "$tools/bin/" \
     || { echo "test-deps: could not unpack the prometheus package" >&2; exit 1; }
+  rm -rf "$work"
+fi
+# pgbouncer (tests/pooler.rs) from Debian's package, unpacked into
+# target/tools with the one library it needs that the machine may lack
+# (libc-ares2), for the same reason as Prometheus: installing it would
+# enable a system pgbouncer service on port 6432. The tests run it as a
+# child process with a config of their own. target/tools/bin/pgbouncer
+# finds the unpacked library.
+if [ ! -x "$tools/bin/pgbouncer" ]; then
+  echo "test-deps: unpacking Debian's pgbouncer package into target/tools (not installing it)" >&2
+  work=$(mktemp -d)
+  if ! { (cd "$work" && apt-get download -qq pgbouncer libc-ares2 2>/dev/null) \
+         || { [ "$(id -u)" = 0 ] && apt-get update -qq && (cd "$work" && apt-get download -qq pgbouncer libc-ares2); }; } >&2; then
+    echo "test-deps: could not download Debian's pgbouncer package (apt-get download pgbouncer libc-ares2)" >&2
+    exit 1
+  fi
+  mkdir -p "$tools/bin" && for deb in "$work"/*.deb; do dpkg-deb -x "$deb" "$tools/pgbouncer" || exit 1; done \
+    && lib=$(dirname "$(find "$tools/pgbouncer" -name 'libcares.so.2*' | head -1)") \
+    && printf '#!/bin/sh\nLD_LIBRARY_PATH="%s${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" exec "%s/pgbouncer/usr/sbin/pgbouncer" "$@"\n' "$lib" "$tools" >"$tools/bin/pgbouncer" \
+    && chmod +x "$tools/bin/pgbouncer" \
+    || { echo "test-deps: could not unpack the pgbouncer package" >&2; exit 1; }
   rm -rf "$work"
 fi
 need=()

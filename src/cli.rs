@@ -306,6 +306,9 @@ async fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Migrate => {
             let pool = server::connect(&url, 2).await?;
+            // sqlx's kept statements need a session of their own, as
+            // `serve`'s do (crate::pooler).
+            crate::pooler::check_sessions(&pool.connect_options(), "DATABASE_URL").await?;
             let applied = schema::migrate(&pool).await?;
             if applied.is_empty() {
                 println!("schema is up to date");

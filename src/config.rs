@@ -14,6 +14,10 @@ use crate::retry::RetryPolicy;
 #[command(name = "watchpump", version, about)]
 pub struct Cli {
     /// PostgreSQL connection URL of the producer's database.
+    ///
+    /// PostgreSQL itself, not a pooler in transaction mode, which `serve`
+    /// and `migrate` refuse at start (docs/operator.md, "Connection
+    /// poolers").
     #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
     pub database_url: Option<String>,
 
@@ -264,6 +268,19 @@ pub struct ServeConfig {
     /// Database connections in the pool (pump and API share it).
     #[arg(long, env = "WATCHPUMP_DB_POOL", default_value_t = 8)]
     pub db_pool: u32,
+
+    /// PostgreSQL connection URL of a streaming standby of DATABASE_URL's
+    /// primary, for the pages that only list: the panel's overview,
+    /// deliveries, watches and warnings, the admin API's backlog,
+    /// deliveries, watches and warnings, the consumer API's deliveries and
+    /// watches, and the backlog gauges. Each such page then says how far
+    /// behind the standby is (`replica_lag_seconds`, a line in the panel).
+    /// Claims, sweeps and everything that writes stay on the primary, and
+    /// so do the pages of one delivery, one watch or one service. Up to
+    /// WATCHPUMP_DB_POOL connections to the standby. Unset, everything
+    /// reads the primary.
+    #[arg(long, env = "WATCHPUMP_READ_DATABASE_URL", hide_env_values = true)]
+    pub read_database_url: Option<String>,
 
     /// How often the backlog gauges (watchpump_backlog,
     /// watchpump_oldest_due_age_seconds) are read from the database. One pump

@@ -70,11 +70,15 @@
 //! - [`metrics`]: Prometheus metric names and the exporter;
 //!   [`metrics::backlog`] reads the backlog gauges from the database, one
 //!   pump at a time.
+//! - [`replica`]: the listing pages and the backlog gauges read on a
+//!   standby (`WATCHPUMP_READ_DATABASE_URL`), and how far behind it is.
 //! - [`edge`]: the HTTP listeners' defences: connection caps, header, body,
 //!   idle and write timeouts, the open-file limit and its budget.
 //! - [`throttle`]: failed authentications per client address (admin
 //!   token, panel log-in, service tokens), 429 once they are used up.
-//! - [`server`]: `watchpump serve`: pool, migrations, pump, API, shutdown.
+//! - [`server`]: `watchpump serve`: pool, migrations, pump, API, shutdown;
+//!   [`pooler`]: what works through a connection pooler, and the check at
+//!   start that refuses transaction pooling for `serve` itself.
 //! - [`cli`]: the `watchpump` command; [`cli_consumer`]: its forms of the
 //!   consumer's own calls (deliveries, pause, resume).
 //! - [`kit`]: the consumer's side, for services that receive deliveries:
@@ -119,9 +123,13 @@ pub mod metrics;
 #[cfg(feature = "producer")]
 pub mod operator;
 #[cfg(feature = "producer")]
+pub mod pooler;
+#[cfg(feature = "producer")]
 pub mod pump;
 #[cfg(feature = "producer")]
 pub mod redact;
+#[cfg(feature = "producer")]
+pub mod replica;
 #[cfg(feature = "producer")]
 pub mod retry;
 #[cfg(feature = "producer")]

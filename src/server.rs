@@ -38,8 +38,18 @@ pub async fn connect(database_url: &str, size: u32) -> Result<PgPool> {
 /// is back instead of exiting. A bad URL, a wrong password or a missing
 /// database fail at once: waiting does not cure them.
 pub async fn connect_waiting(database_url: &str, size: u32, patience: Duration) -> Result<PgPool> {
+    connect_as(database_url, size, patience, "DATABASE_URL").await
+}
+
+/// [`connect_waiting`] for the URL of `setting`, which its errors name.
+pub(crate) async fn connect_as(
+    database_url: &str,
+    size: u32,
+    patience: Duration,
+    setting: &str,
+) -> Result<PgPool> {
     let shown = crate::redact::mask_database_url(database_url);
-    let options = parse_database_url(database_url, &shown)?;
+    let options = parse_database_url(database_url, &shown, setting)?;
     let started = tokio::time::Instant::now();
     loop {
         match open_pool(&options, size).await {
@@ -56,7 +66,7 @@ pub async fn connect_waiting(database_url: &str, size: u32, patience: Duration) 
             }
             Err(e) => {
                 return Err(Error::Connect(format!(
-                    "cannot connect to the database at {shown} (DATABASE_URL): {}",
+                    "cannot connect to the database at {shown} ({setting}): {}",
                     cause(&e)
                 )))
             }
@@ -64,20 +74,26 @@ pub async fn connect_waiting(database_url: &str, size: u32, patience: Duration) 
     }
 }
 
-fn parse_database_url(database_url: &str, shown: &str) -> Result<PgConnectOptions> {
+fn parse_database_url(database_url: &str, shown: &str, setting: &str) -> Result<PgConnectOptions> {
     database_url
         .strip_prefix("postgres://")
         .or_else(|| database_url.strip_prefix("postgresql://"))
         .ok_or_else(|| {
             Error::Config(format!(
-                "DATABASE_URL {shown:?} is not a PostgreSQL URL: it must start with postgres:// \
+                "{setting} {shown:?} is not a PostgreSQL URL: it must start with postgres:// \
                  (e.g. postgres://user@127.0.0.1:5432/dbname)"
             ))
         })
         .and_then(|_| {
-            database_url.parse().map_err(|e| {
-                Error::Config(format!("DATABASE_URL {shown:?} is not a valid URL: {e}"))
-            })
+            database_url
+                .parse::<PgConnectOptions>()
+                .map_err(|e| Error::Config(format!("{setting} {shown:?} is not a valid URL: {e}")))
+                // sqlx asks for extra_float_digits = 2 at connection, which
+                // pgbouncer refuses unless told to ignore it: without it
+                // `serve` reaches its own check (crate::pooler) and says
+                // what to change. Floats are read in binary, and
+                // PostgreSQL 12+ prints them exactly by default.
+                .map(|options| options.extra_float_digits(None))
         })
 }
 
@@ -189,6 +205,11 @@ pub async fn serve(
     let soft_limit = open_file_limit();
     // One connection more than asked for: the listener keeps one for itself.
     let pool = connect_waiting(database_url, cfg.db_pool.max(2) + 1, START_UP_PATIENCE).await?;
+    // Before anything is written: behind transaction pooling, migrations
+    // and everything after them would fail at random (crate::pooler).
+    crate::pooler::check(&pool.connect_options(), "DATABASE_URL").await?;
+    let reads =
+        crate::replica::connect(cfg.read_database_url.as_deref(), cfg.db_pool, &pool).await?;
     let services = prepare_database(&pool).await?;
     let budget = budget(&cfg, soft_limit, metrics_addr.is_some());
     let metrics = match (metrics_addr, budget.metrics) {
@@ -221,12 +242,15 @@ pub async fn serve(
         &cfg.pump,
         &settings.panel_url,
     )?;
-    let app = api::app_with(AppState::new(pool.clone(), &cfg.pump), throttle).merge(
-        operator::router(operator::OperatorState {
-            pool: pool.clone(),
-            settings: std::sync::Arc::new(settings),
-        }),
-    );
+    let app = api::app_with(
+        AppState::new(pool.clone(), &cfg.pump).with_reads(reads.clone()),
+        throttle,
+    )
+    .merge(operator::router(operator::OperatorState {
+        pool: pool.clone(),
+        reads: reads.clone(),
+        settings: std::sync::Arc::new(settings),
+    }));
     let api = tokio::spawn(edge::serve(
         listener,
         app,
@@ -251,8 +275,12 @@ pub async fn serve(
             }
         }));
         let interval = std::time::Duration::from_millis(cfg.backlog_interval_ms);
-        tasks.push(tokio::spawn(metrics::backlog::run(
-            pool.clone(),
+        let mut collector = metrics::backlog::Collector::new(&pool);
+        if reads.is_standby() {
+            collector = collector.reading(reads.pool().clone());
+        }
+        tasks.push(tokio::spawn(metrics::backlog::run_collector(
+            collector,
             interval,
             stopped(stop_rx.clone()),
         )));
@@ -378,7 +406,11 @@ const RESERVED_IDLE: u64 = 128;
 /// 352 services at 64 each left the API 1 connection), its idle keep-alive
 /// connections ([`RESERVED_IDLE`]), and one for notify.
 fn fd_reserve(cfg: &ServeConfig) -> u64 {
-    let database = u64::from(cfg.db_pool.max(2) + 1) + PUMP_DB_CONNECTIONS + 1;
+    let standby = match cfg.read_database_url {
+        Some(_) => u64::from(cfg.db_pool.max(2)),
+        None => 0,
+    };
+    let database = u64::from(cfg.db_pool.max(2) + 1) + PUMP_DB_CONNECTIONS + 1 + standby;
     database + u64::from(cfg.pump.max_in_flight) + RESERVED_IDLE + 1
 }
 
@@ -445,5 +477,23 @@ mod tests {
         assert_eq!(budget(&cfg, 1_024, true).api, 223);
         assert_eq!(budget(&cfg, 512, true).api, crate::edge::config::API_FLOOR);
         assert_eq!(budget(&cfg, 65_536, true).api, cfg.edge.max_connections);
+    }
+
+    #[test]
+    fn a_standby_to_read_adds_its_pool_to_the_reserve() {
+        use clap::Parser;
+        let plain = crate::config::Cli::parse_from(["watchpump", "serve"]);
+        let standby = crate::config::Cli::parse_from([
+            "watchpump",
+            "serve",
+            "--read-database-url",
+            "postgres://standby/db",
+        ]);
+        let (crate::config::Command::Serve(plain), crate::config::Command::Serve(standby)) =
+            (plain.command, standby.command)
+        else {
+            unreachable!()
+        };
+        assert_eq!(fd_reserve(&standby), fd_reserve(&plain) + 8);
     }
 }

@@ -53,6 +53,7 @@ impl Server {
             watchpump::api::app_with(AppState::new(db.pool.clone(), &pump_config()), throttle)
                 .merge(watchpump::operator::router(OperatorState {
                     pool: db.pool.clone(),
+                    reads: watchpump::replica::Reads::primary(db.pool.clone()),
                     settings: Arc::new(settings),
                 }));
         let (stop, stopped) = oneshot::channel::<()>();

@@ -361,3 +361,38 @@ async fn a_producers_session_cannot_weaken_the_delivery_window() {
         "{err}"
     );
 }
+
+/// A traceparent far over its size (here 5 MB; 50 MB cost emit() 0.6 s of
+/// trimming and matching before it was dropped) is dropped before it is
+/// read: the change is recorded without a trace context, and counted as
+/// malformed.
+#[tokio::test]
+async fn an_oversized_traceparent_is_dropped_unread_and_counted() {
+    let db = TestDb::new().await;
+    let before: i64 =
+        sqlx::query_scalar("select case when is_called then last_value else 0 end from watchpump.trace_context_malformed")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    let mut tx = db.pool.begin().await.unwrap();
+    sqlx::query("select set_config('watchpump.traceparent', repeat(' ', 5000000) || '00-' || repeat('a', 32) || '-' || repeat('b', 16) || '-01', true)")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let change = watchpump::emit(&mut tx, "acme/web/main", "push", &json!({}))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let traceparent: Option<String> =
+        sqlx::query_scalar("select traceparent from watchpump.changes where id = $1")
+            .bind(change)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(traceparent, None, "recorded without a trace context");
+    let after: i64 = sqlx::query_scalar("select case when is_called then last_value else 0 end from watchpump.trace_context_malformed")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert!(after > before, "counted as malformed");
+}

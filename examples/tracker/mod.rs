@@ -85,6 +85,7 @@ pub async fn run(
         )))
         .merge(watchpump::operator::router(OperatorState {
             pool: pool.clone(),
+            reads: watchpump::replica::Reads::primary(pool.clone()),
             settings: Arc::new(settings),
         }));
 

@@ -25,6 +25,7 @@ use crate::delivery::{Message, State as DeliveryState};
 use crate::error::{Error, Result};
 use crate::http::HttpError;
 use crate::operator::store;
+use crate::replica::with_lag;
 
 /// Entries on a page when `limit` is not given.
 const DEFAULT_PAGE: i64 = 100;
@@ -115,13 +116,15 @@ pub async fn list(
         crate::watches::check_object(object).map_err(HttpError::from)?;
     }
     // One more than asked for: a cursor only when something follows.
-    let mut page = entries(&state.pool, service.id, &q, limit + 1).await?;
+    let lag = state.reads.lag().await?;
+    let mut page = entries(state.reads.pool(), service.id, &q, limit + 1).await?;
     let more = page.len() as i64 > limit;
     page.truncate(limit as usize);
     let next_after = more.then(|| page.last().map(|d| d.id)).flatten();
-    Ok(Json(state.mask_json(
+    Ok(Json(state.mask_json(with_lag(
         json!({ "deliveries": page, "next_after": next_after }),
-    )))
+        lag,
+    ))))
 }
 
 /// The entry, the body as sent (at its last attempt, or as it will be sent

@@ -30,6 +30,9 @@ pub const BODY_LIMIT: usize = 64 * 1024;
 #[derive(Clone)]
 pub struct AppState {
     pub pool: PgPool,
+    /// Where the listing pages read: `pool`, or a standby
+    /// (`WATCHPUMP_READ_DATABASE_URL`, [`crate::replica`]).
+    pub reads: crate::replica::Reads,
     /// The producer's name: a delivery's body, shown to its consumer as
     /// sent, carries it.
     pub producer: String,
@@ -46,11 +49,17 @@ impl AppState {
     /// token).
     pub fn new(pool: PgPool, pump: &crate::config::PumpConfig) -> AppState {
         AppState {
+            reads: crate::replica::Reads::primary(pool.clone()),
             pool,
             producer: pump.producer.clone(),
             producer_token: pump.producer_token.clone(),
             resync_max_objects: pump.resync_max_objects,
         }
+    }
+
+    /// The state with its listing pages read through `reads`.
+    pub fn with_reads(self, reads: crate::replica::Reads) -> AppState {
+        AppState { reads, ..self }
     }
 
     /// `value` with every string masked ([`crate::redact::mask`]): the

@@ -125,8 +125,9 @@ pub async fn list(
         )));
     }
     // One more than asked for: a cursor only when something follows.
+    let lag = state.reads.lag().await?;
     let mut page = watches::list(
-        &state.pool,
+        state.reads.pool(),
         service.id,
         q.include_removed,
         q.after,
@@ -136,7 +137,10 @@ pub async fn list(
     let more = page.len() as i64 > limit;
     page.truncate(limit as usize);
     let next_after = more.then(|| page.last().map(|w| w.id)).flatten();
-    Ok(Json(json!({ "watches": page, "next_after": next_after })))
+    Ok(Json(crate::replica::with_lag(
+        json!({ "watches": page, "next_after": next_after }),
+        lag,
+    )))
 }
 
 pub async fn show(

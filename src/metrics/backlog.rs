@@ -15,6 +15,12 @@
 //! service's counters at zero ([`super::register_service`]) before its first
 //! failure has to show as an increase.
 //!
+//! With `WATCHPUMP_READ_DATABASE_URL` set, the leader reads the backlog
+//! and the consumers' gauges on the standby ([`Collector::reading`],
+//! [`crate::replica`]), off the primary; the lock stays on the primary, and
+//! each step still reads something on the lock's connection, which proves
+//! the lock is held.
+//!
 //! The exporter cannot remove a series: a pump that stops leading sets its
 //! backlog gauges to NaN ("not measured here"), which `max by (service)`
 //! ignores, and `watchpump_backlog_leader` to 0.
@@ -76,6 +82,9 @@ pub struct Collector {
     exported: HashSet<String>,
     /// Whether the last step failed, so that an outage is logged once.
     failing: bool,
+    /// Where the leader reads the gauges when not on its own connection: a
+    /// standby's pool.
+    reads: Option<PgPool>,
 }
 
 impl Collector {
@@ -90,7 +99,15 @@ impl Collector {
             registered: HashSet::new(),
             exported: HashSet::new(),
             failing: false,
+            reads: None,
         }
+    }
+
+    /// The collector, reading the gauges on `standby` rather than on its
+    /// lock's connection to the primary.
+    pub fn reading(mut self, standby: PgPool) -> Self {
+        self.reads = Some(standby);
+        self
     }
 
     /// One round: connect if need be, try to lead, then export the backlog
@@ -143,18 +160,20 @@ impl Collector {
             return Ok(Role::Follower);
         }
         // Trace contexts emit() ignored as malformed: a sequence
-        // (0009_trace_context.sql), read without a lock.
+        // (0009_trace_context.sql), read without a lock, and on the
+        // primary even with a standby to read (a standby's sequence may be
+        // up to 32 ahead: sequences are logged in advance). Read on the
+        // lock's connection, it also proves the lock is held.
         let malformed: i64 = sqlx::query_scalar(
             "select case when is_called then last_value else 0 end from watchpump.trace_context_malformed",
         )
         .fetch_one(&mut *conn)
         .await?;
         metrics::counter!(m::TRACE_CONTEXT_MALFORMED).absolute(malformed.max(0) as u64);
-        let rows = backlog(conn).await?;
-        let consumers: Vec<(String, i64, Option<i32>)> =
-            sqlx::query_as("select service, paused_watches, rate from watchpump.consumer_gauges()")
-                .fetch_all(&mut *conn)
-                .await?;
+        let (rows, consumers) = match &self.reads {
+            Some(standby) => gauges(&mut *standby.acquire().await?).await?,
+            None => gauges(conn).await?,
+        };
         for (service, watches, rate) in consumers {
             metrics::gauge!(m::PAUSED_WATCHES, "service" => service.clone()).set(watches as f64);
             metrics::gauge!(m::RATE_LIMIT, "service" => service).set(rate.unwrap_or(0) as f64);
@@ -218,6 +237,19 @@ impl Collector {
     }
 }
 
+/// What the leader exports from the tables: the backlog, and each
+/// consumer's paused watches and rate.
+type Gauges = (Vec<Backlog>, Vec<(String, i64, Option<i32>)>);
+
+async fn gauges(conn: &mut PgConnection) -> sqlx::Result<Gauges> {
+    let rows = backlog(&mut *conn).await?;
+    let consumers =
+        sqlx::query_as("select service, paused_watches, rate from watchpump.consumer_gauges()")
+            .fetch_all(&mut *conn)
+            .await?;
+    Ok((rows, consumers))
+}
+
 fn export(row: &Backlog) {
     let counts = [row.pending, row.in_flight, row.due_now, row.failed_24h];
     for (state, count) in m::BACKLOG_STATES.iter().zip(counts) {
@@ -229,7 +261,15 @@ fn export(row: &Backlog) {
 
 /// Runs a collector every `interval` until `shutdown` resolves.
 pub async fn run(pool: PgPool, interval: Duration, shutdown: impl Future<Output = ()>) {
-    let mut collector = Collector::new(&pool);
+    run_collector(Collector::new(&pool), interval, shutdown).await
+}
+
+/// [`run`] with a collector made beforehand ([`Collector::reading`]).
+pub async fn run_collector(
+    mut collector: Collector,
+    interval: Duration,
+    shutdown: impl Future<Output = ()>,
+) {
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tokio::pin!(shutdown);

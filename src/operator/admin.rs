@@ -14,6 +14,8 @@ use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use crate::replica::with_lag;
+
 use crate::api::BODY_LIMIT;
 use crate::http::{bearer, text, HttpError};
 use crate::operator::store::{self, DeliveryFilter, WatchFilter};
@@ -76,9 +78,12 @@ impl FromRequestParts<OperatorState> for Admin {
 }
 
 async fn backlog(_: Admin, State(state): State<OperatorState>) -> Result<Json<Value>, HttpError> {
-    let services = store::backlog(&state.pool).await?;
+    let lag = state.reads.lag().await?;
+    let services = store::backlog(state.reads.pool()).await?;
     Ok(Json(
-        state.settings.mask_json(json!({ "services": services })),
+        state
+            .settings
+            .mask_json(with_lag(json!({ "services": services }), lag)),
     ))
 }
 
@@ -97,13 +102,15 @@ async fn deliveries(
         watch_id: None,
         ..filter
     };
-    let page = store::deliveries(&state.pool, &filter).await?;
+    let lag = state.reads.lag().await?;
+    let page = store::deliveries(state.reads.pool(), &filter).await?;
     let next_before = (page.len() as i64 == limit)
         .then(|| page.last().map(|d| d.delivery_id))
         .flatten();
-    Ok(Json(state.settings.mask_json(
+    Ok(Json(state.settings.mask_json(with_lag(
         json!({ "deliveries": page, "next_before": next_before }),
-    )))
+        lag,
+    ))))
 }
 
 /// The delivery, its attempts and its history.
@@ -193,13 +200,15 @@ async fn watches(
             store::MAX_PAGE
         )));
     }
-    let page = store::watches(&state.pool, &filter).await?;
+    let lag = state.reads.lag().await?;
+    let page = store::watches(state.reads.pool(), &filter).await?;
     let next_before = (page.len() as i64 == limit)
         .then(|| page.last().map(|w| w.watch_id))
         .flatten();
-    Ok(Json(state.settings.mask_json(
+    Ok(Json(state.settings.mask_json(with_lag(
         json!({ "watches": page, "next_before": next_before }),
-    )))
+        lag,
+    ))))
 }
 
 #[derive(Debug, Deserialize)]
@@ -214,9 +223,12 @@ async fn warnings(
     query: Result<Query<WarningQuery>, QueryRejection>,
 ) -> Result<Json<Value>, HttpError> {
     let Query(q) = query?;
-    let warnings = store::warnings(&state.pool, q.service.as_deref(), 100).await?;
+    let lag = state.reads.lag().await?;
+    let warnings = store::warnings(state.reads.pool(), q.service.as_deref(), 100).await?;
     Ok(Json(
-        state.settings.mask_json(json!({ "warnings": warnings })),
+        state
+            .settings
+            .mask_json(with_lag(json!({ "warnings": warnings }), lag)),
     ))
 }
 

@@ -41,6 +41,9 @@ use crate::throttle::Throttle;
 #[derive(Clone)]
 pub struct OperatorState {
     pub pool: PgPool,
+    /// Where the lists are read: `pool`, or a standby
+    /// (`WATCHPUMP_READ_DATABASE_URL`, [`crate::replica`]).
+    pub reads: crate::replica::Reads,
     pub settings: Arc<Settings>,
 }
 

@@ -138,6 +138,7 @@ impl AppServer {
             .merge(watchpump::operator::router(
                 watchpump::operator::OperatorState {
                     pool: pool.clone(),
+                    reads: watchpump::replica::Reads::primary(pool.clone()),
                     settings: Arc::new(settings),
                 },
             ));

@@ -121,7 +121,8 @@ pub async fn list(
 ) -> Result<Response, AsHtml> {
     let Query(q) = query.map_err(|e| HttpError::Invalid(e.body_text()))?;
     let filter = q.filter()?;
-    let rows = store::deliveries(&state.pool, &filter).await?;
+    let lag = state.reads.lag().await?;
+    let rows = store::deliveries(state.reads.pool(), &filter).await?;
     let chosen = filter.state.as_deref().unwrap_or("");
     let mut options = String::from(r#"<option value="">any</option>"#);
     for s in DeliveryState::ALL.map(DeliveryState::as_str) {
@@ -132,7 +133,8 @@ pub async fn list(
         ));
     }
     let value = |f: &Option<String>| esc(f.as_deref().unwrap_or(""));
-    let mut body = format!(
+    let mut body = crate::replica::panel_line(lag);
+    body.push_str(&format!(
         r#"<form class="filters" method="get" action="/panel/deliveries">
 <label>State <select name="state">{options}</select></label>
 <label>Service <input name="service" value="{}"></label>
@@ -144,7 +146,7 @@ pub async fn list(
         value(&q.object),
         value(&q.since),
         value(&q.until),
-    );
+    ));
     if rows.is_empty() {
         body.push_str(r#"<p class="muted">No deliveries match.</p>"#);
     } else {

@@ -14,13 +14,16 @@ use crate::http::html::{self, esc};
 use crate::http::{AsHtml, HttpError};
 use crate::operator::store::{self, Backlog, DeliveryFilter, Warning, WatchFilter};
 use crate::operator::{OperatorState, Settings};
+use crate::replica;
 use crate::services;
 
 pub async fn overview(_: Session, State(state): State<OperatorState>) -> Result<Response, AsHtml> {
-    let backlog = store::backlog(&state.pool).await?;
-    let failures = store::newest_failures(&state.pool, 10).await?;
-    let warnings = store::warnings(&state.pool, None, 5).await?;
-    let mut body = String::from("<h2>Consumer services</h2>");
+    let lag = state.reads.lag().await?;
+    let backlog = store::backlog(state.reads.pool()).await?;
+    let failures = store::newest_failures(state.reads.pool(), 10).await?;
+    let warnings = store::warnings(state.reads.pool(), None, 5).await?;
+    let mut body = replica::panel_line(lag);
+    body.push_str("<h2>Consumer services</h2>");
     body.push_str(&backlog_table(&backlog));
     body.push_str("<h2>Newest failures</h2>");
     if failures.is_empty() {
@@ -221,9 +224,11 @@ pub async fn service(
 }
 
 pub async fn warnings(_: Session, State(state): State<OperatorState>) -> Result<Response, AsHtml> {
-    let rows = store::warnings(&state.pool, None, 200).await?;
+    let lag = state.reads.lag().await?;
+    let rows = store::warnings(state.reads.pool(), None, 200).await?;
     let body = format!(
-        r#"<p class="muted">When deliveries to a service end failed, one warning per service per fold window goes to notify; failures in between are folded into it (counted, not sent again).</p>{}"#,
+        r#"{}<p class="muted">When deliveries to a service end failed, one warning per service per fold window goes to notify; failures in between are folded into it (counted, not sent again).</p>{}"#,
+        replica::panel_line(lag),
         warnings_table(&rows, &state.settings)
     );
     Ok(html::page(StatusCode::OK, "Warnings", &body, true))
@@ -239,7 +244,8 @@ pub async fn watches(
         limit: Some(100),
         ..filter
     };
-    let rows = store::watches(&state.pool, &filter).await?;
+    let lag = state.reads.lag().await?;
+    let rows = store::watches(state.reads.pool(), &filter).await?;
     let value = |v: &Option<String>| esc(v.as_deref().unwrap_or(""));
     let show = filter.show.as_deref().unwrap_or("any");
     let option = |v: &str, label: &str| {
@@ -248,7 +254,8 @@ pub async fn watches(
             if show == v { " selected" } else { "" }
         )
     };
-    let mut body = format!(
+    let mut body = replica::panel_line(lag);
+    body.push_str(&format!(
         r#"<p class="muted">Consumers create and remove their watches through the watches API; the panel only shows them.</p>
 <form class="filters" method="get" action="/panel/watches">
 <label>Service <input name="service" value="{}"></label>
@@ -262,7 +269,7 @@ pub async fn watches(
         option("any", "live and removed"),
         option("live", "live"),
         option("removed", "removed"),
-    );
+    ));
     body.push_str(
         "<table><tr><th>#</th><th>Service</th><th>Resource</th><th>Object</th><th>Filters</th>\
          <th>Created</th><th>Removed</th><th>Actions</th></tr>",
