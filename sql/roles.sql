@@ -120,7 +120,7 @@ begin
         execute format('grant execute on function %s to watchpump_operator', v_function);
     end loop;
 
-    -- emit_many() comes with 0100_emit.sql on main; a schema without it
+    -- emit_many() comes with 0150_emit.sql on main; a schema without it
     -- yet grants emit() alone.
     for v_function in
         select p.oid::regprocedure from pg_proc p

@@ -2,6 +2,17 @@
 //! once each, and the functions in `sql/functions/`, re-applied whenever
 //! their text changes. Both are embedded in the binary, in name order
 //! (`build.rs` lists them: a new migration is a new file, nothing else).
+//! Each file of functions is a room on a floor and calls only the floors
+//! below it (the map: the top of `sql/functions/0000_vocabulary.sql`;
+//! `tests/sql_floors.rs` checks it).
+//!
+//! Renaming or re-cutting the files of functions is safe for a database
+//! made by an older version: the bookkeeping knows a file by its name, a
+//! name no longer listed is never read again (its row stays, unused), and
+//! the new files' `create or replace` definitions replace the functions
+//! and views they define, wherever they were defined before. A function
+//! that goes, or changes its arguments, leaves the old one behind: a
+//! migration drops it (`0015_settle_held.sql` did for `settle()`).
 //!
 //! watchpump keeps its own bookkeeping (`watchpump.schema_migrations`) rather
 //! than sqlx's `_sqlx_migrations`, which the producer's own migrations

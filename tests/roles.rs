@@ -410,7 +410,7 @@ async fn migrate_beside_days_made_and_retired_never_fails() {
 // ---------------------------------------------------------------------------
 
 /// Functions the roles table names that this branch's schema may lack:
-/// `emit_many()` comes with `sql/functions/0100_emit.sql` on main (issue
+/// `emit_many()` comes with `sql/functions/0150_emit.sql` on main (issue
 /// 34). A name here that the database has is checked like any other.
 const NOT_YET: &[&str] = &["emit_many"];
 

@@ -1,5 +1,5 @@
 //! What the panel and the admin API read and do, over the views and
-//! functions of `sql/functions/0300_operator.sql`. Both front ends call only
+//! functions of `sql/functions/0600_operator.sql`. Both front ends call only
 //! these, so they show the same rows and raise the same errors.
 
 use chrono::{DateTime, Utc};
