@@ -13,7 +13,7 @@
 //! |---|---|---|
 //! | a field of the delivery body | `src/delivery/mod.rs` | the SQL columns (`claim()` and `message()` in `sql/functions/0500_delivery.sql`), [`delivery::Message`], [`delivery::Body`] |
 //! | the retry policy | `src/retry.rs` | back-off, Retry-After, the deadline (SQL), probing, and which function enforces each |
-//! | supersession, the per-object order | `sql/functions/0500_delivery.sql` | the order rule at its top; `supersede_older()` (`0300_settle.sql`) is the one function every path calls; watch removal is `remove_watch()` in `0400_registry.sql` |
+//! | supersession, the per-object order | `sql/functions/0500_delivery.sql` | the order rule at its top; `supersede_older()` (`0300_settle.sql`) is the one function every path calls; "newer" is `is_newer()` (`0000_vocabulary.sql`); watch removal is `remove_watch()` in `0400_registry.sql` |
 //! | an error at the HTTP edge | `src/http/error.rs` | [`http::HttpError`]: one status per variant, as JSON or as a page; the bearer token is read by `src/http/bearer.rs` alone |
 //!
 //! # Layout

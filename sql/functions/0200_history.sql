@@ -150,7 +150,7 @@ begin
     -- prune()'s lock (held already when prune() or add_partitions_ahead()
     -- calls this): one maker of partitions at a time, and none while
     -- sql/roles.sql grants on all tables.
-    perform pg_advisory_xact_lock(2003856752, hashtext('watchpump.prune'));
+    perform pg_advisory_xact_lock(watchpump.lock_class(), hashtext('watchpump.prune'));
     perform watchpump.make_partition_table(p_parent, v_name, p_from, p_to,
         format('with moved as (delete from watchpump.%I where %I >= %L and %I < %L returning *)
                 insert into watchpump.%%I select * from moved',
@@ -223,7 +223,7 @@ declare
     v_parent text;
 begin
     -- prune()'s lock: one maker of partitions at a time.
-    perform pg_advisory_xact_lock(2003856752, hashtext('watchpump.prune'));
+    perform pg_advisory_xact_lock(watchpump.lock_class(), hashtext('watchpump.prune'));
     for v_day in select generate_series(v_today, v_today + interval '2 days', interval '1 day') loop
         foreach v_parent in array array['changes', 'settled', 'attempt_log'] loop
             if not exists (select from watchpump.partitions p
@@ -714,7 +714,7 @@ begin
             using errcode = '22023';
     end if;
     -- One caller at a time (the operator task already runs in one pump).
-    if not pg_try_advisory_xact_lock(2003856752, hashtext('watchpump.prune')) then
+    if not pg_try_advisory_xact_lock(watchpump.lock_class(), hashtext('watchpump.prune')) then
         return query select 0, 0, 0, false;
         return;
     end if;

@@ -91,10 +91,11 @@ $$;
 
 -- The supersession rule, in one place: for each (watch, object) given, the
 -- newest queued delivery carries the object's news, and every older one
--- not in flight is superseded by it (and never sent). Newest is by the
--- change's sequence, then by delivery id (0012_resync.sql: a replayed
--- delivery of an older change may have a higher id than a live delivery of
--- a newer one, and the newer news wins). Rows another
+-- not in flight is superseded by it (and never sent). Newer is is_newer()
+-- (0000_vocabulary.sql): by the change's sequence, then by delivery id; the
+-- walks below go in that order, the index's (a replayed delivery of an
+-- older change may have a higher id than a live delivery of a newer one,
+-- and the newer news wins). Rows another
 -- transaction holds are skipped, never waited for; at most p_max rows are
 -- superseded per call, oldest first (what is left waits for the next call:
 -- a claim does not take the newest while older ones remain). The caller
@@ -140,8 +141,8 @@ begin
         cross join lateral (
             select q.id from watchpump.queue q
             where q.watch_id = s.watch_id and q.object = s.object
-              and (q.sequence, q.id) < (s.sequence, s.newest)
-              and not coalesce(q.lease_until > now(), false)
+              and watchpump.is_newer(s.sequence, s.newest, q.sequence, q.id)
+              and not watchpump.in_flight(q.lease_until)
             order by q.sequence, q.id
             limit v_share
             for update of q skip locked

@@ -24,7 +24,7 @@ begin
     -- What waits to be sent; a delivery in flight settles as its pump finds
     -- it (dropped: its watch is gone).
     v_ids := array(select q.id from watchpump.queue q
-                   where q.watch_id = p_watch_id and not coalesce(q.lease_until > now(), false)
+                   where q.watch_id = p_watch_id and not watchpump.in_flight(q.lease_until)
                    order by q.id
                    for update);
     v_n := cardinality(v_ids);

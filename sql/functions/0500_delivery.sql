@@ -8,7 +8,9 @@
 --   1. at most one delivery is in flight;
 --   2. a delivery is sent only while no newer delivery of the same (watch,
 --      object) has been sent: the newest queued delivery carries the
---      object's news, and every older one is superseded by it;
+--      object's news, and every older one is superseded by it. Newer is
+--      is_newer() (0000_vocabulary.sql): a higher sequence of the change,
+--      then, for two deliveries of one change, a higher delivery id;
 --   3. one claim takes at most one delivery of a (watch, object).
 -- It is decided in claim(), where it cannot be raced: claim takes a
 -- transaction-level advisory lock per (watch, object) (stream_lock(),
@@ -163,7 +165,7 @@ begin
                 -- WALK_SLACK: the most rows stepped over (see above).
                 limit least(greatest(coalesce(f.free, p_default_free), 0), p_max_rows) + 1024
             ) w
-            where not coalesce(w.lease_until > now(), false)
+            where not watchpump.in_flight(w.lease_until)
               and (select count(*) from watchpump.watches pw
                    where pw.id = w.watch_id and pw.paused_at is not null) = 0
             limit least(greatest(coalesce(f.free, p_default_free), 0), p_max_rows)
@@ -203,7 +205,7 @@ begin
             select k.watch_id, k.object, k.probe, f.id, f.next_attempt_at, f.lease_until, f.created_at,
                    exists (select 1 from watchpump.queue b
                            where b.watch_id = k.watch_id and b.object = k.object
-                             and (b.sequence, b.id) > (f.sequence, f.id)) as crowded
+                             and watchpump.is_newer(b.sequence, b.id, f.sequence, f.id)) as crowded
             from unnest(v_watch_ids, v_objects, v_probes) as k (watch_id, object, probe)
             cross join lateral (
                 select q.id, q.sequence, q.next_attempt_at, q.lease_until, q.created_at
@@ -220,7 +222,7 @@ begin
         into v_ids, v_crowded_w, v_crowded_o, v_crowded_p
         from firsts f
         where f.crowded
-           or (not coalesce(f.lease_until > now(), false) and (f.probe or f.next_attempt_at <= now()));
+           or (not watchpump.in_flight(f.lease_until) and (f.probe or f.next_attempt_at <= now()));
         -- 3. Older news of the crowded (watch, object)s is superseded in
         --    this same transaction, p_max_rows at most; the second pass
         --    claims those left with their newest alone.
@@ -305,7 +307,7 @@ begin
     return query
     with free as (
         select q.id, q.leased_by from watchpump.queue q
-        where q.id = any (v_ids) and not coalesce(q.lease_until > now(), false)
+        where q.id = any (v_ids) and not watchpump.in_flight(q.lease_until)
         for update skip locked
     ),
     claimed as (
@@ -683,7 +685,7 @@ begin
     update watchpump.queue q
     set next_attempt_at = now()
     where q.service_id = p_service_id and q.next_attempt_at > now()
-      and not coalesce(q.lease_until > now(), false);
+      and not watchpump.in_flight(q.lease_until);
     get diagnostics v_count = row_count;
     return v_count;
 end
@@ -725,7 +727,7 @@ begin
            coalesce(array_agg('deadline passed; last error: ' || coalesce(q.last_error, 'none')), '{}')
     into v_ids, v_errors
     from (select q.id, q.last_error from watchpump.queue q
-          where q.deadline < now() and not coalesce(q.lease_until > now(), false)
+          where q.deadline < now() and not watchpump.in_flight(q.lease_until)
             and (q.next_attempt_at <> q.deadline or q.deadline < now() - interval '1 minute')
           limit 10000
           for update skip locked) q;

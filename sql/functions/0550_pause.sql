@@ -107,7 +107,7 @@ begin
                 select s.id from watchpump.services s where s.paused_at is not null) p
           order by random()
           limit 32) x
-    where pg_try_advisory_xact_lock_shared(2003856752, watchpump.pause_key(x.id));
+    where pg_try_advisory_xact_lock_shared(watchpump.lock_class(), watchpump.pause_key(x.id));
     return query select * from watchpump.hold_paused_of(v_services, p_max);
 end
 $$;
@@ -149,7 +149,7 @@ begin
         from watchpump.paused_watches(p_service_ids) as p (id)
         join watchpump.queue q on q.watch_id = p.id
         where q.next_attempt_at <> watchpump.held_until()
-          and not coalesce(q.lease_until > now(), false)
+          and not watchpump.in_flight(q.lease_until)
         limit greatest(p_max, 0)
         for update of q skip locked
     )
@@ -226,7 +226,7 @@ begin
         select x.service_id from (select distinct r.service_id from watchpump.releasing r) x
         order by random() limit 32
     loop
-        continue when not pg_try_advisory_xact_lock_shared(2003856752, watchpump.pause_key(v_service));
+        continue when not pg_try_advisory_xact_lock_shared(watchpump.lock_class(), watchpump.pause_key(v_service));
         for v_watch in
             select r.watch_id from watchpump.releasing r where r.service_id = v_service
             order by r.watch_id limit 1000
@@ -271,7 +271,7 @@ declare
     v_paused_at  timestamptz;
     v_resumed_at timestamptz;
 begin
-    perform pg_advisory_xact_lock(2003856752, watchpump.pause_key(p_service_id));
+    perform pg_advisory_xact_lock(watchpump.lock_class(), watchpump.pause_key(p_service_id));
     select w.paused_at, w.resumed_at into v_paused_at, v_resumed_at
     from watchpump.watches w
     where w.id = p_watch_id and w.service_id = p_service_id and w.removed_at is null
@@ -316,7 +316,7 @@ declare
     v_watch     bigint;
     v_left      integer := 1000;
 begin
-    perform pg_advisory_xact_lock(2003856752, watchpump.pause_key(p_service_id));
+    perform pg_advisory_xact_lock(watchpump.lock_class(), watchpump.pause_key(p_service_id));
     select s.paused_at into v_paused_at
     from watchpump.services s
     where s.id = p_service_id and s.removed_at is null
@@ -375,7 +375,7 @@ begin
         order by w.paused_at
         limit greatest(p_max, 0)
     loop
-        continue when not pg_try_advisory_xact_lock(2003856752, watchpump.pause_key(v_watch.service_id));
+        continue when not pg_try_advisory_xact_lock(watchpump.lock_class(), watchpump.pause_key(v_watch.service_id));
         update watchpump.watches w set paused_at = null, resumed_at = now()
         where w.id = v_watch.id and w.paused_at < now() - v_max;
         continue when not found;

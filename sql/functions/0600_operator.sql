@@ -15,10 +15,10 @@
 -- it (the settled table's check constraint excludes the open states).
 create or replace view watchpump.deliveries as
 select q.id, q.change_id, q.watch_id, q.service_id, q.object,
-       case when q.lease_until > now() then 'in_flight' else 'pending' end as state,
+       case when watchpump.in_flight(q.lease_until) then 'in_flight' else 'pending' end as state,
        q.attempts, q.next_attempt_at,
-       case when q.lease_until > now() then q.lease_until end as lease_until,
-       case when q.lease_until > now() then q.leased_by end as leased_by,
+       case when watchpump.in_flight(q.lease_until) then q.lease_until end as lease_until,
+       case when watchpump.in_flight(q.lease_until) then q.leased_by end as leased_by,
        q.deadline, null::bigint as superseded_by, q.last_status, q.last_error, q.created_at,
        null::timestamptz as finished_at, q.replay
 from watchpump.queue q
@@ -85,17 +85,17 @@ select s.id as service_id,
        least(coalesce(s.max_rate, s.consumer_rate), coalesce(s.consumer_rate, s.max_rate)) as rate
 from watchpump.services s
 left join lateral (
-    select count(*) filter (where not coalesce(d.lease_until > now(), false)) as pending,
-           count(*) filter (where d.lease_until > now()) as in_flight,
-           count(*) filter (where not coalesce(d.lease_until > now(), false)
+    select count(*) filter (where not watchpump.in_flight(d.lease_until)) as pending,
+           count(*) filter (where watchpump.in_flight(d.lease_until)) as in_flight,
+           count(*) filter (where not watchpump.in_flight(d.lease_until)
                               and d.next_attempt_at <= now()) as due_now,
-           min(d.next_attempt_at) filter (where not coalesce(d.lease_until > now(), false)
+           min(d.next_attempt_at) filter (where not watchpump.in_flight(d.lease_until)
                                             and d.next_attempt_at <= now()) as oldest_due_at,
-           count(*) filter (where d.attempts > 0 and not coalesce(d.lease_until > now(), false)) as retrying,
+           count(*) filter (where d.attempts > 0 and not watchpump.in_flight(d.lease_until)) as retrying,
            -- Waiting for a retry, not on the wire: a claim counts the
            -- attempt it starts, so an in-flight first attempt has attempts = 1.
            min(d.created_at) filter (where d.attempts > 0
-                                       and not coalesce(d.lease_until > now(), false)) as oldest_retrying_at
+                                       and not watchpump.in_flight(d.lease_until)) as oldest_retrying_at
     from watchpump.queue d
     where d.service_id = s.id
 ) q on true
@@ -256,24 +256,24 @@ from watchpump.settled d;
 -- way: requeueing the delivery would send older news after it, which the
 -- order rule (0500_delivery.sql) forbids. The newest such delivery, if any.
 --
--- By id: live deliveries of one (watch, object) are created in sequence
--- order (emit() numbers them under the object's row lock), so among them a
--- later id is newer news. Replays (a resync's, 0012_resync.sql) are created
--- later than live news that may be newer than them, so they are compared
--- by their change's sequence: a replay of older news does not stand in the
--- way of the live delivery it repeats, and newer live news stands in the
--- way of a replay whatever their ids. Queued rows carry their sequence; in
--- the history the newest sent live row and the newest sent replay (a later
--- resync replays the same or newer news) are the candidates.
+-- Newer is is_newer() (0000_vocabulary.sql), of another change: a copy of
+-- the same change (a resync's replay of it, or the live delivery a replay
+-- repeats) carries the same news, and does not stand in the way. Queued
+-- rows carry their sequence; in the history the candidates are the newest
+-- sent live row and the newest sent replay (a later resync replays the
+-- same or newer news), compared by their change's sequence, except a live
+-- row with a live one: live deliveries of one (watch, object) are created
+-- in sequence order (emit() numbers them under the object's row lock), so
+-- among them is_newer()'s order is their ids', and no change is read.
 create or replace function watchpump.newer_news(p_delivery_id bigint)
 returns table (delivery_id bigint, state text)
 language sql stable as $$
     with d as (
-        select x.watch_id, x.object, x.replay, x.sequence
-        from (select q.watch_id, q.object, q.replay, q.sequence
+        select x.watch_id, x.object, x.replay, x.change_id, x.sequence
+        from (select q.watch_id, q.object, q.replay, q.change_id, q.sequence
               from watchpump.queue q where q.id = p_delivery_id
               union all
-              select s.watch_id, s.object, s.replay,
+              select s.watch_id, s.object, s.replay, s.change_id,
                      (select c.sequence from watchpump.changes c where c.id = s.change_id)
               from watchpump.settled s where s.id = p_delivery_id) x
         limit 1
@@ -281,15 +281,16 @@ language sql stable as $$
     select n.id, n.state
     from d
     cross join lateral (
-        -- Queued or on its way: a higher sequence.
-        (select q.id, case when q.lease_until > now() then 'in_flight' else 'pending' end as state
+        -- Queued or on its way.
+        (select q.id, case when watchpump.in_flight(q.lease_until) then 'in_flight' else 'pending' end as state
          from watchpump.queue q
          where q.watch_id = d.watch_id and q.object = d.object
-           and q.sequence > d.sequence and q.id <> p_delivery_id
-         order by q.sequence desc limit 1)
+           and watchpump.is_newer(q.sequence, q.id, d.sequence, p_delivery_id)
+           and q.change_id <> d.change_id
+         order by q.sequence desc, q.id desc limit 1)
         union all
-        -- Sent, live: a later id (for a live delivery), or the newest one
-        -- with a higher sequence (for a replay).
+        -- Sent, live: a later id (for a live delivery), or the newest one,
+        -- if newer (for a replay).
         (select l.id, l.state
          from (select s.id, s.state, s.change_id
                from watchpump.settled s
@@ -299,9 +300,11 @@ language sql stable as $$
                  and (s.state in ('delivered', 'failed') or s.attempts > 0)
                order by s.id desc limit 1) l
          where not d.replay
-            or (select c.sequence from watchpump.changes c where c.id = l.change_id) > d.sequence)
+            or (l.change_id <> d.change_id
+                and watchpump.is_newer((select c.sequence from watchpump.changes c where c.id = l.change_id), l.id,
+                                       d.sequence, p_delivery_id)))
         union all
-        -- Sent, a replay: the newest one, if its sequence is higher.
+        -- Sent, a replay: the newest one, if newer.
         (select r.id, r.state
          from (select s.id, s.state, s.change_id
                from watchpump.settled s
@@ -309,7 +312,9 @@ language sql stable as $$
                  and s.id <> p_delivery_id
                  and (s.state in ('delivered', 'failed') or s.attempts > 0)
                order by s.id desc limit 1) r
-         where (select c.sequence from watchpump.changes c where c.id = r.change_id) > d.sequence)
+         where r.change_id <> d.change_id
+           and watchpump.is_newer((select c.sequence from watchpump.changes c where c.id = r.change_id), r.id,
+                                  d.sequence, p_delivery_id))
     ) n
     order by n.id desc
     limit 1
@@ -555,11 +560,11 @@ returns table (
 language sql stable as $$
     with waiting as (
         select d.service_id,
-               count(*) filter (where not coalesce(d.lease_until > now(), false)) as pending,
-               count(*) filter (where d.lease_until > now()) as in_flight,
-               count(*) filter (where not coalesce(d.lease_until > now(), false)
+               count(*) filter (where not watchpump.in_flight(d.lease_until)) as pending,
+               count(*) filter (where watchpump.in_flight(d.lease_until)) as in_flight,
+               count(*) filter (where not watchpump.in_flight(d.lease_until)
                                   and d.next_attempt_at <= now()) as due_now,
-               min(d.next_attempt_at) filter (where not coalesce(d.lease_until > now(), false)
+               min(d.next_attempt_at) filter (where not watchpump.in_flight(d.lease_until)
                                                 and d.next_attempt_at <= now()) as oldest_due_at
         from watchpump.queue d
         group by d.service_id

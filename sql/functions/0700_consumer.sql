@@ -31,7 +31,7 @@ begin
     where d.id = p_delivery_id and d.service_id = p_service_id
     for update;
     if not found then
-        select case when q.lease_until > now() then 'in flight' else 'queued' end into v_state
+        select case when watchpump.in_flight(q.lease_until) then 'in flight' else 'queued' end into v_state
         from watchpump.queue q
         where q.id = p_delivery_id and q.service_id = p_service_id;
         if not found then
@@ -188,7 +188,7 @@ begin
     end if;
     -- One at a time per service: the check and the insert under a lock of
     -- the service's, so that two starts cannot both find none running.
-    perform pg_advisory_xact_lock(2003856752, hashtext('watchpump.resync/' || p_service_id));
+    perform pg_advisory_xact_lock(watchpump.lock_class(), hashtext('watchpump.resync/' || p_service_id));
     select r.watch_id into v_running
     from watchpump.resyncs r
     where r.service_id = p_service_id and r.heartbeat_at >= now() - interval '1 minute'
@@ -269,7 +269,7 @@ begin
     v_objects := array(
         select c.object
         from watchpump.covered_objects(v_watch.object, p_after, p_limit) c
-        where pg_advisory_xact_lock(2003856752, hashtext(p_watch_id::text || '/' || c.object)) is not null
+        where pg_advisory_xact_lock(watchpump.lock_class(), watchpump.stream_key(p_watch_id, c.object)) is not null
     );
     objects := cardinality(v_objects);
     last_object := v_objects[objects];
