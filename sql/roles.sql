@@ -69,7 +69,7 @@ begin
     -- takes (add_partition(), prune()): a GRANT on all tables that meets
     -- a table being created or dropped fails ("tuple concurrently
     -- updated"), and a pump whose start-up fails exits.
-    perform pg_advisory_xact_lock(2003856752, hashtext('watchpump.prune'));
+    perform pg_advisory_xact_lock(watchpump.lock_class(), hashtext('watchpump.prune'));
     for v_function in
         select p.oid::regprocedure from pg_proc p
         where p.pronamespace = 'watchpump'::regnamespace
@@ -112,6 +112,17 @@ begin
                     watchpump.warnings
         to watchpump_inspector, watchpump_operator, watchpump_pump;
 
+    -- What the views call: PostgreSQL checks the functions a view calls
+    -- against the role that reads it, not the view's owner (and inlines
+    -- them only for a role that may call them).
+    for v_function in
+        select p.oid::regprocedure from pg_proc p
+        where p.pronamespace = 'watchpump'::regnamespace and p.proname in ('in_flight')
+    loop
+        execute format('grant execute on function %s to watchpump_inspector, watchpump_operator, watchpump_pump',
+                       v_function);
+    end loop;
+
     -- Functions by name, every overload of each.
     for v_function in
         select p.oid::regprocedure from pg_proc p
@@ -120,7 +131,7 @@ begin
         execute format('grant execute on function %s to watchpump_operator', v_function);
     end loop;
 
-    -- emit_many() comes with 0100_emit.sql on main; a schema without it
+    -- emit_many() comes with 0150_emit.sql on main; a schema without it
     -- yet grants emit() alone.
     for v_function in
         select p.oid::regprocedure from pg_proc p
@@ -186,6 +197,8 @@ begin
               'take_tokens', 'give_back_tokens',
               -- what those call with the pump's rights
               'settle', 'supersede_older', 'stream_lock', 'stage_failed', 'is_staged',
+              -- the vocabulary (0000_vocabulary.sql) its functions use
+              'lock_class', 'stream_key', 'is_newer',
               'delivery_window', 'held_until', 'is_paused', 'rate_burst', 'effective_rate',
               -- the floors of ids and sequences (0023_timeline_floors.sql): the
               -- defaults of the ids ping() and resync queue with

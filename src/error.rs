@@ -27,7 +27,7 @@ pub enum Error {
 
 impl Error {
     /// An error a `watchpump.*` SQL function raised on purpose, by its
-    /// SQLSTATE (`sql/functions/0300_operator.sql` lists them): P0002 no
+    /// SQLSTATE (`sql/functions/0600_operator.sql` lists them): P0002 no
     /// such thing, 55000 not in a state that allows it, 22023 and 22004 a
     /// bad argument; the function's name is taken off the message. Any
     /// other error stays a database error.

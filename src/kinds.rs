@@ -5,7 +5,7 @@
 //!
 //! Declaring kinds changes nothing for `emit()` until the producer turns on
 //! strict mode (`update watchpump.settings set strict_kinds = true`): then
-//! `watchpump.check_kind()` (`sql/functions/0150_kinds.sql`) refuses an
+//! `watchpump.check_kind()` (`sql/functions/0100_kinds.sql`) refuses an
 //! undeclared kind or a payload that does not fit its schema. With it off,
 //! `emit()` reads its settings row and nothing else.
 //!
@@ -32,7 +32,7 @@
 //! producer raises `watchpump.max_payload_bytes`). So a check counts its
 //! work, one unit for each node it visits and each key or required name it
 //! looks up, and stops at [`MAX_CHECK_UNITS`] with SQLSTATE 54000
-//! (`watchpump.kind_max_visits()`, `sql/functions/0150_kinds.sql`, says
+//! (`watchpump.kind_max_visits()`, `sql/functions/0100_kinds.sql`, says
 //! the same number). `tests/kinds.rs`
 //! `a_1_mib_payload_against_the_costliest_schema_stops_at_the_work_cap`
 //! emits a 1 MiB payload against the costliest schema this module accepts.

@@ -11,9 +11,9 @@
 //!
 //! | to change | open | which says the rest |
 //! |---|---|---|
-//! | a field of the delivery body | `src/delivery/mod.rs` | the SQL columns (`claim()` and `message()` in `sql/functions/0200_pump.sql`), [`delivery::Message`], [`delivery::Body`] |
+//! | a field of the delivery body | `src/delivery/mod.rs` | the SQL columns (`claim()` and `message()` in `sql/functions/0500_delivery.sql`), [`delivery::Message`], [`delivery::Body`] |
 //! | the retry policy | `src/retry.rs` | back-off, Retry-After, the deadline (SQL), probing, and which function enforces each |
-//! | supersession, the per-object order | `sql/functions/0200_pump.sql` | the order rule at its top; `supersede_older()` is the one function every path calls; watch removal is `remove_watch()` in `0050_registry.sql` |
+//! | supersession, the per-object order | `sql/functions/0500_delivery.sql` | the order rule at its top; `supersede_older()` (`0300_settle.sql`) is the one function every path calls; "newer" is `is_newer()` (`0000_vocabulary.sql`); watch removal is `remove_watch()` in `0400_registry.sql` |
 //! | an error at the HTTP edge | `src/http/error.rs` | [`http::HttpError`]: one status per variant, as JSON or as a page; the bearer token is read by `src/http/bearer.rs` alone |
 //!
 //! # Layout
@@ -21,7 +21,9 @@
 //! - [`config`]: command line and environment (`--help` documents each knob).
 //! - [`schema`]: applies `sql/migrations/*.sql` once and `sql/functions/*.sql`
 //!   every time ([`sql_files`], which the kit's inbox uses too); the durable
-//!   logic (emit, claim, complete, sweep) is SQL there.
+//!   logic (emit, claim, complete, sweep) is SQL there, one room per file on
+//!   floors that only call downward (the map: the top of
+//!   `sql/functions/0000_vocabulary.sql`).
 //! - [`emit()`](emit::emit): the producer's call, in the producer's
 //!   transaction; [`emit::emit_many`] records a batch in one statement.
 //! - [`kinds`]: the catalogue of the kinds of change the producer emits,

@@ -17,13 +17,13 @@
 //! - **Until when**: every delivery has a deadline, set when it is emitted
 //!   to `now() + watchpump.delivery_window()` (24 hours unless
 //!   `watchpump.settings` says otherwise, read at every emit;
-//!   `sql/functions/0100_emit.sql`) and renewed when an operator retries it. `watchpump.complete()`
-//!   (`0200_pump.sql`) schedules a retry whose back-off would pass the
+//!   `sql/functions/0050_settings.sql`) and renewed when an operator retries it. `watchpump.complete()`
+//!   (`0500_delivery.sql`) schedules a retry whose back-off would pass the
 //!   deadline *at* the deadline, and fails a delivery only once an attempt
 //!   at or after its deadline failed; `watchpump.sweep()` fails the ones a
 //!   down consumer never got to; a warning's deadline is
 //!   the same window, checked by `watchpump.warning_attempted()`
-//!   (`0300_operator.sql`).
+//!   (`0600_operator.sql`).
 //! - **Newer news first**: a retry is superseded, not sent, when newer news
 //!   of its (watch, object) waits (`watchpump.supersede_older()`).
 //! - **On time**: the pump wakes up when a retry it scheduled falls due

@@ -1,6 +1,18 @@
 //! The database schema: numbered migrations in `sql/migrations/`, applied
 //! once each, and the functions in `sql/functions/`, re-applied whenever
-//! their text changes. Both are embedded in the binary.
+//! their text changes. Both are embedded in the binary, in name order
+//! (`build.rs` lists them: a new migration is a new file, nothing else).
+//! Each file of functions is a room on a floor and calls only the floors
+//! below it (the map: the top of `sql/functions/0000_vocabulary.sql`;
+//! `tests/sql_floors.rs` checks it).
+//!
+//! Renaming or re-cutting the files of functions is safe for a database
+//! made by an older version: the bookkeeping knows a file by its name, a
+//! name no longer listed is never read again (its row stays, unused), and
+//! the new files' `create or replace` definitions replace the functions
+//! and views they define, wherever they were defined before. A function
+//! that goes, or changes its arguments, leaves the old one behind: a
+//! migration drops it (`0015_settle_held.sql` did for `settle()`).
 //!
 //! watchpump keeps its own bookkeeping (`watchpump.schema_migrations`) rather
 //! than sqlx's `_sqlx_migrations`, which the producer's own migrations
@@ -11,50 +23,13 @@ use sqlx::PgPool;
 use crate::error::{Error, Result};
 use crate::sql_files::{self, SqlFile};
 
-macro_rules! sql_file {
-    ($dir:literal, $name:literal, $reapply:literal) => {
-        SqlFile {
-            name: $name,
-            sql: include_str!(concat!("../sql/", $dir, "/", $name, ".sql")),
-            reapply_on_change: $reapply,
-        }
-    };
-}
-
-/// In order: the migrations, applied once each (never edit one that has
-/// shipped: add a file); then the `create or replace` definitions,
-/// re-applied when their text changes.
-const FILES: &[SqlFile] = &[
-    sql_file!("migrations", "0001_core", false),
-    sql_file!("migrations", "0002_operator", false),
-    sql_file!("migrations", "0003_service_lifecycle", false),
-    sql_file!("migrations", "0004_storage_v2", false),
-    sql_file!("migrations", "0005_bounds", false),
-    sql_file!("migrations", "0006_encrypted_secrets", false),
-    sql_file!("migrations", "0007_kinds", false),
-    sql_file!("migrations", "0008_storage_v3", false),
-    sql_file!("migrations", "0009_trace_context", false),
-    sql_file!("migrations", "0010_consumer", false),
-    sql_file!("migrations", "0012_resync", false),
-    sql_file!("migrations", "0013_history_indexes", false),
-    sql_file!("migrations", "0014_kept_partitions", false),
-    sql_file!("migrations", "0015_settle_held", false),
-    sql_file!("migrations", "0016_window_index", false),
-    sql_file!("migrations", "0017_staged_failures", false),
-    sql_file!("migrations", "0018_service_pause_lock", false),
-    sql_file!("migrations", "0019_make_partition_table", false),
-    sql_file!("migrations", "0020_delivery_engine_v4", false),
-    sql_file!("migrations", "0021_owner_code", false),
-    sql_file!("migrations", "0022_consumer_shares", false),
-    sql_file!("migrations", "0023_timeline_floors", false),
-    sql_file!("functions", "0050_registry", true),
-    sql_file!("functions", "0100_emit", true),
-    sql_file!("functions", "0150_kinds", true),
-    sql_file!("functions", "0200_pump", true),
-    sql_file!("functions", "0300_operator", true),
-    sql_file!("functions", "0400_metrics", true),
-    sql_file!("functions", "0500_consumer", true),
-];
+/// In order: the migrations (`sql/migrations/*.sql`), applied once each
+/// (never edit one that has shipped: add a file); then the rooms of
+/// `sql/functions/*.sql`, `create or replace` definitions re-applied when
+/// their text changes; each directory in name order. `build.rs` lists the
+/// directories, so a new file needs no line here; the text is embedded at
+/// build time.
+const FILES: &[SqlFile] = include!(concat!(env!("OUT_DIR"), "/watchpump_sql_files.rs"));
 
 /// Brings the `watchpump` schema up to date. Safe to run from several
 /// processes at once: they take turns on an advisory lock.

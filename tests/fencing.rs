@@ -1,4 +1,4 @@
-//! Fencing (src/pump/fence.rs, the top of sql/functions/0200_pump.sql),
+//! Fencing (src/pump/fence.rs, the top of sql/functions/0500_delivery.sql),
 //! against `watchpump serve` processes, the test cluster and a consumer on
 //! loopback:
 //!

@@ -3,7 +3,7 @@
 //! ping, a redelivery, a resync, a pause, a resume) takes a token from a
 //! bucket of its service's own, in PostgreSQL so that every `serve`
 //! process shares it (`watchpump.take_write_tokens()`,
-//! `sql/functions/0500_consumer.sql`): 60 at once, then one a second by
+//! `sql/functions/0250_rate.sql`): 60 at once, then one a second by
 //! default (`watchpump.settings.self_service_rate` and `_burst`). Past it,
 //! a 429 with `Retry-After`, and nothing is written. Registering an
 //! identical watch again writes nothing and takes no token.
@@ -92,7 +92,8 @@ pub fn count(service: &str, limit: &'static str) {
     .increment(1);
 }
 
-/// A bound of `sql/functions/0500_consumer.sql` reached (SQLSTATE 54000):
+/// A bound of a consumer's own calls reached (SQLSTATE 54000, from
+/// `sql/functions/0700_consumer.sql`, `0550_pause.sql` or `0250_rate.sql`):
 /// its message without the function's name, and the wait its detail gives
 /// (`retry_after=N`; 1 s when it gives none).
 pub fn refusal_of(e: &sqlx::Error) -> Option<(String, Duration)> {

@@ -19,7 +19,7 @@
 //!    migration: `alter type ... add attribute`), its value in
 //!    `watchpump.claim()`'s last select, and the column of
 //!    `watchpump.message()` (the panel), both in
-//!    `sql/functions/0200_pump.sql`.
+//!    `sql/functions/0500_delivery.sql`.
 //! 2. Here: the field on [`Message`] and on [`Body`] (whose field order is
 //!    the order of the JSON).
 //! 3. Consumers: the kit's `Delivery` (`src/kit/delivery.rs`) ignores

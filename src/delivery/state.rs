@@ -2,7 +2,7 @@
 //! that a state is spelled once in Rust. The four settled states are the
 //! check on `watchpump.settled.state` (`sql/migrations/0004_storage_v2.sql`);
 //! a queued row is `in_flight` while its lease runs and `pending` otherwise,
-//! as the view `watchpump.deliveries` (`sql/functions/0300_operator.sql`)
+//! as the view `watchpump.deliveries` (`sql/functions/0600_operator.sql`)
 //! spells them. `tests/states.rs` holds the lists together.
 
 use std::fmt;

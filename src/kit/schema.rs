@@ -9,18 +9,10 @@ use sqlx::PgPool;
 use crate::kit::error::Result;
 use crate::sql_files::{self, SqlFile};
 
-const FILES: &[SqlFile] = &[
-    SqlFile {
-        name: "0001_inbox",
-        sql: include_str!("../../sql/kit/0001_inbox.sql"),
-        reapply_on_change: false,
-    },
-    SqlFile {
-        name: "0100_inbox_functions",
-        sql: include_str!("../../sql/kit/0100_inbox_functions.sql"),
-        reapply_on_change: true,
-    },
-];
+/// `sql/kit/migrations/*.sql`, applied once each, then
+/// `sql/kit/functions/*.sql`, re-applied when their text changes; listed by
+/// `build.rs`, embedded at build time.
+const FILES: &[SqlFile] = include!(concat!(env!("OUT_DIR"), "/kit_sql_files.rs"));
 
 /// Brings the `watchpump_inbox` schema up to date; returns the files it
 /// applied. Safe to run from several processes at once (they take turns on

@@ -1,4 +1,4 @@
-//! The kit's calls into its SQL (`sql/kit/0100_inbox_functions.sql`), where
+//! The kit's calls into its SQL (`sql/kit/functions/0100_inbox_functions.sql`), where
 //! the inbox's rules are written for a DBA to read.
 
 use chrono::{DateTime, Utc};

@@ -5,7 +5,7 @@
 //! Every pump runs a [`Collector`] on a connection of its own. The one that
 //! holds the session advisory lock `watchpump.backlog` is the leader: each
 //! interval it calls `watchpump.backlog_counts()`
-//! (`sql/functions/0400_metrics.sql`) on that connection and exports the
+//! (`sql/functions/0600_operator.sql`) on that connection and exports the
 //! result, so however many pumps run, the database answers one such query
 //! per interval. A query that succeeds on the lock's own connection proves
 //! the lock is still held; when the leader's process or connection dies, the

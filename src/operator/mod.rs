@@ -1,7 +1,8 @@
 //! The operator's side (ADR 0021: deliveries "visible and retryable in the
 //! producer's panel"): the panel, the admin API, the warning to notify, and
 //! pruning. The durable parts are SQL (`sql/migrations/0002_operator.sql`,
-//! `sql/functions/0300_operator.sql`), so psql sees and does the same.
+//! `sql/functions/0600_operator.sql`, pruning `0200_history.sql`), so psql
+//! sees and does the same.
 //!
 //! - [`store`]: the reads and actions both front ends share.
 //! - [`auth`]: admin token, panel sessions, Origin check.

@@ -3,7 +3,7 @@
 //! deliveries kept longer, and what they need, go to a small `<day>_kept`
 //! partition that replaces the day, itself retired after the failed
 //! retention), and deletes rows of the DEFAULT partitions past their
-//! retention in small batches (`sql/functions/0300_operator.sql`). This
+//! retention in small batches (`sql/functions/0200_history.sql`). This
 //! repeats it until it says there is no more.
 
 use std::time::Duration;

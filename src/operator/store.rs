@@ -1,5 +1,5 @@
 //! What the panel and the admin API read and do, over the views and
-//! functions of `sql/functions/0300_operator.sql`. Both front ends call only
+//! functions of `sql/functions/0600_operator.sql`. Both front ends call only
 //! these, so they show the same rows and raise the same errors.
 
 use chrono::{DateTime, Utc};
@@ -283,11 +283,8 @@ pub fn page_query_of<'a>(
         .and_then(|state| state.parse::<State>().ok());
     let (queued, settled) = match state {
         None => (Some(""), Some(String::new())),
-        Some(State::Pending) => (
-            Some(" and not coalesce(d.lease_until > now(), false)"),
-            None,
-        ),
-        Some(State::InFlight) => (Some(" and d.lease_until > now()"), None),
+        Some(State::Pending) => (Some(" and not watchpump.in_flight(d.lease_until)"), None),
+        Some(State::InFlight) => (Some(" and watchpump.in_flight(d.lease_until)"), None),
         Some(other) => (None, Some(format!(" and d.state = '{other}'"))),
     };
     let mut q: QueryBuilder<Postgres> = QueryBuilder::new(prefix);

@@ -29,7 +29,7 @@
 //! requests `lease - request timeout - hold` after its last claim, and what
 //! it has on the wire ends a hold before its leases do, whether or not it
 //! can record the outcome. This is the fencing argument written beside the
-//! order rule at the top of `sql/functions/0200_pump.sql`.
+//! order rule at the top of `sql/functions/0500_delivery.sql`.
 //!
 //! One more way a request outlives the pump's interest in it: its bytes,
 //! written but not acknowledged (the network to the consumer is cut), stay

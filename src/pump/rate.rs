@@ -1,6 +1,6 @@
 //! The rate a consumer can take, across every pump (issue 20): before a
 //! claim the pump takes tokens from each rate-limited service's bucket in
-//! PostgreSQL (`watchpump.take_tokens()`, `sql/functions/0500_consumer.sql`,
+//! PostgreSQL (`watchpump.take_tokens()`, `sql/functions/0250_rate.sql`,
 //! "RATE") and claims at most the granted count per service; after it, it
 //! gives back what it did not use. While no service has a rate, a pump
 //! asks once every [`RECHECK`] rather than before every claim ([`Limited`]):

@@ -1,5 +1,6 @@
 //! The pump's database calls: each is one round trip to a function in
-//! `sql/functions/0200_pump.sql`, which holds the logic a DBA may read.
+//! `sql/functions/0500_delivery.sql` (the rate's in `0250_rate.sql`), which
+//! holds the logic a DBA may read.
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;

@@ -1,7 +1,7 @@
 //! The rate a consumer service can take (issue 20): the operator's maximum
 //! and the consumer's own, lower, one. Enforced by the pumps together
 //! ([`crate::pump::rate`]); set here, for the API, the admin API and the
-//! CLI alike, through `sql/functions/0500_consumer.sql`.
+//! CLI alike, through `sql/functions/0250_rate.sql`.
 
 use serde::Serialize;
 use sqlx::PgPool;

@@ -5,7 +5,7 @@
 //! Parsed here, by hand, rather than through the SDK's propagator: the
 //! consumer kit needs it too, and the kit builds only the light
 //! `opentelemetry` API crate (no SDK, no exporter). The SQL side
-//! (`watchpump.trace_context()` in `sql/functions/0100_emit.sql`) checks the
+//! (`watchpump.trace_context()` in `sql/functions/0150_emit.sql`) checks the
 //! same grammar before a change keeps it.
 
 use opentelemetry::trace::{SpanContext, SpanId, TraceFlags, TraceId, TraceState};

@@ -2,7 +2,7 @@
 //! sent and nothing fails; news keeps superseding, so what waits stays one
 //! delivery per (watch, object); resume sends it, each delivery with a
 //! fresh delivery window from its release. The rules are SQL's
-//! (`sql/functions/0500_consumer.sql`, "PAUSE"); this is their one caller,
+//! (`sql/functions/0550_pause.sql`, "PAUSE"); this is their one caller,
 //! for the API, the CLI and the operator's periodic task alike.
 //!
 //! What a pause or a resume writes is bounded (issue 34): each holds or

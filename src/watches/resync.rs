@@ -1,7 +1,7 @@
 //! Resync (issue 20, docs/protocol.md "Resync"): the newest retained change
 //! of every object a watch covers, that matches its filters, queued again
 //! for it as a replayed delivery (`"replay": true` in the body). The rules
-//! are SQL's (`sql/functions/0500_consumer.sql`, "RESYNC"); this is their
+//! are SQL's (`sql/functions/0700_consumer.sql`, "RESYNC"); this is their
 //! one caller, for the API and the CLI alike.
 //!
 //! [`start`] takes the service's one resync slot (one resync per service at

@@ -1,6 +1,9 @@
 -- The registry's actions in SQL, so that psql, the CLI and the admin API do
 -- the same: removing a watch (with its undelivered deliveries) and removing
--- a consumer service (with its watches).
+-- a consumer service (with its watches); and what the watches covering one
+-- object may cost emit() (fan-out budgets). Adding them is Rust's
+-- (src/services/, src/watches/). Below the pump (0500_delivery.sql), whose
+-- complete() removes the watch of a 410.
 
 -- Removes a live watch and drops what it still had waiting to be sent. The
 -- one place a watch goes away: a consumer's DELETE, a 410 answer, a removed
@@ -21,7 +24,7 @@ begin
     -- What waits to be sent; a delivery in flight settles as its pump finds
     -- it (dropped: its watch is gone).
     v_ids := array(select q.id from watchpump.queue q
-                   where q.watch_id = p_watch_id and not coalesce(q.lease_until > now(), false)
+                   where q.watch_id = p_watch_id and not watchpump.in_flight(q.lease_until)
                    order by q.id
                    for update);
     v_n := cardinality(v_ids);
@@ -66,4 +69,15 @@ begin
     end loop;
     return query select v_watches, v_dropped;
 end
+$$;
+
+-- FAN-OUT BUDGETS (src/watches/fanout.rs). What the watches covering one
+-- object may cost emit() together, for the objects under the top segment
+-- p_top: the operator's figure in fanout_budgets (`watchpump fanout
+-- set-budget`), else settings.fanout_units, else 1,200 units.
+create or replace function watchpump.fanout_budget(p_top text) returns integer
+language sql stable as $$
+    select coalesce((select b.units from watchpump.fanout_budgets b where b.top_segment = p_top),
+                    (select s.fanout_units from watchpump.settings s),
+                    1200)
 $$;

@@ -48,6 +48,15 @@ language sql immutable parallel safe as $$
     select case jsonb_typeof(p_value) when 'number' then trim_scale(p_value::numeric)::text else p_value::text end
 $$;
 
+-- The key of a scalar in an enum's set: two scalars jsonb's `=` calls equal
+-- have the same key (numbers by value: 1, 1.0 and 1e0 are one key).
+-- Objects and arrays get their text, which no scalar's key equals (a
+-- scalar's starts with a quote, a digit, a minus sign or a letter).
+create or replace function watchpump.kind_key(p_value jsonb) returns text
+language sql immutable parallel safe as $$
+    select case jsonb_typeof(p_value) when 'number' then trim_scale(p_value::numeric)::text else p_value::text end
+$$;
+
 -- Whether `p_value` is of one of `p_types` (a type name or a list of
 -- them; null allows any). An integral number is an integer too.
 create or replace function watchpump.kind_type_ok(p_types jsonb, p_value jsonb) returns boolean

@@ -1,25 +1,30 @@
 -- The pump's side: claim due deliveries, record what became of them, check
 -- deadlines. Each is one round trip per batch. Storage (0004_storage_v2.sql):
 -- watchpump.queue holds what is not settled (pending, or in flight while a
--- lease runs); settle() moves a delivery to watchpump.settled, the history.
+-- lease runs); settle() (0300_settle.sql) moves a delivery to
+-- watchpump.settled, the history.
 --
 -- THE ORDER RULE. For each (watch, object):
 --   1. at most one delivery is in flight;
 --   2. a delivery is sent only while no newer delivery of the same (watch,
 --      object) has been sent: the newest queued delivery carries the
---      object's news, and every older one is superseded by it;
+--      object's news, and every older one is superseded by it. Newer is
+--      is_newer() (0000_vocabulary.sql): a higher sequence of the change,
+--      then, for two deliveries of one change, a higher delivery id;
 --   3. one claim takes at most one delivery of a (watch, object).
 -- It is decided in claim(), where it cannot be raced: claim takes a
--- transaction-level advisory lock per (watch, object) (stream_lock()) before
+-- transaction-level advisory lock per (watch, object) (stream_lock(),
+-- 0000_vocabulary.sql) before
 -- it decides, and decides with a snapshot taken after the lock, which sees
 -- whatever the lock's previous holder committed. It claims the newest
 -- queued delivery only together with superseding every older one, and skips
 -- the (watch, object) for now if one of those is locked by someone else.
--- Supersession itself is supersede_older(), called by claim() and by
+-- Supersession itself is supersede_older() (0300_settle.sql), called by claim() and by
 -- complete() (a failed attempt with newer news waiting). emit() never
 -- touches an existing delivery, so a producer's transaction never holds a
--- lock a pump needs, nor waits on one; retry() and retry_failed() (0300_operator.sql) refuse to
--- requeue older news once newer news of the object was sent or is on its way.
+-- lock a pump needs, nor waits on one; retry() and retry_failed()
+-- (0600_operator.sql) refuse to requeue older news once newer news of the
+-- object was sent or is on its way.
 --
 -- FENCING: why rule 1 holds at the consumer, not only in this table.
 -- A lease is the only thing that keeps another pump off a (watch, object)
@@ -48,163 +53,7 @@
 -- The promise that follows is in docs/protocol.md ("One at a time").
 --
 -- Why each function here sets `jit = off` and `force_generic_plan`: the
--- note on plans at the top of 0100_emit.sql.
-
--- The advisory lock that serialises decisions about one (watch, object):
--- class 2003856752 ('wpmp'), so that it cannot meet a producer's own
--- single-key advisory locks.
-create or replace function watchpump.stream_lock(p_watch_id bigint, p_object text) returns boolean
-language sql volatile strict as $$
-    select pg_try_advisory_xact_lock(2003856752, hashtext(p_watch_id::text || '/' || p_object))
-$$;
-
--- Moves deliveries from the queue to the history, each with its state
--- ('delivered', 'superseded', 'dropped' or 'failed'), and for a superseded
--- one the delivery that superseded it. The callers hold the rows (by lease
--- or by lock). The attempt that delivered (p_pump, p_started, p_durations,
--- p_heads) is kept on the settled row. Failed deliveries are also noted for
--- the warning to notify. The one place a delivery is settled.
--- With p_attempts, a delivery is settled only while p_pump still holds the
--- lease of that attempt (complete()'s delivered ones: the delete checks
--- the lease as it takes the row lock); the others are left as they are,
--- and not returned.
-create or replace function watchpump.settle(
-    p_ids           bigint[],
-    p_states        text[],
-    p_superseded_by bigint[],
-    p_statuses      integer[],
-    p_errors        text[],
-    p_pump          text default null,
-    p_started       timestamptz[] default null,
-    p_durations     double precision[] default null,
-    p_heads         text[] default null,
-    p_attempts      integer[] default null
-) returns table (delivery_id bigint, service_id bigint, state text)
-language plpgsql
-set jit = off
-set plan_cache_mode = force_generic_plan
-set enable_seqscan = off
-set enable_mergejoin = off
-as $$
-begin
-    return query
-    with outcome as materialized (
-        select u.id, u.state, u.superseded_by, u.status, u.error, u.started, u.duration, u.head, u.attempt
-        from unnest(p_ids, p_states, p_superseded_by, p_statuses, p_errors, p_started, p_durations, p_heads,
-                    p_attempts)
-             as u (id, state, superseded_by, status, error, started, duration, head, attempt)
-    ),
-    moved as (
-        delete from watchpump.queue q
-        using outcome o
-        where q.id = o.id
-          and (o.attempt is null or (q.leased_by = p_pump and q.attempts = o.attempt))
-        returning q.*, o.state, o.superseded_by as by, o.status, o.error, o.started, o.duration, o.head
-    ),
-    written as (
-        insert into watchpump.settled (id, change_id, watch_id, service_id, object, state, attempts,
-                                       next_attempt_at, deadline, superseded_by, last_status,
-                                       last_error, created_at, finished_at, last_started_at,
-                                       last_duration_ms, last_response_head, last_pump, replay)
-        select m.id, m.change_id, m.watch_id, m.service_id, m.object, m.state, m.attempts,
-               m.next_attempt_at, m.deadline, m.by, coalesce(m.status, m.last_status),
-               -- A delivered row shows its delivering answer, not an error
-               -- an earlier attempt left (those stay in attempt_log).
-               case m.state when 'superseded' then m.last_error
-                            when 'delivered' then m.error
-                            else coalesce(m.error, m.last_error) end,
-               m.created_at, clock_timestamp(), m.started, m.duration, m.head,
-               case when m.started is not null then p_pump end, m.replay
-        from moved m
-        returning settled.id, settled.service_id, settled.state, settled.created_at
-    ),
-    noted as (
-        insert into watchpump.failure_inbox (delivery_id, service_id, created_at)
-        select w.id, w.service_id, w.created_at from written w where w.state = 'failed'
-    )
-    select w.id, w.service_id, w.state from written w;
-    -- Failures are kept longer than the rest of their day: written where
-    -- retention keeps them, now (0300_operator.sql, stage_failed()).
-    if 'failed' = any (p_states) then
-        perform watchpump.stage_failed(array(select u.id from unnest(p_ids, p_states) as u (id, state)
-                                             where u.state = 'failed'));
-    end if;
-end
-$$;
-
--- The supersession rule, in one place: for each (watch, object) given, the
--- newest queued delivery carries the object's news, and every older one
--- not in flight is superseded by it (and never sent). Newest is by the
--- change's sequence, then by delivery id (0012_resync.sql: a replayed
--- delivery of an older change may have a higher id than a live delivery of
--- a newer one, and the newer news wins). Rows another
--- transaction holds are skipped, never waited for; at most p_max rows are
--- superseded per call, oldest first (what is left waits for the next call:
--- a claim does not take the newest while older ones remain). The caller
--- gets back what it superseded.
---
--- Bounded by p_max, not by how deep a (watch, object) is (issue 33): each
--- (watch, object) is walked oldest first in its own index range and stops
--- at its share of p_max (an equal share each, at least one), so the rows
--- read are the rows superseded plus the few in flight that are stepped
--- over. A (watch, object) with more older news than its share is left
--- crowded for the next call.
-create or replace function watchpump.supersede_older(p_watch_ids bigint[], p_objects text[], p_max integer)
-returns table (delivery_id bigint, service_id bigint, superseded_by bigint)
-language plpgsql
-set jit = off
-set plan_cache_mode = force_generic_plan
-set enable_seqscan = off
-set enable_mergejoin = off
-as $$
-declare
-    v_ids    bigint[];
-    v_newest bigint[];
-    v_share  integer;
-begin
-    if greatest(p_max, 0) = 0 or cardinality(p_watch_ids) = 0 then
-        return;
-    end if;
-    v_share := greatest(p_max / cardinality(p_watch_ids), 1);
-    with streams as (
-        select k.watch_id, k.object, n.id as newest, n.sequence
-        from (select distinct u.watch_id, u.object
-              from unnest(p_watch_ids, p_objects) as u (watch_id, object)) k
-        cross join lateral (
-            select q.id, q.sequence from watchpump.queue q
-            where q.watch_id = k.watch_id and q.object = k.object
-            order by q.sequence desc, q.id desc
-            limit 1
-        ) n
-    ),
-    older as (
-        select o.id, s.newest
-        from streams s
-        cross join lateral (
-            select q.id from watchpump.queue q
-            where q.watch_id = s.watch_id and q.object = s.object
-              and (q.sequence, q.id) < (s.sequence, s.newest)
-              and not coalesce(q.lease_until > now(), false)
-            order by q.sequence, q.id
-            limit v_share
-            for update of q skip locked
-        ) o
-        limit p_max
-    )
-    select coalesce(array_agg(o.id), '{}'), coalesce(array_agg(o.newest), '{}')
-    into v_ids, v_newest
-    from older o;
-    if cardinality(v_ids) = 0 then
-        return;
-    end if;
-    return query
-    select s.delivery_id, s.service_id, n.newest
-    from watchpump.settle(v_ids, array_fill('superseded'::text, array[cardinality(v_ids)]), v_newest,
-                          array_fill(null::integer, array[cardinality(v_ids)]),
-                          array_fill(null::text, array[cardinality(v_ids)])) s
-    join unnest(v_ids, v_newest) as n (id, newest) on n.id = s.delivery_id;
-end
-$$;
+-- note on plans at the top of 0150_emit.sql.
 
 -- Claim due deliveries for this pump, lease them, and return what the pump
 -- needs to send them. Per service at most its slot's `free` of them
@@ -228,7 +77,7 @@ $$;
 -- returns. Step 1 walks each service's due deliveries in due order and
 -- stops at its free slots; the rows it steps over are those in flight
 -- (bounded by the pumps' slots) and those of a paused watch not yet held
--- (hold_paused(), 0500_consumer.sql), and the walk stops at WALK_SLACK =
+-- (hold_paused(), 0550_pause.sql), and the walk stops at WALK_SLACK =
 -- 1,024 rows beyond the free slots whatever it steps over. Steps 2 and 3
 -- read two rows of each (watch, object), and supersession is bounded by
 -- p_max_rows (supersede_older()). tests/claim_depth.rs holds it to that
@@ -316,7 +165,7 @@ begin
                 -- WALK_SLACK: the most rows stepped over (see above).
                 limit least(greatest(coalesce(f.free, p_default_free), 0), p_max_rows) + 1024
             ) w
-            where not coalesce(w.lease_until > now(), false)
+            where not watchpump.in_flight(w.lease_until)
               and (select count(*) from watchpump.watches pw
                    where pw.id = w.watch_id and pw.paused_at is not null) = 0
             limit least(greatest(coalesce(f.free, p_default_free), 0), p_max_rows)
@@ -356,7 +205,7 @@ begin
             select k.watch_id, k.object, k.probe, f.id, f.next_attempt_at, f.lease_until, f.created_at,
                    exists (select 1 from watchpump.queue b
                            where b.watch_id = k.watch_id and b.object = k.object
-                             and (b.sequence, b.id) > (f.sequence, f.id)) as crowded
+                             and watchpump.is_newer(b.sequence, b.id, f.sequence, f.id)) as crowded
             from unnest(v_watch_ids, v_objects, v_probes) as k (watch_id, object, probe)
             cross join lateral (
                 select q.id, q.sequence, q.next_attempt_at, q.lease_until, q.created_at
@@ -373,7 +222,7 @@ begin
         into v_ids, v_crowded_w, v_crowded_o, v_crowded_p
         from firsts f
         where f.crowded
-           or (not coalesce(f.lease_until > now(), false) and (f.probe or f.next_attempt_at <= now()));
+           or (not watchpump.in_flight(f.lease_until) and (f.probe or f.next_attempt_at <= now()));
         -- 3. Older news of the crowded (watch, object)s is superseded in
         --    this same transaction, p_max_rows at most; the second pass
         --    claims those left with their newest alone.
@@ -458,7 +307,7 @@ begin
     return query
     with free as (
         select q.id, q.leased_by from watchpump.queue q
-        where q.id = any (v_ids) and not coalesce(q.lease_until > now(), false)
+        where q.id = any (v_ids) and not watchpump.in_flight(q.lease_until)
         for update skip locked
     ),
     claimed as (
@@ -696,7 +545,7 @@ begin
         ) a
         -- Only a delivery this pump holds (so a queued one) folds: the
         -- attempt rows of a settled delivery never change, which lets
-        -- retention copy them without a lock (0300_operator.sql).
+        -- retention copy them without a lock (0200_history.sql).
         where l.outcome = 'retry' and l.id in (select h.id from held h)
           and (a.attempt + a.repeats = l.attempt
                or (select count(*) from watchpump.attempt_log c where c.delivery_id = l.id) >= 20)
@@ -836,7 +685,7 @@ begin
     update watchpump.queue q
     set next_attempt_at = now()
     where q.service_id = p_service_id and q.next_attempt_at > now()
-      and not coalesce(q.lease_until > now(), false);
+      and not watchpump.in_flight(q.lease_until);
     get diagnostics v_count = row_count;
     return v_count;
 end
@@ -878,7 +727,7 @@ begin
            coalesce(array_agg('deadline passed; last error: ' || coalesce(q.last_error, 'none')), '{}')
     into v_ids, v_errors
     from (select q.id, q.last_error from watchpump.queue q
-          where q.deadline < now() and not coalesce(q.lease_until > now(), false)
+          where q.deadline < now() and not watchpump.in_flight(q.lease_until)
             and (q.next_attempt_at <> q.deadline or q.deadline < now() - interval '1 minute')
           limit 10000
           for update skip locked) q;

@@ -3,12 +3,12 @@
 -- delivery behind, so nothing is ever sent for it.
 --
 -- Plans, for every function in sql/functions that runs per change or per
--- delivery (emit() here, the pump's in 0200_pump.sql): they are PL/pgSQL
+-- delivery (emit() here, the pump's in 0300_settle.sql and 0500_delivery.sql): they are PL/pgSQL
 -- with `set jit = off`, because JIT compiles for milliseconds what runs in
 -- microseconds, and `set plan_cache_mode = force_generic_plan`, because the
 -- generic plans are right for every call (checked with EXPLAIN) and
 -- planning each call again cost more than running it. The pump's
--- functions (0200_pump.sql) also set `enable_seqscan = off` and
+-- functions also set `enable_seqscan = off` and
 -- `enable_mergejoin = off`: the queue's statistics are those of an empty
 -- table most of the time, and a generic plan made from them lives as long
 -- as the pump's connection, so a plan that scans a table (or a whole index,
@@ -16,32 +16,6 @@
 -- off, every lookup is an index lookup by key, whatever the statistics say
 -- (tests/bounds.rs checks it on a queue analyzed empty). This note is not
 -- repeated at each of them.
-
--- watchpump's own settings (watchpump.settings, one row: 0008_storage_v3.sql,
--- 0020_delivery_engine_v4.sql), read where they are used, at every call, so
--- that a change reaches every producer connection and pump at once:
---   update watchpump.settings set delivery_window = '6 hours';
---   update watchpump.settings set max_payload_bytes = 4194304;
---   update watchpump.settings set strict_kinds = true;
--- Only the schema's owner writes them. A producer's session cannot weaken
--- them (issue 34): emit() reads no session setting of its caller but the
--- trace context.
---
--- How long deliveries are retried: a delivery's deadline is now() plus
--- this, set where the delivery is created (emit(), or an operator's retry).
--- 24 hours when unset.
-create or replace function watchpump.delivery_window() returns interval
-language sql stable as $$
-    select coalesce((select s.delivery_window from watchpump.settings s), interval '24 hours')
-$$;
-
--- The largest payload emit() accepts, in bytes of its JSON text: 1 MiB
--- unless set, and never above 16 MiB, the ceiling at which the pump's
--- memory is measured (BENCHMARKS.md, "Bounds"; the column's check).
-create or replace function watchpump.max_payload_bytes() returns integer
-language sql stable as $$
-    select coalesce((select s.max_payload_bytes from watchpump.settings s), 1048576)
-$$;
 
 -- The object itself and each of its prefixes that ends in '/':
 -- 'acme/web/main' -> {acme/, acme/web/, acme/web/main}. A watch on any of
@@ -152,23 +126,6 @@ begin
 end
 $$;
 
--- The timeline this server writes WAL on: each promotion of a standby
--- starts a new one (the first eight hex digits of a WAL file's name).
-create or replace function watchpump.timeline() returns integer
-language sql volatile as $$
-    select ('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::integer
-$$;
-
--- The floor of this timeline's ids and sequences (0023_timeline_floors.sql):
--- 0 on the timeline the database was installed on, 2^40 more for each
--- promotion since. Change ids and delivery ids are nextval() plus this,
--- and an object's next sequence is at least this plus one, so that a new
--- primary never hands out again what a lost one sent (issue 36).
-create or replace function watchpump.id_floor() returns bigint
-language sql volatile as $$
-    select greatest(watchpump.timeline() - watchpump.first_timeline(), 0)::bigint << 40
-$$;
-
 -- What emit() refuses of one change, before anything is written (README,
 -- "Bounds"), or null when it accepts it. Refusals carry a SQLSTATE of
 -- their own (refuse_change()), never an error of the storage underneath:
@@ -277,7 +234,7 @@ begin
 
     -- One delivery per matching watch, into the queue. Older news of the
     -- same (watch, object) is superseded by the pump, never here (the order
-    -- rule, 0200_pump.sql): an existing delivery may be in a pump's hands,
+    -- rule, 0500_delivery.sql): an existing delivery may be in a pump's hands,
     -- and a producer's transaction must neither wait for a pump nor hold a
     -- lock one needs. The counter row of the object stays locked until the
     -- caller commits: emitters to one object queue there and commit in
