@@ -59,11 +59,35 @@ pub async fn check(options: &PgConnectOptions, setting: &str) -> Result<()> {
     check_startup_settings(options, setting).await
 }
 
+/// [`check_sessions`], tried again while the database is away (a restart
+/// or a failover during start-up, as `serve`'s other start-up steps do, up
+/// to [`crate::server::START_UP_PATIENCE`]): a probe cut short by the
+/// database going away is no evidence of a pooler.
+async fn sessions_checked_patiently(options: &PgConnectOptions, setting: &str) -> Result<()> {
+    let started = tokio::time::Instant::now();
+    loop {
+        match check_sessions_once(options, setting).await {
+            Err(Error::Database(e))
+                if crate::server::is_gone(&e)
+                    && started.elapsed() < crate::server::START_UP_PATIENCE =>
+            {
+                tracing::warn!(error = %e, "the database went away during the pooler check; trying again");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            done => return done,
+        }
+    }
+}
+
 /// The sharing half of [`check`], for connections that need sessions of
 /// their own but carry no startup settings: `migrate`'s, and the reads on
 /// a standby ([`crate::replica`]). pgbouncer's statement pooling shows as
 /// a refused transaction.
 pub async fn check_sessions(options: &PgConnectOptions, setting: &str) -> Result<()> {
+    sessions_checked_patiently(options, setting).await
+}
+
+async fn check_sessions_once(options: &PgConnectOptions, setting: &str) -> Result<()> {
     match sessions_shared(options).await? {
         Some(evidence) => Err(Error::Config(format!(
             "{setting} reaches PostgreSQL through a connection pooler that shares server \
@@ -109,6 +133,10 @@ async fn rounds(a: &mut PgConnection, b: &mut PgConnection) -> Result<Option<Str
         let first = backend(a).await?;
         let held = match holding(b).await {
             Ok(held) => held,
+            // The database going away (a restart) is no evidence.
+            Err(Error::Database(e)) if crate::server::is_gone(&e) => {
+                return Err(Error::Database(e))
+            }
             // pgbouncer's statement pooling refuses transactions.
             Err(e) => return Ok(Some(format!("a transaction was refused: {e}"))),
         };

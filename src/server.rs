@@ -161,7 +161,7 @@ fn is_contention(e: &sqlx::Error) -> bool {
 
 /// The connection broke or the server is shutting down or starting up: the
 /// same statement can succeed once it is back.
-fn is_gone(e: &sqlx::Error) -> bool {
+pub(crate) fn is_gone(e: &sqlx::Error) -> bool {
     match e {
         sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut => true,
         // 57P01-57P03: admin or crash shutdown, cannot connect now; class
