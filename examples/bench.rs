@@ -30,6 +30,8 @@ mod backlog;
 mod bounds;
 #[path = "scenarios/budget.rs"]
 mod budget;
+#[path = "scenarios/emit.rs"]
+mod emit;
 #[path = "scenarios/filters.rs"]
 mod filters;
 #[path = "scenarios/hanging.rs"]
@@ -80,6 +82,7 @@ async fn main() {
         ("bulk", |b| Box::pin(bulk(b))),
         ("backlog", |b| Box::pin(backlog::backlog(b))),
         ("fanout", |b| Box::pin(fanout(b))),
+        ("emit", |b| Box::pin(emit::emit(b))),
         ("producer", |b| Box::pin(producer(b))),
         ("supersession", |b| Box::pin(supersession(b))),
         ("recovery", |b| Box::pin(recovery(b))),
