@@ -92,3 +92,10 @@ if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -
   echo "test-deps: could not install ${need[*]} with apt" >&2
   exit 1
 fi
+# Debian's haproxy package enables its system service; the tests start
+# HAProxy themselves and leave no system service enabled.
+for unit in haproxy.service; do
+  if [ -e "/etc/systemd/system/multi-user.target.wants/$unit" ]; then
+    systemctl disable "$unit" >/dev/null 2>&1 || rm -f "/etc/systemd/system/multi-user.target.wants/$unit"
+  fi
+done
