@@ -116,6 +116,10 @@ declare
     v_crowded_o    text[];
     v_crowded_p    boolean[];
     v_ids          bigint[] := '{}';
+    -- Beside v_ids, each delivery's change and created_at, as step 2 read
+    -- them: steps 4 and 5 need them without reading the rows again.
+    v_changes      bigint[] := '{}';
+    v_created      timestamptz[] := '{}';
     v_found        bigint[];
     v_locked       bigint[];
     v_from         timestamptz;
@@ -202,13 +206,14 @@ begin
     for v_pass in 1..2 loop
         exit when cardinality(v_watch_ids) = 0;
         with firsts as materialized (
-            select k.watch_id, k.object, k.probe, f.id, f.next_attempt_at, f.lease_until, f.created_at,
+            select k.watch_id, k.object, k.probe, f.id, f.change_id, f.next_attempt_at, f.lease_until,
+                   f.created_at,
                    exists (select 1 from watchpump.queue b
                            where b.watch_id = k.watch_id and b.object = k.object
                              and watchpump.is_newer(b.sequence, b.id, f.sequence, f.id)) as crowded
             from unnest(v_watch_ids, v_objects, v_probes) as k (watch_id, object, probe)
             cross join lateral (
-                select q.id, q.sequence, q.next_attempt_at, q.lease_until, q.created_at
+                select q.id, q.change_id, q.sequence, q.next_attempt_at, q.lease_until, q.created_at
                 from watchpump.queue q
                 where q.watch_id = k.watch_id and q.object = k.object
                 order by q.sequence, q.id
@@ -216,10 +221,12 @@ begin
             ) f
         )
         select v_ids || coalesce(array_agg(f.id) filter (where not f.crowded), '{}'),
+               v_changes || coalesce(array_agg(f.change_id) filter (where not f.crowded), '{}'),
+               v_created || coalesce(array_agg(f.created_at) filter (where not f.crowded), '{}'),
                coalesce(array_agg(f.watch_id) filter (where f.crowded), '{}'),
                coalesce(array_agg(f.object) filter (where f.crowded), '{}'),
                coalesce(array_agg(f.probe) filter (where f.crowded), '{}')
-        into v_ids, v_crowded_w, v_crowded_o, v_crowded_p
+        into v_ids, v_changes, v_created, v_crowded_w, v_crowded_o, v_crowded_p
         from firsts f
         where f.crowded
            or (not watchpump.in_flight(f.lease_until) and (f.probe or f.next_attempt_at <= now()));
@@ -235,8 +242,7 @@ begin
     if cardinality(v_ids) = 0 then
         return;
     end if;
-    select min(q.created_at), max(q.created_at) into v_from, v_to
-    from watchpump.queue q where q.id = any (v_ids);
+    select min(t), max(t) into v_from, v_to from unnest(v_created) as t;
 
     -- 4. The payload bytes: whole changes, oldest first, while the bytes
     --    before each stay under p_max_bytes (so the first always goes).
@@ -266,8 +272,7 @@ begin
         with per_change as (
             select q.change_id, min(q.created_at) as occurred_at, min(q.id) as first_id,
                    array_agg(q.id) as ids
-            from watchpump.queue q
-            where q.id = any (v_locked)
+            from unnest(v_locked, v_changes, v_created) as q (id, change_id, created_at)
             group by q.change_id
         ),
         found as materialized (
@@ -294,7 +299,9 @@ begin
         update watchpump.queue q set created_at = c.occurred_at
         from watchpump.changes c
         where q.id = any (v_locked) and c.id = q.change_id and c.occurred_at <> q.created_at;
-        select min(q.created_at), max(q.created_at) into v_from, v_to
+        select coalesce(array_agg(q.id), '{}'), coalesce(array_agg(q.change_id), '{}'),
+               coalesce(array_agg(q.created_at), '{}'), min(q.created_at), max(q.created_at)
+        into v_locked, v_changes, v_created, v_from, v_to
         from watchpump.queue q where q.id = any (v_locked);
     end loop;
     if cardinality(v_ids) = 0 then
