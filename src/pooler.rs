@@ -55,18 +55,26 @@ const PROBE_SETTING: &str = "watchpump.startup_probe";
 /// connections carry. `setting` names where the URL came from
 /// (`DATABASE_URL`), for the message.
 pub async fn check(options: &PgConnectOptions, setting: &str) -> Result<()> {
-    check_sessions(options, setting).await?;
-    check_startup_settings(options, setting).await
+    patiently(|| async {
+        check_sessions_once(options, setting).await?;
+        check_startup_settings(options, setting).await
+    })
+    .await
 }
 
-/// [`check_sessions`], tried again while the database is away (a restart
-/// or a failover during start-up, as `serve`'s other start-up steps do, up
-/// to [`crate::server::START_UP_PATIENCE`]): a probe cut short by the
-/// database going away is no evidence of a pooler.
-async fn sessions_checked_patiently(options: &PgConnectOptions, setting: &str) -> Result<()> {
+/// `probe`, tried again while the database is away (a restart or a
+/// failover during start-up, as `serve`'s other start-up steps do, up to
+/// [`crate::server::START_UP_PATIENCE`]): a probe cut short by the
+/// database going away, or refused while it shuts down or starts, is no
+/// evidence of a pooler.
+async fn patiently<F, Fut>(probe: F) -> Result<()>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<()>>,
+{
     let started = tokio::time::Instant::now();
     loop {
-        match check_sessions_once(options, setting).await {
+        match probe().await {
             Err(Error::Database(e))
                 if crate::server::is_gone(&e)
                     && started.elapsed() < crate::server::START_UP_PATIENCE =>
@@ -84,7 +92,7 @@ async fn sessions_checked_patiently(options: &PgConnectOptions, setting: &str) -
 /// a standby ([`crate::replica`]). pgbouncer's statement pooling shows as
 /// a refused transaction.
 pub async fn check_sessions(options: &PgConnectOptions, setting: &str) -> Result<()> {
-    sessions_checked_patiently(options, setting).await
+    patiently(|| check_sessions_once(options, setting)).await
 }
 
 async fn check_sessions_once(options: &PgConnectOptions, setting: &str) -> Result<()> {

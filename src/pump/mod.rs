@@ -135,7 +135,13 @@ impl Pump {
         if tokio::time::timeout(grace, recorder).await.is_err() {
             tracing::warn!("sends still in flight after {grace:?}; their leases will expire");
         }
-        store::leave(&shared.pool, &shared.name).await?;
+        // Best effort: a pump stopping while the database restarts cannot
+        // take its sleeper row away, and need not; the sweep forgets a
+        // sleeper row that stops being refreshed within a minute, and
+        // until then producers only NOTIFY for nothing.
+        if let Err(e) = store::leave(&shared.pool, &shared.name).await {
+            tracing::warn!(error = %e, "could not remove this pump's sleeper row; the sweep will");
+        }
         tracing::info!(pump = %shared.name, "pump stopped");
         Ok(())
     }
