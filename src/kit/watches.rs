@@ -27,6 +27,12 @@ use crate::kit::store;
 const TIMEOUT: Duration = Duration::from_secs(10);
 /// The largest answer read from the producer.
 const MAX_ANSWER: usize = 64 * 1024;
+/// How long one call waits, in all, for the producer's per-service limit
+/// on self-service writes (a 429 with `Retry-After`) before it gives up
+/// with the 429. A consumer that registers its watches at every start
+/// registers more than the limit's burst (60 by default) a second apart,
+/// rather than failing to start.
+const MOST_WAITED_FOR_THE_LIMIT: Duration = Duration::from_secs(120);
 
 /// What to follow: `POST /api/v1/watches`'s body.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -144,12 +150,40 @@ impl WatchClient {
         Ok(())
     }
 
+    /// One request to the watches API, sent again after the wait a 429
+    /// names (both calls are safe to repeat: registering an identical watch
+    /// returns it, removing one already gone counts as removed), up to
+    /// [`MOST_WAITED_FOR_THE_LIMIT`] in all.
     async fn call(
         &self,
         method: Method,
         path: &str,
         body: Option<Vec<u8>>,
     ) -> Result<(StatusCode, Bytes)> {
+        let mut waited = Duration::ZERO;
+        loop {
+            let (status, answer, retry_after) =
+                self.exchange(method.clone(), path, body.clone()).await?;
+            if status == StatusCode::TOO_MANY_REQUESTS {
+                let wait = retry_after.unwrap_or(Duration::from_secs(1));
+                if waited + wait <= MOST_WAITED_FOR_THE_LIMIT {
+                    tokio::time::sleep(wait).await;
+                    waited += wait;
+                    continue;
+                }
+            }
+            return Ok((status, answer));
+        }
+    }
+
+    /// One request and its answer: the status, the body, and the wait a
+    /// `Retry-After` of whole seconds asks for.
+    async fn exchange(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<(StatusCode, Bytes, Option<Duration>)> {
         let url = format!("{}/api/v1/watches{path}", self.api);
         let request = Request::builder()
             .method(method)
@@ -169,11 +203,17 @@ impl WatchClient {
                 .await
                 .map_err(|e| http(format!("{e}")))?;
             let status = response.status();
+            let retry_after = response
+                .headers()
+                .get(header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .map(|secs| Duration::from_secs(secs.max(1)));
             let body = http_body_util::Limited::new(response.into_body(), MAX_ANSWER)
                 .collect()
                 .await
                 .map_err(|e| http(format!("reading the answer: {e}")))?;
-            Ok((status, body.to_bytes()))
+            Ok((status, body.to_bytes(), retry_after))
         };
         tokio::time::timeout(TIMEOUT, exchange)
             .await

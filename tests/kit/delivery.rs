@@ -326,3 +326,37 @@ async fn removing_a_watch_removes_it_at_the_producer_and_here() {
     assert!(err.to_string().contains("422"), "{err}");
     p.pump.stop().await.unwrap();
 }
+
+/// A consumer that registers more new watches than its service's burst of
+/// self-service writes waits out each 429's `Retry-After` instead of
+/// failing: with a burst of 2, the third registration is refused once and
+/// then made. (Without the wait, `register` returned the 429.)
+#[tokio::test]
+async fn registering_past_the_services_write_limit_waits_and_registers_every_watch() {
+    let p = Producer::start().await;
+    let c = p.consumer(&Work::default()).await;
+    sqlx::query("update watchpump.settings set self_service_rate = 10, self_service_burst = 2")
+        .execute(&p.db.pool)
+        .await
+        .unwrap();
+    let mut ids = Vec::new();
+    for n in 0..5 {
+        let watch = WatchRequest::new("app-1", &format!("acme/limited-{n}/"));
+        ids.push(c.watches.register(&watch).await.unwrap().id);
+    }
+    ids.dedup();
+    assert_eq!(ids.len(), 5);
+    let live: i64 = sqlx::query_scalar(
+        "select count(*) from watchpump.watches where id = any ($1) and removed_at is null",
+    )
+    .bind(&ids)
+    .fetch_one(&p.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(live, 5);
+    let known = watchpump::kit::known_watches(&c.db.pool, "git")
+        .await
+        .unwrap();
+    assert_eq!(known.iter().filter(|w| w.live).count(), 5);
+    p.pump.stop().await.unwrap();
+}
