@@ -267,8 +267,9 @@ begin
             returning id, sequence, occurred_at
         ),
         queued as (
-            insert into watchpump.queue (change_id, watch_id, service_id, object, sequence, deadline, created_at)
-            select c.id, w.id, w.service_id, p_object, c.sequence, now() + v_window, c.occurred_at
+            insert into watchpump.queue (change_id, watch_id, service_id, object, sequence, deadline, created_at,
+                                         payload_bytes)
+            select c.id, w.id, w.service_id, p_object, c.sequence, now() + v_window, c.occurred_at, v_bytes
             from change c
             cross join watchpump.watches w
             where w.removed_at is null
@@ -313,8 +314,9 @@ begin
                   order by c.match_text, c.match_is_predicate) f
         ),
         queued as (
-            insert into watchpump.queue (change_id, watch_id, service_id, object, sequence, deadline, created_at)
-            select ch.id, c.id, c.service_id, p_object, ch.sequence, now() + v_window, ch.occurred_at
+            insert into watchpump.queue (change_id, watch_id, service_id, object, sequence, deadline, created_at,
+                                         payload_bytes)
+            select ch.id, c.id, c.service_id, p_object, ch.sequence, now() + v_window, ch.occurred_at, v_bytes
             from change ch
             cross join candidates c
             left join verdicts v using (match_text, match_is_predicate)
@@ -443,7 +445,7 @@ begin
         select n.id, n.object, n.kind, n.sequence, n.payload, n.bytes, v_traceparent, v_tracestate
         from numbered n
         order by n.n
-        returning id, object, kind, sequence, payload, occurred_at,
+        returning id, object, kind, sequence, payload, payload_bytes, occurred_at,
                   left(object, length(object) - length(split_part(object, '/', -1))) as folder
     ),
     folders as materialized (
@@ -452,22 +454,24 @@ begin
         cross join lateral unnest(watchpump.object_prefixes(f.folder)) as p (prefix)
     ),
     following as (
-        select c.id, c.object, c.kind, c.sequence, c.payload, c.occurred_at, w.id as watch_id, w.service_id,
-               w.kinds, w.match_path, w.match_is_predicate
+        select c.id, c.object, c.kind, c.sequence, c.payload, c.payload_bytes, c.occurred_at, w.id as watch_id,
+               w.service_id, w.kinds, w.match_path, w.match_is_predicate
         from change c
         join watchpump.watches w on w.object = c.object
         where w.removed_at is null
         union all
-        select c.id, c.object, c.kind, c.sequence, c.payload, c.occurred_at, w.id, w.service_id,
-               w.kinds, w.match_path, w.match_is_predicate
+        select c.id, c.object, c.kind, c.sequence, c.payload, c.payload_bytes, c.occurred_at, w.id,
+               w.service_id, w.kinds, w.match_path, w.match_is_predicate
         from change c
         join folders f on f.folder = c.folder and f.prefix <> c.object
         join watchpump.watches w on w.object = f.prefix
         where w.removed_at is null
     ),
     queued as (
-        insert into watchpump.queue (change_id, watch_id, service_id, object, sequence, deadline, created_at)
-        select f.id, f.watch_id, f.service_id, f.object, f.sequence, now() + v_window, f.occurred_at
+        insert into watchpump.queue (change_id, watch_id, service_id, object, sequence, deadline, created_at,
+                                     payload_bytes)
+        select f.id, f.watch_id, f.service_id, f.object, f.sequence, now() + v_window, f.occurred_at,
+               f.payload_bytes
         from following f
         where (f.kinds is null or f.kind = any (f.kinds))
           and (f.match_path is null or watchpump.payload_matches(f.payload, f.match_path, f.match_is_predicate))

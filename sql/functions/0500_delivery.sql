@@ -120,6 +120,7 @@ declare
     -- them: steps 4 and 5 need them without reading the rows again.
     v_changes      bigint[] := '{}';
     v_created      timestamptz[] := '{}';
+    v_bytes        integer[] := '{}';
     v_found        bigint[];
     v_locked       bigint[];
     v_from         timestamptz;
@@ -207,13 +208,14 @@ begin
         exit when cardinality(v_watch_ids) = 0;
         with firsts as materialized (
             select k.watch_id, k.object, k.probe, f.id, f.change_id, f.next_attempt_at, f.lease_until,
-                   f.created_at,
+                   f.created_at, f.payload_bytes,
                    exists (select 1 from watchpump.queue b
                            where b.watch_id = k.watch_id and b.object = k.object
                              and watchpump.is_newer(b.sequence, b.id, f.sequence, f.id)) as crowded
             from unnest(v_watch_ids, v_objects, v_probes) as k (watch_id, object, probe)
             cross join lateral (
-                select q.id, q.change_id, q.sequence, q.next_attempt_at, q.lease_until, q.created_at
+                select q.id, q.change_id, q.sequence, q.next_attempt_at, q.lease_until, q.created_at,
+                       q.payload_bytes
                 from watchpump.queue q
                 where q.watch_id = k.watch_id and q.object = k.object
                 order by q.sequence, q.id
@@ -223,10 +225,11 @@ begin
         select v_ids || coalesce(array_agg(f.id) filter (where not f.crowded), '{}'),
                v_changes || coalesce(array_agg(f.change_id) filter (where not f.crowded), '{}'),
                v_created || coalesce(array_agg(f.created_at) filter (where not f.crowded), '{}'),
+               v_bytes || coalesce(array_agg(f.payload_bytes) filter (where not f.crowded), '{}'),
                coalesce(array_agg(f.watch_id) filter (where f.crowded), '{}'),
                coalesce(array_agg(f.object) filter (where f.crowded), '{}'),
                coalesce(array_agg(f.probe) filter (where f.crowded), '{}')
-        into v_ids, v_changes, v_created, v_crowded_w, v_crowded_o, v_crowded_p
+        into v_ids, v_changes, v_created, v_bytes, v_crowded_w, v_crowded_o, v_crowded_p
         from firsts f
         where f.crowded
            or (not watchpump.in_flight(f.lease_until) and (f.probe or f.next_attempt_at <= now()));
@@ -260,6 +263,9 @@ begin
     --    row at 13 days of partitions took a median of 756 us, 683 us
     --    pruned so (BENCHMARKS.md, issue 18, fourth session). A null
     --    payload_bytes (never null in changes) is a change not found.
+    --    A delivery emit() or emit_many() queued carries its payload's
+    --    bytes (queue.payload_bytes, 0025_queue_payload_bytes.sql): its
+    --    change is not looked up here, only in step 5 for its payload.
     --
     --    A delivery whose change is not at its created_at (a v2 row,
     --    queued before that rule) is found missing here: its created_at is
@@ -271,16 +277,17 @@ begin
     for v_pass in 1..2 loop
         with per_change as (
             select q.change_id, min(q.created_at) as occurred_at, min(q.id) as first_id,
-                   array_agg(q.id) as ids
-            from unnest(v_locked, v_changes, v_created) as q (id, change_id, created_at)
+                   array_agg(q.id) as ids, min(q.bytes) as bytes
+            from unnest(v_locked, v_changes, v_created, v_bytes) as q (id, change_id, created_at, bytes)
             group by q.change_id
         ),
         found as materialized (
-            select p.ids, p.first_id, ch.payload_bytes
+            select p.ids, p.first_id, coalesce(p.bytes, ch.payload_bytes) as payload_bytes
             from per_change p
             left join lateral (
                 select c.payload_bytes from watchpump.changes c
-                where c.id = p.change_id and c.occurred_at = p.occurred_at
+                where p.bytes is null
+                  and c.id = p.change_id and c.occurred_at = p.occurred_at
                   and c.occurred_at >= v_from and c.occurred_at <= v_to
             ) ch on true
         ),
@@ -300,8 +307,9 @@ begin
         from watchpump.changes c
         where q.id = any (v_locked) and c.id = q.change_id and c.occurred_at <> q.created_at;
         select coalesce(array_agg(q.id), '{}'), coalesce(array_agg(q.change_id), '{}'),
-               coalesce(array_agg(q.created_at), '{}'), min(q.created_at), max(q.created_at)
-        into v_locked, v_changes, v_created, v_from, v_to
+               coalesce(array_agg(q.created_at), '{}'), coalesce(array_agg(null::integer), '{}'),
+               min(q.created_at), max(q.created_at)
+        into v_locked, v_changes, v_created, v_bytes, v_from, v_to
         from watchpump.queue q where q.id = any (v_locked);
     end loop;
     if cardinality(v_ids) = 0 then
@@ -309,38 +317,43 @@ begin
     end if;
 
     -- 5. The lease, on the rows no other transaction holds (skipped, never
-    --    waited for) and still not leased: a HOT update (no indexed column
-    --    changes).
+    --    waited for) and still not leased, whose change is found: a HOT
+    --    update (no indexed column changes). Each change is read here once,
+    --    by id and time in the days step 4 found them in; a delivery whose
+    --    change is not there is not leased and stays pending (never held
+    --    under a lease with nothing sent).
     return query
-    with free as (
-        select q.id, q.leased_by from watchpump.queue q
+    with free as materialized (
+        select q.id, q.leased_by, ch.object, ch.kind, ch.sequence, ch.occurred_at, ch.payload,
+               ch.traceparent, ch.tracestate
+        from watchpump.queue q
+        cross join lateral (
+            select x.object, x.kind, x.sequence, x.occurred_at, x.payload, x.traceparent, x.tracestate
+            from watchpump.changes x
+            where x.id = q.change_id and x.occurred_at = q.created_at
+              and x.occurred_at >= v_from and x.occurred_at <= v_to
+        ) ch
         where q.id = any (v_ids) and not watchpump.in_flight(q.lease_until)
-        for update skip locked
+        for update of q skip locked
     ),
     claimed as (
         update watchpump.queue q
         set attempts = q.attempts + 1, lease_until = clock_timestamp() + p_lease, leased_by = p_pump
         from free f
         where q.id = f.id
-        returning q.id, q.change_id, q.watch_id, q.service_id, q.attempts, q.replay, q.created_at,
-                  f.leased_by as expired
+        returning q.id, q.change_id, q.watch_id, q.service_id, q.attempts, q.replay,
+                  f.leased_by as expired, f.object, f.kind, f.sequence, f.occurred_at, f.payload,
+                  f.traceparent, f.tracestate
     ),
     ordered as materialized (
         select c.*, row_number() over (partition by c.change_id order by c.id) = 1 as first_of_change
         from claimed c
     )
     select c.id, c.change_id, c.watch_id, c.service_id, s.version, c.attempts,
-           w.resource, ch.object, ch.kind, ch.sequence, ch.occurred_at,
-           case when c.first_of_change then ch.payload::text end, c.expired,
-           ch.traceparent, ch.tracestate, c.replay
+           w.resource, c.object, c.kind, c.sequence, c.occurred_at,
+           case when c.first_of_change then c.payload::text end, c.expired,
+           c.traceparent, c.tracestate, c.replay
     from ordered c
-    -- By id and time, in the days step 4 found them in.
-    cross join lateral (
-        select x.object, x.kind, x.sequence, x.occurred_at, x.payload, x.traceparent, x.tracestate
-        from watchpump.changes x
-        where x.id = c.change_id and x.occurred_at = c.created_at
-          and x.occurred_at >= v_from and x.occurred_at <= v_to
-    ) ch
     cross join lateral (
         select x.resource from watchpump.watches x where x.id = c.watch_id offset 0
     ) w
