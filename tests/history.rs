@@ -1060,6 +1060,55 @@ async fn queued_at_their_changes_time(db: &TestDb) -> bool {
     .unwrap()
 }
 
+/// A delivery emit() queued carries its payload's bytes, so claim() keeps
+/// to its byte budget without looking the change up; the change is read
+/// once, before the lease. A delivery whose change is not where its row
+/// says (edited by hand here: watchpump's own writers never queue one so)
+/// is left pending, never leased with nothing to send; the other is sent
+/// whole. (Leasing first and reading the change after held it under a
+/// lease with nothing sent.)
+#[tokio::test]
+async fn claim_leases_no_delivery_whose_change_it_cannot_read() {
+    let db = TestDb::new().await;
+    let (service, _) = db.add_service("deploy", "http://127.0.0.1:9").await;
+    db.add_watch(service.id, "app", "acme/", all()).await;
+    let found = db.emit("acme/web/main", "push", json!({"n": 1})).await;
+    let lost = db.emit("acme/api/main", "push", json!({"n": 2})).await;
+    let bytes: Vec<Option<i32>> =
+        sqlx::query_scalar("select payload_bytes from watchpump.queue order by change_id")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert!(
+        bytes.iter().all(|b| b.is_some()),
+        "emit() records the bytes: {bytes:?}"
+    );
+    sqlx::query(
+        "update watchpump.queue set created_at = created_at - interval '3 days' where change_id = $1",
+    )
+    .bind(lost)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let claimed: Vec<(i64, Option<String>)> = sqlx::query_as(
+        "select change_id, payload from watchpump.claim('test', '{}', 10, '1 minute')",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(claimed.len(), 1, "{claimed:?}");
+    assert_eq!(claimed[0].0, found);
+    assert!(claimed[0].1.is_some(), "sent with its payload");
+    let (leased, attempts): (bool, i32) = sqlx::query_as(
+        "select lease_until is not null, attempts from watchpump.queue where change_id = $1",
+    )
+    .bind(lost)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert!(!leased && attempts == 0, "left pending, not leased");
+}
+
 /// claim() finds a delivery's change by its id and its time (a delivery's
 /// `created_at` is its change's `occurred_at`, so the look-up reads one
 /// day's partition of `changes`), and by its id alone for a delivery older

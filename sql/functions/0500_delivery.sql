@@ -116,12 +116,12 @@ declare
     v_crowded_o    text[];
     v_crowded_p    boolean[];
     v_ids          bigint[] := '{}';
-    -- Beside v_ids, each delivery's change and created_at, as step 2 read
-    -- them: steps 4 and 5 need them without reading the rows again.
+    -- Beside v_ids, each delivery's change, created_at and payload bytes
+    -- (null when its queue row has none), as step 2 read them: steps 4
+    -- and 5 need them without reading the rows again.
     v_changes      bigint[] := '{}';
     v_created      timestamptz[] := '{}';
     v_bytes        integer[] := '{}';
-    v_found        bigint[];
     v_locked       bigint[];
     v_from         timestamptz;
     v_to           timestamptz;
