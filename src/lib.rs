@@ -103,6 +103,8 @@ pub mod cli;
 pub mod cli_consumer;
 #[cfg(feature = "producer")]
 pub mod config;
+#[cfg(feature = "kit")]
+pub mod db;
 pub mod delivery;
 #[cfg(feature = "producer")]
 pub mod destinations;

@@ -137,11 +137,7 @@ pub async fn missing_roles(pool: &PgPool) -> Result<Vec<String>> {
 /// the CLI's commands other than `migrate` must not create it as a side
 /// effect in a database the user may have named by mistake.
 pub async fn require(pool: &PgPool) -> Result<()> {
-    let present: bool =
-        sqlx::query_scalar("select to_regclass('watchpump.schema_migrations') is not null")
-            .fetch_one(pool)
-            .await?;
-    if present {
+    if crate::db::schema::watchpump_schema_exists(pool).await? {
         Ok(())
     } else {
         Err(Error::NotFound(
