@@ -196,7 +196,7 @@ begin
               'claim', 'release', 'complete', 'sleep', 'sweep', 'release_backlog',
               'take_tokens', 'give_back_tokens',
               -- what those call with the pump's rights
-              'settle', 'supersede_older', 'stream_lock', 'stage_failed', 'is_staged',
+              'settle', 'settle_as', 'supersede_older', 'stream_lock', 'stage_failed', 'is_staged',
               -- the vocabulary (0000_vocabulary.sql) its functions use
               'lock_class', 'stream_key', 'is_newer',
               'delivery_window', 'held_until', 'is_paused', 'rate_burst', 'effective_rate',

@@ -240,12 +240,8 @@ async fn a_service_resyncs_one_watch_at_a_time_within_a_daily_replay_budget() {
     // Nothing was sent (no pump): every object's news is queued already,
     // which a replay would only repeat. Settle it as delivered.
     s.exec(
-        "select count(*) from watchpump.settle(
-             array(select id from watchpump.queue),
-             array(select 'delivered' from watchpump.queue),
-             array(select null::bigint from watchpump.queue),
-             array(select 200 from watchpump.queue),
-             array(select null::text from watchpump.queue))",
+        "select count(*) from watchpump.settle(array(
+             select watchpump.settle_as(id, 'delivered', p_status => 200) from watchpump.queue))",
     )
     .await;
 

@@ -3,7 +3,9 @@
 -- the history (watchpump.settled, 0200_history.sql) holds the rest
 -- (0004_storage_v2.sql):
 --   - settle() moves deliveries from the queue to the history, each with
---     how it ended: the one place a delivery is settled;
+--     how it ended (one watchpump.settle_outcome a delivery; settle_as()
+--     makes one for a caller with no attempt to keep): the one place a
+--     delivery is settled;
 --   - supersede_older() is the order rule's supersession (the rule is at
 --     the top of 0500_delivery.sql): older news is settled as superseded;
 --   - requeue() moves settled deliveries back, for an operator's retry()
@@ -15,48 +17,40 @@
 -- Why settle() and supersede_older() set `jit = off`, `force_generic_plan`
 -- and the rest: the note on plans at the top of 0150_emit.sql.
 
--- Moves deliveries from the queue to the history, each with its state
+-- Moves deliveries from the queue to the history, each as its outcome
+-- says (a watchpump.settle_outcome, 0026_settle_outcome.sql): its state
 -- ('delivered', 'superseded', 'dropped' or 'failed'), and for a superseded
 -- one the delivery that superseded it. The callers hold the rows (by lease
--- or by lock). The attempt that delivered (p_pump, p_started, p_durations,
--- p_heads) is kept on the settled row. Failed deliveries are also noted for
--- the warning to notify. The one place a delivery is settled.
--- With p_attempts, a delivery is settled only while p_pump still holds the
--- lease of that attempt (complete()'s delivered ones: the delete checks
+-- or by lock). The attempt that delivered (p_pump, and the outcome's
+-- started_at, duration_ms and response_head) is kept on the settled row.
+-- Failed deliveries are also noted for the warning to notify. The one
+-- place a delivery is settled.
+-- An outcome with its attempt is settled only while p_pump still holds
+-- the lease of that attempt (complete()'s delivered ones: the delete checks
 -- the lease as it takes the row lock); the others are left as they are,
 -- and not returned.
-create or replace function watchpump.settle(
-    p_ids           bigint[],
-    p_states        text[],
-    p_superseded_by bigint[],
-    p_statuses      integer[],
-    p_errors        text[],
-    p_pump          text default null,
-    p_started       timestamptz[] default null,
-    p_durations     double precision[] default null,
-    p_heads         text[] default null,
-    p_attempts      integer[] default null
-) returns table (delivery_id bigint, service_id bigint, state text)
+create or replace function watchpump.settle(p_outcomes watchpump.settle_outcome[], p_pump text default null)
+returns table (delivery_id bigint, service_id bigint, state text)
 language plpgsql
 set jit = off
 set plan_cache_mode = force_generic_plan
 set enable_seqscan = off
 set enable_mergejoin = off
 as $$
+declare
+    v_failed bigint[];
 begin
     return query
     with outcome as materialized (
-        select u.id, u.state, u.superseded_by, u.status, u.error, u.started, u.duration, u.head, u.attempt
-        from unnest(p_ids, p_states, p_superseded_by, p_statuses, p_errors, p_started, p_durations, p_heads,
-                    p_attempts)
-             as u (id, state, superseded_by, status, error, started, duration, head, attempt)
+        select o.* from unnest(p_outcomes) o
     ),
     moved as (
         delete from watchpump.queue q
         using outcome o
-        where q.id = o.id
+        where q.id = o.delivery_id
           and (o.attempt is null or (q.leased_by = p_pump and q.attempts = o.attempt))
-        returning q.*, o.state, o.superseded_by as by, o.status, o.error, o.started, o.duration, o.head
+        returning q.*, o.state, o.superseded_by as by, o.status, o.error, o.started_at as started,
+                  o.duration_ms as duration, o.response_head as head
     ),
     written as (
         insert into watchpump.settled (id, change_id, watch_id, service_id, object, state, attempts,
@@ -82,11 +76,25 @@ begin
     select w.id, w.service_id, w.state from written w;
     -- Failures are kept longer than the rest of their day: written where
     -- retention keeps them, now (stage_failed(), 0200_history.sql).
-    if 'failed' = any (p_states) then
-        perform watchpump.stage_failed(array(select u.id from unnest(p_ids, p_states) as u (id, state)
-                                             where u.state = 'failed'));
+    v_failed := array(select o.delivery_id from unnest(p_outcomes) o where o.state = 'failed');
+    if cardinality(v_failed) > 0 then
+        perform watchpump.stage_failed(v_failed);
     end if;
 end
+$$;
+
+-- The outcome of a delivery settled without an attempt to keep (its caller
+-- holds it by a lock, or by a lease it checked): its state, the error the
+-- settled row keeps (null: the queued row's last one), for a superseded
+-- one the delivery that superseded it, and the answer the row keeps (null:
+-- the queued row's last one).
+create or replace function watchpump.settle_as(p_delivery_id bigint, p_state text, p_error text default null,
+                                               p_superseded_by bigint default null,
+                                               p_status integer default null)
+returns watchpump.settle_outcome
+language sql immutable parallel safe as $$
+    select row(p_delivery_id, p_state, p_status, p_error, p_superseded_by, null, null, null,
+               null)::watchpump.settle_outcome
 $$;
 
 -- The supersession rule, in one place: for each (watch, object) given, the
@@ -116,9 +124,8 @@ set enable_seqscan = off
 set enable_mergejoin = off
 as $$
 declare
-    v_ids    bigint[];
-    v_newest bigint[];
-    v_share  integer;
+    v_outcomes watchpump.settle_outcome[];
+    v_share    integer;
 begin
     if greatest(p_max, 0) = 0 or cardinality(p_watch_ids) = 0 then
         return;
@@ -149,18 +156,16 @@ begin
         ) o
         limit p_max
     )
-    select coalesce(array_agg(o.id), '{}'), coalesce(array_agg(o.newest), '{}')
-    into v_ids, v_newest
+    select coalesce(array_agg(watchpump.settle_as(o.id, 'superseded', null, o.newest)), '{}')
+    into v_outcomes
     from older o;
-    if cardinality(v_ids) = 0 then
+    if cardinality(v_outcomes) = 0 then
         return;
     end if;
     return query
-    select s.delivery_id, s.service_id, n.newest
-    from watchpump.settle(v_ids, array_fill('superseded'::text, array[cardinality(v_ids)]), v_newest,
-                          array_fill(null::integer, array[cardinality(v_ids)]),
-                          array_fill(null::text, array[cardinality(v_ids)])) s
-    join unnest(v_ids, v_newest) as n (id, newest) on n.id = s.delivery_id;
+    select s.delivery_id, s.service_id, o.superseded_by
+    from watchpump.settle(v_outcomes) s
+    join unnest(v_outcomes) o on o.delivery_id = s.delivery_id;
 end
 $$;
 

@@ -12,8 +12,7 @@ create or replace function watchpump.remove_watch(p_watch_id bigint, p_reason te
 returns table (delivery_id bigint, service_id bigint)
 language plpgsql as $$
 declare
-    v_ids bigint[];
-    v_n   integer;
+    v_outcomes watchpump.settle_outcome[];
 begin
     update watchpump.watches w
     set removed_at = clock_timestamp(), removed_reason = p_reason
@@ -23,16 +22,13 @@ begin
     end if;
     -- What waits to be sent; a delivery in flight settles as its pump finds
     -- it (dropped: its watch is gone).
-    v_ids := array(select q.id from watchpump.queue q
-                   where q.watch_id = p_watch_id and not watchpump.in_flight(q.lease_until)
-                   order by q.id
-                   for update);
-    v_n := cardinality(v_ids);
+    v_outcomes := array(select watchpump.settle_as(q.id, 'dropped', 'watch removed: ' || p_reason)
+                        from watchpump.queue q
+                        where q.watch_id = p_watch_id and not watchpump.in_flight(q.lease_until)
+                        order by q.id
+                        for update);
     return query
-    select s.delivery_id, s.service_id
-    from watchpump.settle(v_ids, array_fill('dropped'::text, array[v_n]),
-                          array_fill(null::bigint, array[v_n]), array_fill(null::integer, array[v_n]),
-                          array_fill('watch removed: ' || p_reason, array[v_n])) s;
+    select s.delivery_id, s.service_id from watchpump.settle(v_outcomes) s;
 end
 $$;
 

@@ -481,20 +481,11 @@ set enable_seqscan = off
 set enable_mergejoin = off
 as $$
 declare
-    v_settle     bigint[];
-    v_states     text[];
-    v_statuses   integer[];
-    v_errors     text[];
+    v_outcomes   watchpump.settle_outcome[];
     v_retried    bigint[];
     v_watch_ids  bigint[];
     v_objects    text[];
     v_gone       bigint[];
-    v_failed     bigint[];
-    v_errors_f   text[];
-    v_started    timestamptz[];
-    v_durations  double precision[];
-    v_heads      text[];
-    v_attempts   integer[];
     v_done       bigint[] := '{}';
     v_done_services bigint[];
     -- The pump's hold after no answer and its request timeout: session
@@ -505,25 +496,22 @@ declare
                                       interval '0');
 begin
     -- 1. The delivered ones this pump still holds are settled at once: the
-    --    delete checks the lease as it takes the row lock (settle()'s
-    --    p_attempts). Nothing else is decided for them, and nothing read
-    --    from attempt_log, whose plan spans every partition: a batch of
+    --    delete checks the lease as it takes the row lock (the outcome's
+    --    attempt, settle()). Nothing else is decided for them, and nothing
+    --    read from attempt_log, whose plan spans every partition: a batch of
     --    deliveries that all arrived (the common case) ends here.
-    select coalesce(array_agg(r.delivery_id order by r.n), '{}'), array_agg(r.attempt order by r.n),
-           array_agg(r.status order by r.n), array_agg(r.error order by r.n),
-           array_agg(r.started_at order by r.n), array_agg(r.duration_ms order by r.n),
-           array_agg(r.response_head order by r.n)
-    into v_settle, v_attempts, v_statuses, v_errors, v_started, v_durations, v_heads
+    select coalesce(array_agg(row(r.delivery_id, 'delivered', r.status, r.error, null, r.attempt,
+                                  r.started_at, r.duration_ms, r.response_head)::watchpump.settle_outcome
+                              order by r.n), '{}')
+    into v_outcomes
     from unnest(p_reports) with ordinality
          as r (delivery_id, attempt, outcome, status, error, started_at, duration_ms, response_head,
                next_attempt_at, n)
     where r.outcome = 'delivered';
-    if cardinality(v_settle) > 0 then
+    if cardinality(v_outcomes) > 0 then
         select coalesce(array_agg(s.delivery_id), '{}'), coalesce(array_agg(s.service_id), '{}')
         into v_done, v_done_services
-        from watchpump.settle(v_settle, array_fill('delivered'::text, array[cardinality(v_settle)]),
-                              array_fill(null::bigint, array[cardinality(v_settle)]),
-                              v_statuses, v_errors, p_pump, v_started, v_durations, v_heads, v_attempts) s;
+        from watchpump.settle(v_outcomes, p_pump) s;
         return query
         select d.id, d.service_id, 'delivered'::text, null::timestamptz
         from unnest(v_done, v_done_services) as d (id, service_id);
@@ -621,24 +609,21 @@ begin
         where q.id = x.id and x.decision = 'retry'
         returning q.id, q.watch_id, q.object
     )
-    select coalesce(array_agg(x.id order by x.n) filter (where x.decision <> 'retry'), '{}'),
-           coalesce(array_agg(x.decision order by x.n) filter (where x.decision <> 'retry'), '{}'),
-           coalesce(array_agg(x.status order by x.n) filter (where x.decision <> 'retry'), '{}'),
-           coalesce(array_agg(case when x.decision = 'dropped' and x.outcome = 'retry'
-                                   then 'watch removed' else x.error end order by x.n)
+    select coalesce(array_agg(watchpump.settle_as(x.id, x.decision,
+                                                  case when x.decision = 'dropped' and x.outcome = 'retry'
+                                                       then 'watch removed' else x.error end,
+                                                  null, x.status) order by x.n)
                     filter (where x.decision <> 'retry'), '{}'),
            coalesce(array_agg(distinct x.watch_id) filter (where x.outcome = 'gone'), '{}'),
            (select coalesce(array_agg(r.id order by r.id), '{}') from retried r),
            (select coalesce(array_agg(r.watch_id order by r.id), '{}') from retried r),
            (select coalesce(array_agg(r.object order by r.id), '{}') from retried r)
-    into v_settle, v_states, v_statuses, v_errors, v_gone, v_retried, v_watch_ids, v_objects
+    into v_outcomes, v_gone, v_retried, v_watch_ids, v_objects
     from decided x;
 
     return query
     select s.delivery_id, s.service_id, s.state, null::timestamptz
-    from watchpump.settle(v_settle, v_states,
-                          array_fill(null::bigint, array[cardinality(v_settle)]),
-                          v_statuses, v_errors) s;
+    from watchpump.settle(v_outcomes) s;
 
     if cardinality(v_retried) > 0 then
         -- Newer news waiting supersedes a retry; once its deadline has
@@ -646,16 +631,15 @@ begin
         return query
         select s.delivery_id, s.service_id, 'superseded'::text, null::timestamptz
         from watchpump.supersede_older(v_watch_ids, v_objects, 1000) s;
-        select coalesce(array_agg(q.id), '{}'),
-               coalesce(array_agg('deadline passed; last error: ' || coalesce(q.last_error, 'none')), '{}')
-        into v_failed, v_errors_f
+        select coalesce(array_agg(watchpump.settle_as(q.id, 'failed', 'deadline passed; last error: '
+                                                                      || coalesce(q.last_error, 'none'))),
+                        '{}')
+        into v_outcomes
         from watchpump.queue q
         where q.id = any (v_retried) and q.deadline <= now();
         return query
         select s.delivery_id, s.service_id, s.state, null::timestamptz
-        from watchpump.settle(v_failed, array_fill('failed'::text, array[cardinality(v_failed)]),
-                              array_fill(null::bigint, array[cardinality(v_failed)]),
-                              array_fill(null::integer, array[cardinality(v_failed)]), v_errors_f) s;
+        from watchpump.settle(v_outcomes) s;
         return query
         select q.id, q.service_id, 'pending'::text, q.next_attempt_at
         from watchpump.queue q where q.id = any (v_retried);
@@ -673,19 +657,16 @@ begin
         select r.delivery_id, r.service_id, 'dropped'::text, null::timestamptz
         from unnest(v_gone) as g (watch_id)
         cross join lateral watchpump.remove_watch(g.watch_id, 'gone: the consumer answered 410') r;
-        v_settle := array(
-            select q.id from watchpump.queue q
+        v_outcomes := array(
+            select watchpump.settle_as(q.id, 'dropped', 'watch removed: gone: the consumer answered 410')
+            from watchpump.queue q
             where q.watch_id = any (v_gone) and q.leased_by = p_pump
               and q.id <> all (array(select r.delivery_id from unnest(p_reports) as r))
             order by q.id
             for update skip locked);
         return query
         select s.delivery_id, s.service_id, s.state, null::timestamptz
-        from watchpump.settle(v_settle, array_fill('dropped'::text, array[cardinality(v_settle)]),
-                              array_fill(null::bigint, array[cardinality(v_settle)]),
-                              array_fill(null::integer, array[cardinality(v_settle)]),
-                              array_fill('watch removed: gone: the consumer answered 410'::text,
-                                         array[cardinality(v_settle)])) s;
+        from watchpump.settle(v_outcomes) s;
     end if;
 end
 $$;
@@ -728,9 +709,8 @@ set jit = off
 set plan_cache_mode = force_generic_plan
 as $$
 declare
-    v_due    boolean;
-    v_ids    bigint[];
-    v_errors text[];
+    v_due      boolean;
+    v_outcomes watchpump.settle_outcome[];
 begin
     update watchpump.sleepers set since = now() where pump = p_pump;
     delete from watchpump.sleepers where since < now() - interval '1 minute';
@@ -743,9 +723,9 @@ begin
         return;
     end if;
     update watchpump.prune_position set deadlines_checked_at = now();
-    select coalesce(array_agg(q.id), '{}'),
-           coalesce(array_agg('deadline passed; last error: ' || coalesce(q.last_error, 'none')), '{}')
-    into v_ids, v_errors
+    select coalesce(array_agg(watchpump.settle_as(q.id, 'failed', 'deadline passed; last error: '
+                                                              || coalesce(q.last_error, 'none'))), '{}')
+    into v_outcomes
     from (select q.id, q.last_error from watchpump.queue q
           where q.deadline < now() and not watchpump.in_flight(q.lease_until)
             and (q.next_attempt_at <> q.deadline or q.deadline < now() - interval '1 minute')
@@ -753,9 +733,7 @@ begin
           for update skip locked) q;
     return query
     select s.service_id, v.name, count(*)::integer
-    from watchpump.settle(v_ids, array_fill('failed'::text, array[cardinality(v_ids)]),
-                          array_fill(null::bigint, array[cardinality(v_ids)]),
-                          array_fill(null::integer, array[cardinality(v_ids)]), v_errors) s
+    from watchpump.settle(v_outcomes) s
     join watchpump.services v on v.id = s.service_id
     group by s.service_id, v.name;
 end

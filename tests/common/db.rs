@@ -268,12 +268,8 @@ pub async fn set_state(db: &TestDb, ids: &[i64], state: &str, finished_days_ago:
         return;
     }
     sqlx::query(
-        "select * from watchpump.settle(
-             array(select id from watchpump.queue where id = any($1) order by id),
-             array(select $2::text from watchpump.queue where id = any($1) order by id),
-             array(select null::bigint from watchpump.queue where id = any($1) order by id),
-             array(select null::int from watchpump.queue where id = any($1) order by id),
-             array(select null::text from watchpump.queue where id = any($1) order by id))",
+        "select * from watchpump.settle(array(
+             select watchpump.settle_as(id, $2) from watchpump.queue where id = any($1) order by id))",
     )
     .bind(&ids)
     .bind(state)
