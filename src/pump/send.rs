@@ -195,7 +195,7 @@ impl Sender {
 }
 
 /// The attempt's CLIENT span, after the OpenTelemetry HTTP client
-/// conventions (README, "Traces"): a child of the producer's span that
+/// conventions (docs/operator.md, "Traces"): a child of the producer's span that
 /// emitted the change, or a trace of its own when the change has no
 /// context. Nothing when traces are off; no attribute is made when the
 /// sampler drops it (an unsampled producer context, say) (see
