@@ -9,16 +9,26 @@
 //!
 //! # Where a change goes
 //!
-//! | to change | open | which says the rest |
+//! For each kind of change, the files to open, in order (at most three;
+//! `tests/map.rs` checks that every one exists), and what each holds.
+//!
+//! | to change | open | what each holds |
 //! |---|---|---|
-//! | a field of the delivery body | `src/delivery/mod.rs` | the SQL columns (`claim()` and `message()` in `sql/functions/0500_delivery.sql`), [`delivery::Message`], [`delivery::Body`] |
-//! | the retry policy | `src/retry.rs` | back-off, Retry-After, the deadline (SQL), probing, and which function enforces each |
-//! | supersession, the per-object order | `sql/functions/0500_delivery.sql` | the order rule at its top; `supersede_older()` (`0300_settle.sql`) is the one function every path calls; "newer" is `is_newer()` (`0000_vocabulary.sql`); watch removal is `remove_watch()` in `0400_registry.sql` |
-//! | an error at the HTTP edge | `src/http/error.rs` | [`http::HttpError`]: one status per variant, as JSON or as a page; the bearer token is read by `src/http/bearer.rs` alone |
+//! | a field of the delivery body | `src/delivery/mod.rs`, `sql/functions/0500_delivery.sql`, `docs/protocol.md` | the module doc's "Adding a field to the body" lists the steps: the field on [`delivery::Message`] and [`delivery::Body`] (whose order is the JSON's); its value in `claim()` and `message()`; the body as consumer teams read it (the kit's `Delivery` ignores a field it does not know) |
+//! | an admin action | `src/operator/admin.rs`, `src/db/operator.rs`, `sql/functions/0600_operator.sql` | the route and its handler (a service's lifecycle: `admin_services.rs` beside it); the statement it sends; the SQL function that does it, which psql and the panel call too. The route's description is in the API's `openapi.json`, which the openapi test holds to the routers |
+//! | a consumer endpoint | `src/api/mod.rs`, `src/db/consumer.rs`, `docs/openapi.json` | the route (its handler beside it: `watches.rs`, `deliveries.rs`, `rate.rs`, `kinds.rs`; what its writes may cost: [`api::limits`]); the statement it sends, to the consumer's room `0700_consumer.sql`; its description, served at `GET /api/v1/openapi.json` |
+//! | a metric | `src/metrics.rs`, `docs/metrics.md`, `src/pump/recording.rs` | its name, and the `# HELP` text it is described with; what it means, for operators (the metrics test fails on a metric exported and not documented there, or the reverse); where an attempt's outcome is recorded (the rest where their event happens; the backlog gauges: [`metrics::backlog`]) |
+//! | the retry policy | `src/retry.rs`, `src/pump/health/mod.rs`, `sql/functions/0500_delivery.sql` | the rule and which function enforces each part: back-off, Retry-After, the deadline; a consumer that is down, and its probes; `complete()`, which retries, fails or supersedes an attempt's delivery at the deadline |
+//! | a bound | `docs/security.md`, `src/config.rs`, `sql/functions/0050_settings.sql` | the Bounds table: a row per bound with its refusal, its metric and its test (most in the bounds test); a bound of `serve` is a flag; one of the database a column of `watchpump.settings`, read where it is used |
+//! | supersession, the per-object order | `sql/functions/0500_delivery.sql`, `sql/functions/0300_settle.sql`, `sql/functions/0000_vocabulary.sql` | the order rule at its top; `supersede_older()`, the one function every path calls; "newer" is `is_newer()`. Watch removal is `remove_watch()` in `0400_registry.sql` |
+//! | an error at the HTTP edge | `src/http/error.rs`, `src/http/bearer.rs` | [`http::HttpError`]: one status per variant, as JSON or as a page; the bearer token, read there alone |
 //!
 //! # Layout
 //!
 //! - [`config`]: command line and environment (`--help` documents each knob).
+//! - [`db`]: the one seam between Rust and SQL: every statement is a named
+//!   function in the file of the SQL room it calls (`src/db/<room>.rs`),
+//!   compile-checked against the checked-in `.sqlx/`.
 //! - [`schema`]: applies `sql/migrations/*.sql` once and `sql/functions/*.sql`
 //!   every time ([`sql_files`], which the kit's inbox uses too); the durable
 //!   logic (emit, claim, complete, sweep) is SQL there, one room per file on

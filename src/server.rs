@@ -4,6 +4,10 @@
 //! Both listeners go through [`crate::edge`], sized so that, full, they
 //! leave file descriptors for the database and the pump's connections to
 //! consumers (`fd_reserve`): a flood of clients cannot stop deliveries.
+//!
+//! Over 400 lines: `serve` from start to stop in the order it happens
+//! (connect and wait, migrate, size the listeners against the open-file
+//! limit, run, shut down), each step short.
 
 use std::future::Future;
 use std::net::SocketAddr;

@@ -1,7 +1,7 @@
 //! The bounds of issue 17 that the producer's database and the pump keep
-//! whatever their inputs (README, "Bounds"): what one change may be, what
-//! one claim may take, how the pump holds payloads, and what a consumer's
-//! answers may cost in attempt rows. Each test sits at its bound.
+//! whatever their inputs (docs/security.md, "Bounds"): what one change may
+//! be, what one claim may take, how the pump holds payloads, and what a
+//! consumer's answers may cost in attempt rows. Each test sits at its bound.
 
 mod common;
 

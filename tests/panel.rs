@@ -709,7 +709,7 @@ async fn a_failed_delivery_is_retried_from_the_panel_in_a_real_browser() {
         .await;
     browser.wait_for_text(r#"class="state delivered""#).await;
     // Into target/, so that a test run leaves the tree clean;
-    // WATCHPUMP_UPDATE_SCREENSHOT=1 refreshes the README's docs/panel.png.
+    // WATCHPUMP_UPDATE_SCREENSHOT=1 refreshes docs/panel.png (docs/operator.md shows it).
     let shot = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(
         if std::env::var_os("WATCHPUMP_UPDATE_SCREENSHOT").is_some() {
             "docs/panel.png"

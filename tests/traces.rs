@@ -216,7 +216,7 @@ impl Handler for DeployWork {
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// The trace as an indented tree, each span with its start (from the
-/// trace's first), duration and main attributes: the README's "Traces"
+/// trace's first), duration and main attributes: docs/operator.md's "Traces"
 /// rendering comes from this (`--nocapture` prints it).
 fn render(spans: &[Span]) -> String {
     let t0 = spans.iter().map(|s| s.start_ns).min().unwrap_or(0);

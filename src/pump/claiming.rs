@@ -5,6 +5,10 @@
 //! its service itself ([`start_ready`]). Between claims the loop sleeps
 //! until a NOTIFY, its sweep, a retry or probe time, or a service with
 //! half a window of room.
+//!
+//! Over 400 lines: claiming and starting sends share the pump's per-service
+//! state, and a slot passes from a finished send to the next claim here;
+//! apart, neither half shows how.
 
 use std::collections::HashMap;
 use std::future::Future;

@@ -2,6 +2,9 @@
 //! signed headers, [`crate::delivery`]), `Sender::call` the consumer, and
 //! read its answer into an [`AttemptResult`] with a retry time
 //! ([`crate::retry`]).
+//!
+//! Over 400 lines: one attempt from request to answer, its span included;
+//! the span's helpers read the same delivery and target as the request.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -195,7 +198,7 @@ impl Sender {
 }
 
 /// The attempt's CLIENT span, after the OpenTelemetry HTTP client
-/// conventions (README, "Traces"): a child of the producer's span that
+/// conventions (docs/operator.md, "Traces"): a child of the producer's span that
 /// emitted the change, or a trace of its own when the change has no
 /// context. Nothing when traces are off; no attribute is made when the
 /// sampler drops it (an unsampled producer context, say) (see

@@ -1,7 +1,7 @@
 //! The signing scheme against the Standard Webhooks reference vectors,
 //! and `verify` against every malformed or hostile header we could think of.
 //!
-//! Over 400 lines on purpose: it is a list of cases, one short test each,
+//! Over 400 lines: on purpose, it is a list of cases, one short test each,
 //! and splitting it would only scatter the list a reviewer reads whole.
 
 use super::*;

@@ -6,7 +6,7 @@
 //! [`SPANS_DROPPED`](crate::metrics::TRACE_SPANS_DROPPED), which is what an
 //! operator watches to know traces are incomplete.
 //!
-//! Bounds (README, "Traces"): the queue holds `OTEL_BSP_MAX_QUEUE_SIZE`
+//! Bounds (docs/operator.md, "Traces"): the queue holds `OTEL_BSP_MAX_QUEUE_SIZE`
 //! spans (2,048 unless set); a span ended while it is full is dropped and
 //! counted, never waited for. One export at a time, of at most
 //! `OTEL_BSP_MAX_EXPORT_BATCH_SIZE` spans (512), each given at most

@@ -1,5 +1,5 @@
 //! OpenTelemetry traces: one trace from the producer's span, through
-//! `emit()` and every attempt, into the consumer's handler (README,
+//! `emit()` and every attempt, into the consumer's handler (docs/operator.md,
 //! "Traces").
 //!
 //! - [`context`]: the W3C `traceparent`/`tracestate` values, parsed and
@@ -73,7 +73,7 @@ mod producer {
     use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider};
 
     /// The standard variables this reads (the exporter reads the endpoint,
-    /// timeout and header ones itself); `serve --help` and the README list
+    /// timeout and header ones itself); `serve --help` and docs/operator.md list
     /// them.
     pub const ENV_VARS: &[&str] = &[
         "OTEL_EXPORTER_OTLP_ENDPOINT",

@@ -55,7 +55,7 @@ fn off_reason() -> String {
         && var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").is_none()
     {
         "no OTEL_EXPORTER_OTLP_ENDPOINT (or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) is set; \
-         set one to export spans to that collector (README, \"Traces\")"
+         set one to export spans to that collector (docs/operator.md, \"Traces\")"
             .into()
     } else {
         "this process installed no traces layer (the watchpump binary does, when an endpoint is set)"
