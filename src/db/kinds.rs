@@ -1,6 +1,6 @@
 //! The kinds catalogue's statements (`sql/functions/0100_kinds.sql` and
-//! its table `watchpump.kinds`). What a kind may declare is
-//! [`crate::kinds`]'.
+//! its table `watchpump.kinds`). What a kind may declare is checked in
+//! [`crate::kinds`].
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};

@@ -1,5 +1,6 @@
 //! Pausing's statements (`sql/functions/0550_pause.sql`, "PAUSE"): the
-//! rules are SQL's, their batches and their bounds [`crate::watches::pause`]'.
+//! rules are SQL's; the batches and bounds they run with are in
+//! [`crate::watches::pause`].
 
 use sqlx::PgPool;
 

@@ -1,8 +1,8 @@
 //! The registry's statements (`sql/functions/0400_registry.sql` and the
 //! tables it keeps: `services`, `watches`, `fanout_budgets`): services and
 //! their credentials, watches, and what the fan-out budget and the filter
-//! cap read. The rules around them are [`crate::services`] and
-//! [`crate::watches`]'.
+//! cap read. The rules around them live in [`crate::services`] and
+//! [`crate::watches`].
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
