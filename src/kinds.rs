@@ -37,11 +37,12 @@
 //! `a_1_mib_payload_against_the_costliest_schema_stops_at_the_work_cap`
 //! emits a 1 MiB payload against the costliest schema this module accepts.
 
-use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::Value;
 use sqlx::{PgConnection, PgPool};
 
+use crate::db::kinds as db;
+pub use crate::db::kinds::Kind;
 use crate::error::{Error, Result};
 
 /// Largest schema accepted, as compact JSON text.
@@ -63,17 +64,6 @@ const TYPES: &[&str] = &[
     "object", "array", "string", "number", "integer", "boolean", "null",
 ];
 const ANNOTATIONS: &[&str] = &["title", "description", "$schema", "$comment", "examples"];
-
-/// A declared kind, as consumers read it.
-#[derive(Debug, Clone, Serialize, Deserialize, sqlx::FromRow)]
-pub struct Kind {
-    pub name: String,
-    pub description: String,
-    pub schema: Value,
-    pub example: Value,
-    pub created_at: DateTime<Utc>,
-    pub updated_at: DateTime<Utc>,
-}
 
 /// A kind to declare, as `watchpump kinds add` reads it (and as each entry
 /// of a kinds file such as `kinds/git.json` reads).
@@ -132,30 +122,20 @@ pub async fn add_in(conn: &mut PgConnection, new: &NewKind) -> Result<bool> {
             new.name
         )));
     }
-    let misfit: Option<String> = sqlx::query_scalar("select watchpump.kind_violation($1, $2, '$')")
-        .bind(&new.schema)
-        .bind(&new.example)
-        .fetch_one(&mut *conn)
-        .await?;
+    let misfit = db::kind_violation(conn, &new.schema, &new.example).await?;
     if let Some(why) = misfit {
         return Err(Error::Invalid(format!(
             "the example of kind {:?} does not fit its schema: {why}",
             new.name
         )));
     }
-    let created: bool = sqlx::query_scalar(
-        "insert into watchpump.kinds as k (name, description, schema, example)
-         values ($1, $2, $3, $4)
-         on conflict (name) do update
-             set description = excluded.description, schema = excluded.schema,
-                 example = excluded.example, updated_at = now()
-         returning k.created_at = k.updated_at",
+    let created = db::upsert_kind(
+        conn,
+        &new.name,
+        &new.description,
+        &new.schema,
+        &new.example,
     )
-    .bind(&new.name)
-    .bind(&new.description)
-    .bind(&new.schema)
-    .bind(&new.example)
-    .fetch_one(&mut *conn)
     .await
     .map_err(|e| match e {
         // The table bounds the schema as PostgreSQL stores it, where a
@@ -174,25 +154,13 @@ pub async fn add_in(conn: &mut PgConnection, new: &NewKind) -> Result<bool> {
 
 /// Declared kinds by name, after `after` (keyset pages), `limit` at most.
 pub async fn list(pool: &PgPool, after: &str, limit: i64) -> Result<Vec<Kind>> {
-    Ok(sqlx::query_as(
-        "select name, description, schema, example, created_at, updated_at
-         from watchpump.kinds where name > $1 order by name limit $2",
-    )
-    .bind(after)
-    .bind(limit)
-    .fetch_all(pool)
-    .await?)
+    Ok(db::kinds_after(pool, after, limit).await?)
 }
 
 /// Removes a declaration. In strict mode, emitting that kind is refused
 /// from then on.
 pub async fn remove(pool: &PgPool, name: &str) -> Result<()> {
-    let removed = sqlx::query("delete from watchpump.kinds where name = $1")
-        .bind(name)
-        .execute(pool)
-        .await?
-        .rows_affected();
-    if removed == 0 {
+    if !db::delete_kind(pool, name).await? {
         return Err(Error::NotFound(format!("no kind {name:?} is declared")));
     }
     Ok(())

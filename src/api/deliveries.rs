@@ -21,7 +21,9 @@ use sqlx::{PgPool, Postgres, QueryBuilder};
 
 use crate::api::limits::{self, Write};
 use crate::api::{auth::Caller, AppState};
-use crate::delivery::{Message, State as DeliveryState};
+use crate::db::consumer as db;
+pub use crate::db::consumer::Attempt;
+use crate::delivery::State as DeliveryState;
 use crate::error::{Error, Result};
 use crate::http::HttpError;
 use crate::operator::store;
@@ -57,32 +59,11 @@ pub struct Entry {
     pub superseded_by: Option<i64>,
 }
 
-const ENTRY_COLUMNS: &str = "delivery_id as id, watch_id, object, kind, change_id, sequence, \
-     state, attempts, created_at, next_attempt_at, finished_at, last_status, last_error, \
-     superseded_by";
-
-/// [`ENTRY_COLUMNS`] of the page query's `delivery_log` row, aliased `l`.
+/// [`Entry`]'s columns of the page query's `delivery_log` row, aliased `l`
+/// (as [`db::delivery_entry`] reads one entry).
 const ENTRY_COLUMNS_OF_LOG: &str = "l.delivery_id as id, l.watch_id, l.object, l.kind, \
      l.change_id, l.sequence, l.state, l.attempts, l.created_at, l.next_attempt_at, \
      l.finished_at, l.last_status, l.last_error, l.superseded_by";
-
-/// One attempt, or a run of identical failed attempts folded into one row
-/// (`attempt` to `last_attempt`, `repeats` of them, `statuses` counting the
-/// answers: `{"503": 4, "no answer": 2}`).
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
-pub struct Attempt {
-    pub attempt: i32,
-    pub last_attempt: i32,
-    pub repeats: i32,
-    pub started_at: DateTime<Utc>,
-    pub last_started_at: Option<DateTime<Utc>>,
-    pub duration_ms: f64,
-    /// The (last) answer's status; null when there was no answer.
-    pub status: Option<i32>,
-    pub error: Option<String>,
-    pub response_head: Option<String>,
-    pub statuses: Option<Value>,
-}
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -139,7 +120,7 @@ pub async fn show(
         .await?
         .ok_or_else(|| no_such_delivery(id))?;
     let body = sent_body(&state.pool, id, &state.producer).await?;
-    let attempts = attempts(&state.pool, id).await?;
+    let attempts = db::attempts(&state.pool, id).await?;
     let mut shown = serde_json::to_value(&entry).map_err(|e| Error::Invalid(e.to_string()))?;
     shown["body"] = body;
     shown["attempts"] = json!(attempts);
@@ -156,11 +137,8 @@ pub async fn redeliver(
 ) -> Result<(StatusCode, Json<Value>), HttpError> {
     let id = delivery_id(id)?;
     limits::take(&state.pool, &service, Write::Redeliver).await?;
-    let previous: String = sqlx::query_scalar("select watchpump.redeliver($1, $2, $3)")
-        .bind(service.id)
-        .bind(id)
-        .bind(format!("consumer {}", service.name))
-        .fetch_one(&state.pool)
+    let actor = format!("consumer {}", service.name);
+    let previous = db::redeliver(&state.pool, service.id, id, &actor)
         .await
         .map_err(|e| limits::too_many_or_raised(e, &service.name, "redeliver"))?;
     Ok((
@@ -190,42 +168,44 @@ async fn entries(pool: &PgPool, service_id: i64, q: &ListQuery, limit: i64) -> R
 }
 
 async fn entry(pool: &PgPool, service_id: i64, id: i64) -> Result<Option<Entry>> {
-    Ok(sqlx::query_as(&format!(
-        "select {ENTRY_COLUMNS} from watchpump.delivery_log
-         where delivery_id = $1 and service_id = $2"
-    ))
-    .bind(id)
-    .bind(service_id)
-    .fetch_optional(pool)
-    .await?)
+    db::delivery_entry(pool, service_id, id)
+        .await?
+        .map(Entry::try_from)
+        .transpose()
+}
+
+impl TryFrom<db::DeliveryEntry> for Entry {
+    type Error = Error;
+
+    fn try_from(row: db::DeliveryEntry) -> Result<Entry> {
+        Ok(Entry {
+            id: row.id,
+            watch_id: row.watch_id,
+            object: row.object,
+            kind: row.kind,
+            change_id: row.change_id,
+            sequence: row.sequence,
+            state: DeliveryState::try_from(row.state)
+                .map_err(|e| Error::Database(sqlx::Error::Decode(e.into())))?,
+            attempts: row.attempts,
+            created_at: row.created_at,
+            next_attempt_at: row.next_attempt_at,
+            finished_at: row.finished_at,
+            last_status: row.last_status,
+            last_error: row.last_error,
+            superseded_by: row.superseded_by,
+        })
+    }
 }
 
 /// The body exactly as the pump sends it (`watchpump.message()` and
 /// [`Message::body`]), as JSON; null if its change was pruned.
 async fn sent_body(pool: &PgPool, id: i64, producer: &str) -> Result<Value> {
-    let message: Option<Message> = sqlx::query_as(
-        "select delivery_id, change_id, watch_id, attempt, resource, object, kind, sequence,
-                occurred_at, payload, replay from watchpump.message($1)",
-    )
-    .bind(id)
-    .fetch_optional(pool)
-    .await?;
-    match message {
+    match db::message(pool, id).await? {
         Some(m) => serde_json::from_slice(&m.body(producer))
             .map_err(|e| Error::Invalid(format!("a delivery body is not JSON: {e}"))),
         None => Ok(Value::Null),
     }
-}
-
-async fn attempts(pool: &PgPool, delivery_id: i64) -> Result<Vec<Attempt>> {
-    Ok(sqlx::query_as(
-        "select attempt, attempt + repeats - 1 as last_attempt, repeats, started_at,
-                last_started_at, duration_ms, status, error, response_head, statuses
-         from watchpump.attempts where delivery_id = $1 order by attempt, id",
-    )
-    .bind(delivery_id)
-    .fetch_all(pool)
-    .await?)
 }
 
 fn delivery_id(id: Result<Path<i64>, PathRejection>) -> Result<i64, HttpError> {

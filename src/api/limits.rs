@@ -64,11 +64,11 @@ impl Write {
 /// Takes a token of the service's bucket for `what`, or refuses it: 429
 /// with the wait for the next token as `Retry-After`.
 pub async fn take(pool: &PgPool, service: &Service, what: Write) -> Result<(), HttpError> {
-    let (wait, rate, burst): (f64, f64, i32) =
-        sqlx::query_as("select wait_secs, rate, burst from watchpump.take_write_tokens($1, 1)")
-            .bind(service.id)
-            .fetch_one(pool)
-            .await?;
+    let crate::db::rate::WriteTokens {
+        wait_secs: wait,
+        rate,
+        burst,
+    } = crate::db::rate::take_write_token(pool, service.id).await?;
     if wait <= 0.0 {
         return Ok(());
     }

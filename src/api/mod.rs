@@ -132,6 +132,6 @@ pub fn app_with(state: AppState, throttle: Arc<Throttle>) -> Router {
 async fn healthz(
     axum::extract::State(state): axum::extract::State<AppState>,
 ) -> Result<&'static str, HttpError> {
-    sqlx::query("select 1").execute(&state.pool).await?;
+    crate::db::consumer::ping_database(&state.pool).await?;
     Ok("ok")
 }

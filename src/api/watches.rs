@@ -229,12 +229,8 @@ pub async fn ping(
 ) -> Result<(StatusCode, Json<Value>), HttpError> {
     let id = watch_id(id)?;
     limits::take(&state.pool, &service, Write::Ping).await?;
-    let delivery_id: i64 =
-        sqlx::query_scalar("select watchpump.ping($1, $2, make_interval(secs => $3))")
-            .bind(service.id)
-            .bind(id)
-            .bind(PING_EVERY_SECS as f64)
-            .fetch_one(&state.pool)
+    let delivery_id =
+        crate::db::consumer::ping(&state.pool, service.id, id, PING_EVERY_SECS as f64)
             .await
             .map_err(|e| limits::too_many_or_raised(e, &service.name, "ping"))?;
     Ok((

@@ -20,5 +20,15 @@
 //! [`schema`]: it applies the SQL files themselves, to a schema named at
 //! run time (the producer's `watchpump` or the kit's `watchpump_inbox`).
 
+#[cfg(feature = "producer")]
+pub mod consumer;
+#[cfg(feature = "producer")]
+pub mod kinds;
+#[cfg(feature = "producer")]
+pub mod pause;
+#[cfg(feature = "producer")]
+pub mod rate;
+#[cfg(feature = "producer")]
+pub mod registry;
 #[cfg(feature = "kit")]
 pub mod schema;

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use sqlx::PgPool;
 
+use crate::db::rate as db;
 use crate::delivery::Claimed;
 use crate::error::Result;
 use crate::pump::health::Slots;
@@ -45,12 +46,11 @@ pub async fn take(pool: &PgPool, limited: &Limited, slots: &mut Slots) -> Result
         return Ok(Taken::default());
     }
     let granted: Vec<(i64, i32)> =
-        sqlx::query_as("select service_id, granted from watchpump.take_tokens($1, $2, $3)")
-            .bind(&slots.service_ids)
-            .bind(&slots.free)
-            .bind(slots.default_free)
-            .fetch_all(pool)
-            .await?;
+        db::take_tokens(pool, &slots.service_ids, &slots.free, slots.default_free)
+            .await?
+            .into_iter()
+            .map(|g| (g.service_id, g.granted))
+            .collect();
     *limited.none_until.lock().unwrap() = granted.is_empty().then(|| now + RECHECK);
     for &(service_id, n) in &granted {
         match slots.service_ids.iter().position(|id| *id == service_id) {
@@ -82,10 +82,6 @@ pub async fn give_back(pool: &PgPool, taken: &Taken, claimed: &[Claimed]) -> Res
     if ids.is_empty() {
         return Ok(());
     }
-    sqlx::query("select watchpump.give_back_tokens($1, $2)")
-        .bind(&ids)
-        .bind(&unused)
-        .execute(pool)
-        .await?;
+    db::give_back_tokens(pool, &ids, &unused).await?;
     Ok(())
 }

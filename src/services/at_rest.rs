@@ -190,14 +190,7 @@ impl SecretKeys {
 /// what `secrets rekey` reports.
 pub async fn count_sealed_with(pool: &sqlx::PgPool, key_id: &str) -> Result<i64> {
     let prefix = format!("{SEALED_PREFIX}{key_id}:%");
-    Ok(sqlx::query_scalar(
-        "select count(*) filter (where signing_secret like $1)
-                + count(*) filter (where previous_signing_secret like $1)
-         from watchpump.services",
-    )
-    .bind(prefix)
-    .fetch_one(pool)
-    .await?)
+    Ok(crate::db::registry::count_sealed_like(pool, &prefix).await?)
 }
 
 #[cfg(test)]

@@ -27,26 +27,18 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use rand::RngCore;
-use serde::Serialize;
 use sha2::{Digest, Sha256};
 use sqlx::PgPool;
 use subtle::ConstantTimeEq;
 
+use crate::db::registry as db;
+pub use crate::db::registry::{Removal, Service};
 use crate::destinations::Destinations;
 use crate::error::{Error, Result};
 use crate::signing::SigningSecret;
 use at_rest::SecretKeys;
 use input::{allowed_base_url, validate_name};
 pub use input::{normalize_base_url, parse_duration, parse_overlap, DEFAULT_OVERLAP};
-
-/// A consumer service as the producer knows it.
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
-pub struct Service {
-    pub id: i64,
-    pub name: String,
-    pub base_url: String,
-    pub created_at: DateTime<Utc>,
-}
 
 /// A service just registered, with the credentials shown only this once.
 #[derive(Debug)]
@@ -86,15 +78,7 @@ impl Destination {
     }
 }
 
-/// What removing a service took with it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, sqlx::FromRow)]
-pub struct Removal {
-    pub watches: i32,
-    pub deliveries: i32,
-}
-
 const TOKEN_PREFIX: &str = "wps_";
-const COLUMNS: &str = "id, name, base_url, created_at";
 
 /// Registers a consumer service and returns it with its new token and
 /// signing secret, which are shown this once (only the token's hash is
@@ -175,23 +159,15 @@ pub async fn add_signed(
     let (secret, hash) = new_token_secret();
     let key = signature.generate();
     let signing_secret = for_the_consumer(&key);
-    let service: Service = sqlx::query_as(&format!(
-        "insert into watchpump.services (name, base_url, token_hash, signing_secret, signature)
-         values ($1, $2, $3, $4, $5) returning {COLUMNS}"
-    ))
-    .bind(name)
-    .bind(&base_url)
-    .bind(hash)
-    .bind(keys.seal(&key.to_whsec()))
-    .bind(signature.column())
-    .fetch_one(pool)
-    .await
-    .map_err(|e| match e {
-        sqlx::Error::Database(ref d) if d.is_unique_violation() => {
-            Error::Invalid(format!("a service named {name:?} already exists"))
-        }
-        other => Error::Database(other),
-    })?;
+    let sealed = keys.seal(&key.to_whsec());
+    let service = db::insert_service(pool, name, &base_url, &hash, &sealed, signature.column())
+        .await
+        .map_err(|e| match e {
+            sqlx::Error::Database(ref d) if d.is_unique_violation() => {
+                Error::Invalid(format!("a service named {name:?} already exists"))
+            }
+            other => Error::Database(other),
+        })?;
     let token = format!("{TOKEN_PREFIX}{}_{secret}", service.id);
     Ok(Registered {
         service,
@@ -203,22 +179,14 @@ pub async fn add_signed(
 
 /// Every live service, by name.
 pub async fn list(pool: &PgPool) -> Result<Vec<Service>> {
-    Ok(sqlx::query_as(&format!(
-        "select {COLUMNS} from watchpump.services where removed_at is null order by name"
-    ))
-    .fetch_all(pool)
-    .await?)
+    Ok(db::live_services(pool).await?)
 }
 
 /// The live service called `name`.
 pub async fn find(pool: &PgPool, name: &str) -> Result<Service> {
-    sqlx::query_as(&format!(
-        "select {COLUMNS} from watchpump.services where name = $1 and removed_at is null"
-    ))
-    .bind(name)
-    .fetch_optional(pool)
-    .await?
-    .ok_or_else(|| no_such_service(name))
+    db::live_service(pool, name)
+        .await?
+        .ok_or_else(|| no_such_service(name))
 }
 
 fn no_such_service(name: &str) -> Error {
@@ -232,29 +200,22 @@ pub async fn authenticate(pool: &PgPool, token: &str) -> Result<Option<Service>>
     let Some((id, secret)) = parse_token(token) else {
         return Ok(None);
     };
-    #[derive(sqlx::FromRow)]
-    struct Credentials {
-        token_hash: Vec<u8>,
-        previous_token_hash: Option<Vec<u8>>,
-        #[sqlx(flatten)]
-        service: Service,
-    }
-    let row: Option<Credentials> = sqlx::query_as(
-        "select token_hash,
-                case when previous_token_until > now() then previous_token_hash end as previous_token_hash,
-                id, name, base_url, created_at
-         from watchpump.services where id = $1 and removed_at is null",
-    )
-    .bind(id)
-    .fetch_optional(pool)
-    .await?;
-    let Some(Credentials {
+    let Some(db::Credentials {
         token_hash: current,
         previous_token_hash: previous,
-        service,
-    }) = row
+        id,
+        name,
+        base_url,
+        created_at,
+    }) = db::credentials(pool, id).await?
     else {
         return Ok(None);
+    };
+    let service = Service {
+        id,
+        name,
+        base_url,
+        created_at,
     };
     let presented = Sha256::digest(secret.as_bytes());
     // Both comparisons always run, so the time taken says nothing about
@@ -265,18 +226,6 @@ pub async fn authenticate(pool: &PgPool, token: &str) -> Result<Option<Service>>
         .ct_eq(previous.as_deref().unwrap_or(&[0u8; 32]))
         & subtle::Choice::from(u8::from(previous.is_some()));
     Ok(bool::from(matches_current | matches_previous).then_some(service))
-}
-
-/// A service's row as a pump reads it.
-#[derive(sqlx::FromRow)]
-struct DestinationRow {
-    id: i64,
-    version: i32,
-    name: String,
-    base_url: String,
-    signing_secret: Option<String>,
-    previous_signing_secret: Option<String>,
-    previous_secret_until: Option<DateTime<Utc>>,
 }
 
 /// Where and how deliveries to service `id` go, whatever its state.
@@ -294,13 +243,7 @@ pub async fn destination(pool: &PgPool, id: i64) -> Result<Destination> {
 /// service are left out; each service's secrets are opened on their own,
 /// so that one that cannot be read fails only its own deliveries.
 pub async fn destinations(pool: &PgPool, ids: &[i64]) -> Result<Vec<(i64, Result<Destination>)>> {
-    let rows: Vec<DestinationRow> = sqlx::query_as(
-        "select id, version, name, base_url, signing_secret, previous_signing_secret, previous_secret_until
-         from watchpump.services where id = any($1)",
-    )
-    .bind(ids)
-    .fetch_all(pool)
-    .await?;
+    let rows = db::destinations(pool, ids).await?;
     let keys = SecretKeys::from_env()?;
     Ok(rows
         .into_iter()
@@ -308,7 +251,7 @@ pub async fn destinations(pool: &PgPool, ids: &[i64]) -> Result<Vec<(i64, Result
         .collect())
 }
 
-fn destination_of(row: DestinationRow, keys: &SecretKeys) -> Result<Destination> {
+fn destination_of(row: db::DestinationRow, keys: &SecretKeys) -> Result<Destination> {
     let id = row.id;
     let name = row.name.clone();
     let parse = |stored: &str| {
@@ -351,13 +294,7 @@ pub async fn seal_signing_secrets(pool: &PgPool) -> Result<Sealed> {
     let keys = match SecretKeys::from_env() {
         Ok(keys) => keys,
         Err(e) => {
-            let waiting: i64 = sqlx::query_scalar(
-                "select count(*) from watchpump.services
-                 where signing_secret is null or signing_secret not like 'wpenc:%'
-                    or previous_signing_secret not like 'wpenc:%'",
-            )
-            .fetch_one(pool)
-            .await?;
+            let waiting = db::count_unsealed(pool).await?;
             return if waiting == 0 {
                 Ok(Sealed::default())
             } else {
@@ -365,13 +302,14 @@ pub async fn seal_signing_secrets(pool: &PgPool) -> Result<Sealed> {
             };
         }
     };
-    let rows: Vec<(i64, String, Option<String>, Option<String>)> = sqlx::query_as(
-        "select id, name, signing_secret, previous_signing_secret from watchpump.services",
-    )
-    .fetch_all(pool)
-    .await?;
     let mut done = Sealed::default();
-    for (id, name, current, previous) in rows {
+    for row in db::stored_secrets(pool).await? {
+        let db::StoredSecrets {
+            id,
+            name,
+            signing_secret: current,
+            previous_signing_secret: previous,
+        } = row;
         let reseal = |stored: Option<&String>, which: &str| -> Result<Option<String>> {
             match stored {
                 Some(s) if keys.is_current(s) => Ok(None),
@@ -396,20 +334,12 @@ pub async fn seal_signing_secrets(pool: &PgPool) -> Result<Sealed> {
         }
         done.sealed += usize::from(new_current.is_some()) + usize::from(new_previous.is_some());
         // Compared with what was read: a rotation in between is not undone.
-        sqlx::query(
-            "update watchpump.services
-             set signing_secret = coalesce($4, signing_secret),
-                 previous_signing_secret = coalesce($5, previous_signing_secret),
-                 version = version + 1
-             where id = $1 and signing_secret is not distinct from $2
-               and previous_signing_secret is not distinct from $3",
+        db::reseal(
+            pool,
+            id,
+            (current.as_deref(), previous.as_deref()),
+            (new_current.as_deref(), new_previous.as_deref()),
         )
-        .bind(id)
-        .bind(&current)
-        .bind(&previous)
-        .bind(&new_current)
-        .bind(&new_previous)
-        .execute(pool)
         .await?;
     }
     done.sealed -= done.given.len();
@@ -438,10 +368,11 @@ pub enum Credential {
 }
 
 impl Credential {
-    fn until_column(self) -> &'static str {
+    /// When the credential before the current one stops working.
+    fn previous_until(self, row: &db::RotationLock) -> Option<DateTime<Utc>> {
         match self {
-            Credential::SigningSecret => "previous_secret_until",
-            Credential::Token => "previous_token_until",
+            Credential::SigningSecret => row.previous_secret_until,
+            Credential::Token => row.previous_token_until,
         }
     }
 
@@ -503,15 +434,11 @@ async fn lock_for_rotation(
     name: &str,
     credential: Credential,
 ) -> Result<(String, Option<DateTime<Utc>>, DateTime<Utc>)> {
-    let row: Option<(String, Option<DateTime<Utc>>, DateTime<Utc>)> = sqlx::query_as(&format!(
-        "select signature, {}, now() from watchpump.services
-         where name = $1 and removed_at is null for update",
-        credential.until_column()
-    ))
-    .bind(name)
-    .fetch_optional(&mut *tx)
-    .await?;
-    row.ok_or_else(|| no_such_service(name))
+    let row = db::lock_for_rotation(tx, name)
+        .await?
+        .ok_or_else(|| no_such_service(name))?;
+    let until = credential.previous_until(&row);
+    Ok((row.signature, until, row.now))
 }
 
 /// A new signing secret for `name` (of the service's kind, [`Signature`]);
@@ -530,19 +457,8 @@ pub async fn rotate_secret(
     let retired_early = Credential::SigningSecret.check_overlap(name, until, now, force)?;
     // A rotation keeps the service's kind of signature.
     let key = Signature::parse(&kind)?.generate();
-    let previous_until: DateTime<Utc> = sqlx::query_scalar(
-        "update watchpump.services
-         set previous_signing_secret = signing_secret,
-             previous_secret_until = now() + make_interval(secs => $3),
-             signing_secret = $2, version = version + 1
-         where name = $1 and removed_at is null
-         returning previous_secret_until",
-    )
-    .bind(name)
-    .bind(keys.seal(&key.to_whsec()))
-    .bind(overlap.as_secs_f64())
-    .fetch_one(&mut *tx)
-    .await?;
+    let sealed = keys.seal(&key.to_whsec());
+    let previous_until = db::rotate_secret(&mut tx, name, &sealed, overlap.as_secs_f64()).await?;
     tx.commit().await?;
     Ok(Rotated {
         new: for_the_consumer(&key),
@@ -564,19 +480,10 @@ pub async fn rotate_token(
     let mut tx = pool.begin().await?;
     let (_, until, now) = lock_for_rotation(&mut tx, name, Credential::Token).await?;
     let retired_early = Credential::Token.check_overlap(name, until, now, force)?;
-    let (id, previous_until): (i64, DateTime<Utc>) = sqlx::query_as(
-        "update watchpump.services
-         set previous_token_hash = token_hash,
-             previous_token_until = now() + make_interval(secs => $3),
-             token_hash = $2, version = version + 1
-         where name = $1 and removed_at is null
-         returning id, previous_token_until",
-    )
-    .bind(name)
-    .bind(hash)
-    .bind(grace.as_secs_f64())
-    .fetch_one(&mut *tx)
-    .await?;
+    let db::RotatedToken {
+        id,
+        previous_token_until: previous_until,
+    } = db::rotate_token(&mut tx, name, &hash, grace.as_secs_f64()).await?;
     tx.commit().await?;
     Ok(Rotated {
         new: format!("{TOKEN_PREFIX}{id}_{secret}"),
@@ -598,24 +505,15 @@ pub async fn set_url_within(
     allowed: &Destinations,
 ) -> Result<Service> {
     let base_url = allowed_base_url(base_url, allowed).await?;
-    sqlx::query_as(&format!(
-        "update watchpump.services set base_url = $2, version = version + 1
-         where name = $1 and removed_at is null returning {COLUMNS}"
-    ))
-    .bind(name)
-    .bind(&base_url)
-    .fetch_optional(pool)
-    .await?
-    .ok_or_else(|| no_such_service(name))
+    db::set_base_url(pool, name, &base_url)
+        .await?
+        .ok_or_else(|| no_such_service(name))
 }
 
 /// Removes `name`: its token stops working, its watches are removed and
 /// their undelivered deliveries dropped (`watchpump.remove_service()`).
 pub async fn remove(pool: &PgPool, name: &str, actor: &str) -> Result<Removal> {
-    sqlx::query_as("select watches, deliveries from watchpump.remove_service($1, $2)")
-        .bind(name)
-        .bind(actor)
-        .fetch_one(pool)
+    db::remove_service(pool, name, actor)
         .await
         .map_err(|e| match e {
             sqlx::Error::Database(ref d) if d.code().as_deref() == Some("P0002") => {

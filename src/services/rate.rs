@@ -3,21 +3,11 @@
 //! ([`crate::pump::rate`]); set here, for the API, the admin API and the
 //! CLI alike, through `sql/functions/0250_rate.sql`.
 
-use serde::Serialize;
 use sqlx::PgPool;
 
+use crate::db::rate as db;
+pub use crate::db::rate::Rates;
 use crate::error::{Error, Result};
-
-/// A service's rates, in deliveries a second; null is no limit.
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
-pub struct Rates {
-    /// The one that holds: the lower of the two.
-    pub rate: Option<i32>,
-    /// The operator's (`watchpump services set-rate`).
-    pub max_rate: Option<i32>,
-    /// The consumer's own (`PUT /api/v1/rate`).
-    pub consumer_rate: Option<i32>,
-}
 
 /// A rate as given (an API body, a CLI argument): a whole number of
 /// deliveries a second, at least 1; anything else is [`Error::Invalid`].
@@ -32,22 +22,13 @@ pub fn check(rate: i64) -> Result<i32> {
 }
 
 pub async fn get(pool: &PgPool, service_id: i64) -> Result<Rates> {
-    Ok(sqlx::query_as(
-        "select watchpump.effective_rate(max_rate, consumer_rate) as rate, max_rate, consumer_rate
-         from watchpump.services where id = $1",
-    )
-    .bind(service_id)
-    .fetch_one(pool)
-    .await?)
+    Ok(db::rates(pool, service_id).await?)
 }
 
 /// The consumer's own rate (None: only the operator's holds); above the
 /// operator's maximum it is [`Error::Invalid`].
 pub async fn set_consumer(pool: &PgPool, service_id: i64, rate: Option<i32>) -> Result<Rates> {
-    sqlx::query_as("select * from watchpump.set_consumer_rate($1, $2)")
-        .bind(service_id)
-        .bind(rate)
-        .fetch_one(pool)
+    db::set_consumer_rate(pool, service_id, rate)
         .await
         .map_err(Error::raised)
 }
@@ -56,10 +37,7 @@ pub async fn set_consumer(pool: &PgPool, service_id: i64, rate: Option<i32>) -> 
 /// consumer's own rate is lowered to it. An unknown service is
 /// [`Error::NotFound`].
 pub async fn set_max(pool: &PgPool, service: &str, rate: Option<i32>) -> Result<()> {
-    sqlx::query("select watchpump.set_max_rate($1, $2)")
-        .bind(service)
-        .bind(rate)
-        .execute(pool)
+    db::set_max_rate(pool, service, rate)
         .await
         .map_err(Error::raised)?;
     Ok(())

@@ -14,6 +14,7 @@ use std::fmt;
 use sqlx::PgPool;
 
 use super::filter;
+use crate::db::registry::{self as db, StoredFilter};
 use crate::error::Result;
 
 /// A live watch whose stored filter needed attention.
@@ -60,37 +61,17 @@ impl fmt::Display for Finding {
     }
 }
 
-#[derive(sqlx::FromRow)]
-struct Stored {
-    id: i64,
-    service: String,
-    filter: String,
-    is_predicate: Option<bool>,
-}
-
 /// Checks every live watch's filter, stores the parser's classification
 /// where the old one was wrong, and returns what it found, by watch id.
 pub async fn stored_filters(pool: &PgPool) -> Result<Vec<Finding>> {
-    let stored: Vec<Stored> = sqlx::query_as(
-        "select w.id, s.name as service, coalesce(w.filters->>'match', w.match_path::text) as filter,
-                w.match_is_predicate as is_predicate
-         from watchpump.watches w join watchpump.services s on s.id = w.service_id
-         where w.removed_at is null and w.match_path is not null
-         order by w.id",
-    )
-    .fetch_all(pool)
-    .await?;
+    let stored = db::stored_filters(pool).await?;
     let mut findings = Vec::new();
     for watch in stored {
         let Some(problem) = check(&watch) else {
             continue;
         };
         if let Problem::Reclassified { is_predicate } = problem {
-            sqlx::query("update watchpump.watches set match_is_predicate = $2 where id = $1")
-                .bind(watch.id)
-                .bind(is_predicate)
-                .execute(pool)
-                .await?;
+            db::set_match_is_predicate(pool, watch.id, is_predicate).await?;
         }
         findings.push(Finding {
             watch_id: watch.id,
@@ -102,7 +83,7 @@ pub async fn stored_filters(pool: &PgPool) -> Result<Vec<Finding>> {
     Ok(findings)
 }
 
-fn check(watch: &Stored) -> Option<Problem> {
+fn check(watch: &StoredFilter) -> Option<Problem> {
     match filter::parse(&watch.filter) {
         Err(e) => Some(Problem::OutsideLanguage(e.message().to_string())),
         Ok(m) if watch.is_predicate != Some(m.is_predicate) => Some(Problem::Reclassified {

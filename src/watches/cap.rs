@@ -76,21 +76,7 @@ async fn covering_filters(
     service_id: i64,
     object: &str,
 ) -> Result<Vec<String>> {
-    // Two branches so that the first uses the index on object; the second
-    // only runs for a prefix (a one-time filter on the parameter).
-    Ok(sqlx::query_scalar(
-        "select coalesce(filters->>'match', match_path::text) from watchpump.watches
-         where object = any (watchpump.object_prefixes($2))
-           and service_id = $1 and removed_at is null and match_path is not null
-         union all
-         select coalesce(filters->>'match', match_path::text) from watchpump.watches
-         where right($2, 1) = '/' and starts_with(object, $2) and object <> $2
-           and service_id = $1 and removed_at is null and match_path is not null",
-    )
-    .bind(service_id)
-    .bind(object)
-    .fetch_all(tx)
-    .await?)
+    Ok(crate::db::registry::covering_filters(tx, service_id, object).await?)
 }
 
 /// What a stored filter costs; one outside the language costs the whole cap.

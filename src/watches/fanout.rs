@@ -54,10 +54,11 @@
 use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
-use sqlx::{PgConnection, PgPool};
+use sqlx::{PgConnection, PgExecutor, PgPool};
 
 use super::cap::MAX_FILTER_COST_PER_OBJECT;
 use super::filter::{self, MatchFilter};
+use crate::db::registry as db;
 use crate::error::{Error, Result};
 
 /// What a watch's queue row costs in the budget.
@@ -112,14 +113,7 @@ pub(super) async fn check(
     object: &str,
     new: Option<&MatchFilter>,
 ) -> Result<()> {
-    let mine: i64 = sqlx::query_scalar(
-        "select count(*) from watchpump.watches
-         where object = $2 and service_id = $1 and removed_at is null",
-    )
-    .bind(service_id)
-    .bind(object)
-    .fetch_one(&mut *tx)
-    .await?;
+    let mine = db::count_live_watches_on(tx, service_id, object).await?;
     if mine >= MAX_WATCHES_PER_OBJECT {
         return Err(Error::Invalid(format!(
             "a service may hold at most {MAX_WATCHES_PER_OBJECT} live watches on one object or \
@@ -128,11 +122,8 @@ pub(super) async fn check(
         )));
     }
     let top = top_segment(object);
-    sqlx::query("select pg_advisory_xact_lock(hashtextextended('watchpump.fanout:' || $1, 0))")
-        .bind(top)
-        .execute(&mut *tx)
-        .await?;
-    let budget = budget_of(tx, top).await?;
+    db::lock_fanout_top(tx, top).await?;
+    let budget = budget_of(&mut *tx, top).await?;
     let share = budget / SHARES;
     let adds = units(new.map(|m| m.text.as_str()));
     let holdings = Holdings::load(tx, Some(object)).await?;
@@ -233,11 +224,8 @@ pub fn top_segment(object: &str) -> &str {
 
 /// The fan-out budget of the objects under the top segment `top`
 /// (`watchpump.fanout_budget()`).
-async fn budget_of(conn: &mut PgConnection, top: &str) -> Result<u64> {
-    let budget: i32 = sqlx::query_scalar("select watchpump.fanout_budget($1)")
-        .bind(top)
-        .fetch_one(conn)
-        .await?;
+async fn budget_of(conn: impl PgExecutor<'_>, top: &str) -> Result<u64> {
+    let budget = db::fanout_budget(conn, top).await?;
     Ok(u64::try_from(budget).unwrap_or(0))
 }
 
@@ -295,23 +283,16 @@ impl Holdings {
     /// and for a prefix under it), or every live watch when `object` is
     /// None (the operator's report).
     async fn load(conn: &mut PgConnection, object: Option<&str>) -> Result<Holdings> {
-        let rows: Vec<(String, i64, i64, Vec<String>)> = sqlx::query_as(
-            "select object, service_id, count(*) filter (where match_path is null),
-                    coalesce(array_agg(coalesce(filters->>'match', match_path::text))
-                             filter (where match_path is not null), '{}')
-             from watchpump.watches
-             where removed_at is null
-               and ($1::text is null
-                    or object = any (watchpump.object_prefixes($1))
-                    or (right($1, 1) = '/' and starts_with(object, $1)))
-             group by object, service_id",
-        )
-        .bind(object)
-        .fetch_all(conn)
-        .await?;
+        let rows = db::holdings(conn, object).await?;
         let mut costs: HashMap<String, u64> = HashMap::new();
         let mut by_object: HashMap<String, HashMap<i64, Cost>> = HashMap::new();
-        for (o, service_id, unfiltered, filters) in rows {
+        for db::Holding {
+            object: o,
+            service_id,
+            unfiltered,
+            filters,
+        } in rows
+        {
             let filtered: u64 = filters
                 .iter()
                 .map(|t| *costs.entry(t.clone()).or_insert_with(|| units(Some(t))))
@@ -373,15 +354,12 @@ pub struct ServiceShare {
 pub async fn report(pool: &PgPool) -> Result<Vec<TopReport>> {
     let mut conn = pool.acquire().await?;
     let holdings = Holdings::load(&mut conn, None).await?;
-    let names: HashMap<i64, String> =
-        sqlx::query_as::<_, (i64, String)>("select id, name from watchpump.services")
-            .fetch_all(&mut *conn)
-            .await?
-            .into_iter()
-            .collect();
-    let set: Vec<String> = sqlx::query_scalar("select top_segment from watchpump.fanout_budgets")
-        .fetch_all(&mut *conn)
-        .await?;
+    let names: HashMap<i64, String> = db::service_names(&mut conn)
+        .await?
+        .into_iter()
+        .map(|s| (s.id, s.name))
+        .collect();
+    let set = db::budgeted_tops(&mut conn).await?;
     let mut tops: BTreeMap<String, Vec<&str>> = BTreeMap::new();
     for key in holdings.keys() {
         tops.entry(top_segment(key).to_string())
@@ -393,7 +371,7 @@ pub async fn report(pool: &PgPool) -> Result<Vec<TopReport>> {
     }
     let mut reports = Vec::new();
     for (top, keys) in tops {
-        let budget = budget_of(&mut conn, &top).await?;
+        let budget = budget_of(&mut *conn, &top).await?;
         let mut worst: Option<(String, u64)> = None;
         let mut held: HashMap<i64, u64> = HashMap::new();
         for key in keys {
@@ -451,27 +429,13 @@ pub async fn set_budget(pool: &PgPool, top: &str, units: Option<i64>, actor: &st
             )))
         }
         Some(units) => {
-            sqlx::query(
-                "insert into watchpump.fanout_budgets (top_segment, units, set_by)
-                 values ($1, $2, $3)
-                 on conflict (top_segment) do update
-                 set units = excluded.units, set_at = now(), set_by = excluded.set_by",
-            )
-            .bind(top)
-            .bind(units as i32)
-            .bind(actor)
-            .execute(pool)
-            .await?;
+            db::set_fanout_budget(pool, top, units as i32, actor).await?;
         }
         None => {
-            sqlx::query("delete from watchpump.fanout_budgets where top_segment = $1")
-                .bind(top)
-                .execute(pool)
-                .await?;
+            db::clear_fanout_budget(pool, top).await?;
         }
     }
-    let mut conn = pool.acquire().await?;
-    budget_of(&mut conn, top).await
+    budget_of(pool, top).await
 }
 
 #[cfg(test)]

@@ -15,10 +15,11 @@ pub mod filter;
 pub mod pause;
 pub mod resync;
 
-use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use sqlx::{PgConnection, PgPool};
 
+use crate::db::registry as db;
+pub use crate::db::registry::Watch;
 use crate::error::{Error, Result};
 use filter::MatchFilter;
 
@@ -26,21 +27,6 @@ use filter::MatchFilter;
 pub const MAX_WATCHES_PER_SERVICE: i64 = 10_000;
 const MAX_TEXT: usize = 1024;
 const MAX_KINDS: usize = 64;
-
-/// A watch as the API shows it.
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
-pub struct Watch {
-    pub id: i64,
-    pub resource: String,
-    pub object: String,
-    pub filters: serde_json::Value,
-    pub created_at: DateTime<Utc>,
-    pub removed_at: Option<DateTime<Utc>>,
-    pub removed_reason: Option<String>,
-    /// Since when the watch is paused (its deliveries wait, held); null
-    /// while they flow ([`pause`]).
-    pub paused_at: Option<DateTime<Utc>>,
-}
 
 /// What a consumer asks to follow.
 #[derive(Debug, Clone, Deserialize)]
@@ -156,29 +142,22 @@ fn is_invisible(c: char) -> bool {
 /// if it ever does (a newer PostgreSQL, a regex its compiler refuses), the
 /// watch is refused with PostgreSQL's reason instead of a 500 at insert.
 async fn check_in_postgres(pool: &PgPool, text: &str) -> Result<()> {
-    sqlx::query("select $1::text::jsonpath")
-        .bind(text)
-        .execute(pool)
-        .await
-        .map_err(|e| match e {
-            // 42601 syntax error, 2201B bad regex, 0A000 unsupported flag, ...
-            sqlx::Error::Database(ref d)
-                if d.code().is_some_and(|c| {
-                    c.starts_with("42") || c.starts_with("22") || c.starts_with("0A")
-                }) =>
-            {
-                Error::Invalid(format!(
-                    "filters.match is not a valid jsonpath for PostgreSQL: {}",
-                    d.message()
-                ))
-            }
-            other => Error::Database(other),
-        })?;
+    db::parse_jsonpath(pool, text).await.map_err(|e| match e {
+        // 42601 syntax error, 2201B bad regex, 0A000 unsupported flag, ...
+        sqlx::Error::Database(ref d)
+            if d.code().is_some_and(|c| {
+                c.starts_with("42") || c.starts_with("22") || c.starts_with("0A")
+            }) =>
+        {
+            Error::Invalid(format!(
+                "filters.match is not a valid jsonpath for PostgreSQL: {}",
+                d.message()
+            ))
+        }
+        other => Error::Database(other),
+    })?;
     Ok(())
 }
-
-const COLUMNS: &str =
-    "id, resource, object, filters, created_at, removed_at, removed_reason, paused_at";
 
 /// Creates a watch for `service_id`, or returns the identical live one it
 /// already has (consumers may register again at every start). The bool says
@@ -194,10 +173,7 @@ pub async fn create(pool: &PgPool, service_id: i64, new: &NewWatch) -> Result<(W
     let mut tx = pool.begin().await?;
     // One writer per service at a time: the count, the cap and the
     // duplicate check hold.
-    sqlx::query("select 1 from watchpump.services where id = $1 for update")
-        .bind(service_id)
-        .execute(&mut *tx)
-        .await?;
+    db::lock_service(&mut tx, service_id).await?;
     if let Some(watch) = find_identical(&mut tx, service_id, new, &filters).await? {
         return Ok((watch, false));
     }
@@ -206,7 +182,19 @@ pub async fn create(pool: &PgPool, service_id: i64, new: &NewWatch) -> Result<(W
         cap::check(&mut tx, service_id, &new.object, m).await?;
     }
     fanout::check(&mut tx, service_id, &new.object, parsed.as_ref()).await?;
-    let watch = insert(&mut tx, service_id, new, parsed.as_ref(), &filters).await?;
+    let watch = db::insert_watch(
+        &mut tx,
+        db::NewWatchRow {
+            service_id,
+            resource: &new.resource,
+            object: &new.object,
+            kinds: new.filters.kinds.as_deref(),
+            match_path: parsed.as_ref().map(|m| m.text.as_str()),
+            match_is_predicate: parsed.as_ref().map(|m| m.is_predicate),
+            filters: &filters,
+        },
+    )
+    .await?;
     tx.commit().await?;
     Ok((watch, true))
 }
@@ -227,55 +215,17 @@ async fn find_identical(
     new: &NewWatch,
     filters: &serde_json::Value,
 ) -> Result<Option<Watch>> {
-    Ok(sqlx::query_as(&format!(
-        "select {COLUMNS} from watchpump.watches
-         where service_id = $1 and resource = $2 and object = $3 and filters = $4 and removed_at is null
-         limit 1"
-    ))
-    .bind(service_id)
-    .bind(&new.resource)
-    .bind(&new.object)
-    .bind(filters)
-    .fetch_optional(tx)
-    .await?)
+    Ok(db::identical_watch(tx, service_id, &new.resource, &new.object, filters).await?)
 }
 
 async fn check_watch_count(tx: &mut PgConnection, service_id: i64) -> Result<()> {
-    let live: i64 = sqlx::query_scalar(
-        "select count(*) from watchpump.watches where service_id = $1 and removed_at is null",
-    )
-    .bind(service_id)
-    .fetch_one(tx)
-    .await?;
+    let live = db::count_live_watches(tx, service_id).await?;
     if live >= MAX_WATCHES_PER_SERVICE {
         return Err(Error::Invalid(format!(
             "a service may hold at most {MAX_WATCHES_PER_SERVICE} watches"
         )));
     }
     Ok(())
-}
-
-async fn insert(
-    tx: &mut PgConnection,
-    service_id: i64,
-    new: &NewWatch,
-    parsed: Option<&MatchFilter>,
-    filters: &serde_json::Value,
-) -> Result<Watch> {
-    Ok(sqlx::query_as(&format!(
-        "insert into watchpump.watches (service_id, resource, object, kinds, match_path, match_is_predicate, filters)
-         values ($1, $2, $3, $4, $5::jsonpath, $6, $7)
-         returning {COLUMNS}"
-    ))
-    .bind(service_id)
-    .bind(&new.resource)
-    .bind(&new.object)
-    .bind(&new.filters.kinds)
-    .bind(parsed.map(|m| &m.text))
-    .bind(parsed.map(|m| m.is_predicate))
-    .bind(filters)
-    .fetch_one(tx)
-    .await?)
 }
 
 /// A service's watches, oldest first, `limit` at a time after id `after`.
@@ -286,47 +236,21 @@ pub async fn list(
     after: i64,
     limit: i64,
 ) -> Result<Vec<Watch>> {
-    Ok(sqlx::query_as(&format!(
-        "select {COLUMNS} from watchpump.watches
-         where service_id = $1 and id > $2 and ($3 or removed_at is null)
-         order by id limit $4"
-    ))
-    .bind(service_id)
-    .bind(after)
-    .bind(include_removed)
-    .bind(limit)
-    .fetch_all(pool)
-    .await?)
+    Ok(db::watches_after(pool, service_id, include_removed, after, limit).await?)
 }
 
 /// One of the service's own watches, removed or not.
 pub async fn get(pool: &PgPool, service_id: i64, id: i64) -> Result<Option<Watch>> {
-    Ok(sqlx::query_as(&format!(
-        "select {COLUMNS} from watchpump.watches where service_id = $1 and id = $2"
-    ))
-    .bind(service_id)
-    .bind(id)
-    .fetch_optional(pool)
-    .await?)
+    Ok(db::watch(pool, service_id, id).await?)
 }
 
 /// Removes one of the service's own watches, dropping its deliveries that
 /// were not sent yet (`watchpump.remove_watch()`). Returns false when the
 /// service has no such watch.
 pub async fn remove(pool: &PgPool, service_id: i64, id: i64, reason: &str) -> Result<bool> {
-    let found: Option<i64> =
-        sqlx::query_scalar("select id from watchpump.watches where service_id = $1 and id = $2")
-            .bind(service_id)
-            .bind(id)
-            .fetch_optional(pool)
-            .await?;
-    if found.is_none() {
+    if !db::has_watch(pool, service_id, id).await? {
         return Ok(false);
     }
-    sqlx::query("select count(*) from watchpump.remove_watch($1, $2)")
-        .bind(id)
-        .bind(reason)
-        .execute(pool)
-        .await?;
+    db::remove_watch(pool, id, reason).await?;
     Ok(true)
 }

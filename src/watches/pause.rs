@@ -14,6 +14,7 @@
 
 use sqlx::PgPool;
 
+use crate::db::pause as db;
 use crate::error::{Error, Result};
 
 /// Most held deliveries one run of [`hold_paused`] supersedes, and most it
@@ -73,24 +74,15 @@ async fn set_watch_after(
     paused: bool,
     repause_after_secs: Option<i64>,
 ) -> Result<bool> {
-    sqlx::query_scalar(
-        "select watchpump.set_watch_paused($1, $2, $3, make_interval(secs => $4::double precision))",
-    )
-    .bind(service_id)
-    .bind(watch_id)
-    .bind(paused)
-    .bind(repause_after_secs.map(|s| s as f64))
-    .fetch_one(pool)
-    .await
-    .map_err(Error::raised)
+    let repause_after_secs = repause_after_secs.map(|s| s as f64);
+    db::set_watch_paused(pool, service_id, watch_id, paused, repause_after_secs)
+        .await
+        .map_err(Error::raised)
 }
 
 /// Pauses or resumes every watch of a service; whether anything changed.
 pub async fn set_service(pool: &PgPool, service_id: i64, paused: bool) -> Result<bool> {
-    sqlx::query_scalar("select watchpump.set_service_paused($1, $2)")
-        .bind(service_id)
-        .bind(paused)
-        .fetch_one(pool)
+    db::set_service_paused(pool, service_id, paused)
         .await
         .map_err(Error::raised)
 }
@@ -99,24 +91,14 @@ pub async fn set_service(pool: &PgPool, service_id: i64, paused: bool) -> Result
 /// deliveries and holds what was queued since the last run. Returns
 /// (superseded, held).
 pub async fn hold_paused(pool: &PgPool) -> Result<(i32, i32)> {
-    Ok(
-        sqlx::query_as("select superseded, held from watchpump.hold_paused($1)")
-            .bind(HOLD_BATCH)
-            .fetch_one(pool)
-            .await?,
-    )
+    let db::Held { superseded, held } = db::hold_paused(pool, HOLD_BATCH).await?;
+    Ok((superseded, held))
 }
 
 /// One run of `watchpump.release_resumed()`: what resumed watches still
 /// hold, released a batch at a time. Returns how many were released.
 pub async fn release_resumed(pool: &PgPool) -> Result<i32> {
-    Ok(
-        sqlx::query_scalar("select watchpump.release_resumed($1, $2)")
-            .bind(RELEASE_PER_WATCH)
-            .bind(RELEASE_BATCH)
-            .fetch_one(pool)
-            .await?,
-    )
+    Ok(db::release_resumed(pool, RELEASE_PER_WATCH, RELEASE_BATCH).await?)
 }
 
 /// One run of `watchpump.expire_pauses()`: the consumers' pauses older
@@ -124,11 +106,11 @@ pub async fn release_resumed(pool: &PgPool) -> Result<i32> {
 /// they held is released. Returns (service, watch id) of each, logged and
 /// counted in `watchpump_pauses_expired_total`.
 pub async fn expire_pauses(pool: &PgPool) -> Result<Vec<(String, i64)>> {
-    let ended: Vec<(String, i64)> =
-        sqlx::query_as("select service, watch_id from watchpump.expire_pauses($1)")
-            .bind(EXPIRE_BATCH)
-            .fetch_all(pool)
-            .await?;
+    let ended: Vec<(String, i64)> = db::expire_pauses(pool, EXPIRE_BATCH)
+        .await?
+        .into_iter()
+        .map(|e| (e.service, e.watch_id))
+        .collect();
     for (service, watch_id) in &ended {
         tracing::warn!(
             service = %service,
@@ -143,9 +125,7 @@ pub async fn expire_pauses(pool: &PgPool) -> Result<Vec<(String, i64)>> {
 
 /// A live service's id by name, for the CLI.
 pub async fn service_id(pool: &PgPool, name: &str) -> Result<i64> {
-    sqlx::query_scalar("select id from watchpump.services where name = $1 and removed_at is null")
-        .bind(name)
-        .fetch_optional(pool)
+    crate::db::registry::live_service_id(pool, name)
         .await?
         .ok_or_else(|| Error::NotFound(format!("there is no service {name}")))
 }

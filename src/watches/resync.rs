@@ -13,10 +13,10 @@
 //! ([`spawn_for_consumer`], which gives back what was not queued); the
 //! operator's panel and CLI use [`start`], without a budget.
 
-use chrono::{DateTime, Utc};
-use serde::Serialize;
 use sqlx::PgPool;
 
+use crate::db::consumer as db;
+pub use crate::db::consumer::{ConsumerStarted, Started};
 use crate::error::{Error, Result};
 
 /// Objects per batch: one transaction each, holding at most this many of
@@ -24,33 +24,6 @@ use crate::error::{Error, Result};
 /// (watch, object) until the batch commits) and queueing at most this
 /// many deliveries.
 pub const BATCH: i32 = 200;
-
-/// What a resync was started on: how many objects it goes through (at most
-/// WATCHPUMP_RESYNC_MAX_OBJECTS), whether the watch covers more than that,
-/// and where the retained history begins (changes older than it were
-/// pruned, and an object whose every change was pruned is not replayed).
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
-pub struct Started {
-    pub watch_id: i64,
-    pub objects: i32,
-    pub truncated: bool,
-    pub history_from: Option<DateTime<Utc>>,
-}
-
-/// A consumer's resync, started within its service's daily replay budget
-/// ([`start_for_consumer`]): [`Started`], and what is left of the budget.
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
-pub struct ConsumerStarted {
-    pub watch_id: i64,
-    pub objects: i32,
-    pub truncated: bool,
-    pub history_from: Option<DateTime<Utc>>,
-    /// Replays the service's resyncs may still queue now, after this one's
-    /// objects were taken from its budget.
-    pub replays_left: i32,
-    /// The budget: replays a day (`watchpump.settings.replays_per_day`).
-    pub replays_per_day: i32,
-}
 
 /// What a finished resync did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -67,16 +40,10 @@ pub struct Done {
 /// [`Error::NotFound`]; a service with a resync running is a database
 /// error with SQLSTATE 54000 (the API's 429; [`is_running`]).
 pub async fn start(pool: &PgPool, service_id: i64, watch_id: i64, max: u32) -> Result<Started> {
-    let started: Result<Started> = sqlx::query_as(
-        "select $2::bigint as watch_id, objects, truncated, history_from
-         from watchpump.resync_start($1, $2, $3)",
-    )
-    .bind(service_id)
-    .bind(watch_id)
-    .bind(i32::try_from(max).unwrap_or(i32::MAX))
-    .fetch_one(pool)
-    .await
-    .map_err(Error::raised);
+    let max = i32::try_from(max).unwrap_or(i32::MAX);
+    let started = db::resync_start(pool, service_id, watch_id, max)
+        .await
+        .map_err(Error::raised);
     let outcome = match &started {
         Ok(s) if s.truncated => Some("truncated"),
         Ok(_) => Some("started"),
@@ -101,16 +68,10 @@ pub async fn start_for_consumer(
     watch_id: i64,
     max: u32,
 ) -> Result<ConsumerStarted> {
-    let started: Result<ConsumerStarted> = sqlx::query_as(
-        "select $2::bigint as watch_id, objects, truncated, history_from, replays_left, replays_per_day
-         from watchpump.consumer_resync_start($1, $2, $3)",
-    )
-    .bind(service_id)
-    .bind(watch_id)
-    .bind(i32::try_from(max).unwrap_or(i32::MAX))
-    .fetch_one(pool)
-    .await
-    .map_err(Error::raised);
+    let max = i32::try_from(max).unwrap_or(i32::MAX);
+    let started = db::consumer_resync_start(pool, service_id, watch_id, max)
+        .await
+        .map_err(Error::raised);
     let outcome = match &started {
         Ok(s) if s.truncated => Some("truncated"),
         Ok(_) => Some("started"),
@@ -145,10 +106,7 @@ pub async fn run(pool: &PgPool, watch_id: i64, max: u32) -> Result<Done> {
 
 /// Gives the slot back, whatever `done` says, and returns it.
 async fn finish(pool: &PgPool, watch_id: i64, done: Result<Done>) -> Result<Done> {
-    let finished = sqlx::query("select watchpump.resync_finish($1)")
-        .bind(watch_id)
-        .execute(pool)
-        .await;
+    let finished = db::resync_finish(pool, watch_id).await;
     let done = done?;
     finished?;
     Ok(done)
@@ -162,14 +120,11 @@ async fn batches(pool: &PgPool, watch_id: i64, max: u32) -> Result<Done> {
         if limit <= 0 {
             return Ok(done);
         }
-        let (last, objects, queued): (Option<String>, i32, i32) = sqlx::query_as(
-            "select last_object, objects, queued from watchpump.resync_batch($1, $2, $3)",
-        )
-        .bind(watch_id)
-        .bind(&after)
-        .bind(limit as i32)
-        .fetch_one(pool)
-        .await?;
+        let db::ResyncBatch {
+            last_object: last,
+            objects,
+            queued,
+        } = db::resync_batch(pool, watch_id, after.as_deref(), limit as i32).await?;
         done.objects += i64::from(objects);
         done.queued += i64::from(queued);
         metrics::counter!(crate::metrics::RESYNC_REPLAYS).increment(queued as u64);
@@ -190,11 +145,8 @@ pub fn spawn_for_consumer(pool: PgPool, service_id: i64, watch_id: i64, objects:
         let done = batches(&pool, watch_id, objects).await;
         if let Ok(done) = &done {
             let unused = i64::from(objects) - done.queued;
-            let given = sqlx::query("select watchpump.give_back_replays($1, $2)")
-                .bind(service_id)
-                .bind(i32::try_from(unused.max(0)).unwrap_or(i32::MAX))
-                .execute(&pool)
-                .await;
+            let unused = i32::try_from(unused.max(0)).unwrap_or(i32::MAX);
+            let given = db::give_back_replays(&pool, service_id, unused).await;
             if let Err(e) = given {
                 tracing::warn!(watch_id, error = %e, "cannot give unused replays back");
             }
