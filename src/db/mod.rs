@@ -20,5 +20,13 @@
 //! [`schema`]: it applies the SQL files themselves, to a schema named at
 //! run time (the producer's `watchpump` or the kit's `watchpump_inbox`).
 
+/// Besides [`schema`], the one file with statements not checked at build
+/// time: the pooler probe's, sent by the simple query protocol.
+#[cfg(feature = "producer")]
+pub mod connection;
+#[cfg(feature = "producer")]
+pub mod delivery;
+#[cfg(feature = "producer")]
+pub mod emit;
 #[cfg(feature = "kit")]
 pub mod schema;
