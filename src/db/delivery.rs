@@ -12,6 +12,8 @@ use chrono::{DateTime, Utc};
 use sqlx::postgres::types::PgInterval;
 use sqlx::PgPool;
 
+use crate::delivery::State;
+
 /// A `watchpump.claim_slot` (`sql/migrations/0020_delivery_engine_v4.sql`):
 /// what one claim may take of a service.
 #[derive(Debug, sqlx::Type)]
@@ -128,13 +130,13 @@ pub struct AttemptReport {
     pub next_attempt_at: DateTime<Utc>,
 }
 
-/// Where a delivery stands after `watchpump.complete()`, its state as the
-/// SQL spells it (`crate::delivery::State` reads it).
-#[derive(Debug)]
-pub struct SettledRow {
+/// Where a delivery stands after the pump reported an attempt: a row of
+/// `watchpump.complete()`.
+#[derive(Debug, Clone)]
+pub struct Settled {
     pub delivery_id: i64,
     pub service_id: i64,
-    pub state: String,
+    pub state: State,
     /// When a delivery that stays pending is due again: the back-off's
     /// time, or its deadline if that comes first (its last retry).
     pub next_attempt_at: Option<DateTime<Utc>>,
@@ -142,20 +144,31 @@ pub struct SettledRow {
 
 /// `watchpump.complete()`: records every attempt reported and returns where
 /// each delivery now stands, deliveries dropped with a watch that answered
-/// 410 included.
+/// 410 included. A state the SQL spells in a word [`State`] does not know
+/// fails the call, as a column that does not decode.
 pub async fn complete(
     pool: &PgPool,
     pump: &str,
     reports: &[AttemptReport],
-) -> sqlx::Result<Vec<SettledRow>> {
-    sqlx::query_as!(
-        SettledRow,
+) -> sqlx::Result<Vec<Settled>> {
+    sqlx::query!(
         r#"select delivery_id as "delivery_id!", service_id as "service_id!",
                   state as "state!", next_attempt_at
            from watchpump.complete($1, $2)"#,
         pump,
         reports as _,
     )
+    .try_map(|r| {
+        Ok(Settled {
+            delivery_id: r.delivery_id,
+            service_id: r.service_id,
+            state: r.state.parse().map_err(|e| sqlx::Error::ColumnDecode {
+                index: "state".into(),
+                source: Box::new(e),
+            })?,
+            next_attempt_at: r.next_attempt_at,
+        })
+    })
     .fetch_all(pool)
     .await
 }

@@ -10,22 +10,11 @@ use std::sync::Arc;
 use sqlx::PgPool;
 
 use crate::db::delivery::{self as db, AttemptReport, ClaimRef, ClaimSlot};
-pub use crate::db::delivery::{ClaimLimits, Swept};
+pub use crate::db::delivery::{ClaimLimits, Settled, Swept};
 use crate::delivery::outcome::Finished;
-use crate::delivery::{Claimed, Message, Payload, State};
+use crate::delivery::{Claimed, Message, Payload};
 use crate::error::Result;
 use crate::pump::health::Slots;
-
-/// Where a delivery stands after the pump reported an attempt.
-#[derive(Debug, Clone)]
-pub struct Settled {
-    pub delivery_id: i64,
-    pub service_id: i64,
-    pub state: State,
-    /// When a delivery that stays pending is due again: the back-off's
-    /// time, or its deadline if that comes first (its last retry).
-    pub next_attempt_at: Option<chrono::DateTime<chrono::Utc>>,
-}
 
 /// Claims and leases due deliveries; each change's payload is read once
 /// and shared by its deliveries, counted in `in_flight_bytes` while they
@@ -126,23 +115,7 @@ pub async fn complete(pool: &PgPool, pump: &str, batch: &[&Finished]) -> Result<
             next_attempt_at: f.result.retry_at().unwrap_or(f.started),
         })
         .collect();
-    let rows = db::complete(pool, pump, &reports).await?;
-    Ok(rows.into_iter().map(settled).collect::<sqlx::Result<_>>()?)
-}
-
-/// A row of `watchpump.complete()` with its state read: a word that is no
-/// state fails the call, as a column that does not decode.
-fn settled(r: db::SettledRow) -> sqlx::Result<Settled> {
-    let state = r.state.parse().map_err(|e| sqlx::Error::ColumnDecode {
-        index: "state".into(),
-        source: Box::new(e),
-    })?;
-    Ok(Settled {
-        delivery_id: r.delivery_id,
-        service_id: r.service_id,
-        state,
-        next_attempt_at: r.next_attempt_at,
-    })
+    Ok(db::complete(pool, pump, &reports).await?)
 }
 
 /// Tells emitters this pump sleeps: their next delivery raises NOTIFY.
