@@ -1,10 +1,12 @@
 //! The pump's statements (`sql/functions/0500_delivery.sql`): claim,
 //! write back, give back, sleep and sweep. Each is one round trip to a
 //! function that holds the logic a DBA may read; the pump's side of them
-//! (slots, payload sharing, back-off) is `crate::pump::store`.
+//! (its slots and reports, the payloads its messages share) is
+//! `crate::pump::store`.
 //!
-//! The rows that cross are the SQL's composite types, one struct each,
-//! declared here: a field is one attribute there, one here.
+//! The rows that cross are declared here, one struct each; a composite
+//! type's (`watchpump.claim_slot`, `claimed_message`, `claim_ref`,
+//! `attempt_report`) field is one attribute there, one here.
 
 use std::time::Duration;
 
