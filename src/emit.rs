@@ -1,8 +1,10 @@
 //! The producer's side: record a change in the producer's own transaction.
 
+use sqlx::types::Json;
 use sqlx::PgConnection;
 use tracing::Instrument;
 
+use crate::db::emit as db;
 use crate::error::Result;
 use crate::telemetry::{self, TARGET};
 
@@ -36,33 +38,20 @@ pub async fn emit(
     let span = tracing::info_span!(target: TARGET, "watchpump.emit",
         otel.kind = "internal", watchpump.object = object, watchpump.kind = kind,
         watchpump.change_id = tracing::field::Empty);
-    let change_id: i64 = match telemetry::of(&span) {
-        // One round trip either way: the settings are made in a CTE the
-        // statement reads before it calls emit().
+    let change_id = match telemetry::of(&span) {
         Some(trace) => {
-            sqlx::query_scalar(
-                "with context as materialized (
-                 select set_config('watchpump.traceparent', $4, true),
-                        set_config('watchpump.tracestate', coalesce($5, ''), true))
-             select watchpump.emit($1, $2, $3) from context",
+            db::emit_traced(
+                conn,
+                object,
+                kind,
+                payload,
+                &trace.header(),
+                trace.tracestate.as_deref(),
             )
-            .bind(object)
-            .bind(kind)
-            .bind(sqlx::types::Json(payload))
-            .bind(trace.header())
-            .bind(trace.tracestate)
-            .fetch_one(conn)
             .instrument(span.clone())
             .await?
         }
-        None => {
-            sqlx::query_scalar("select watchpump.emit($1, $2, $3)")
-                .bind(object)
-                .bind(kind)
-                .bind(sqlx::types::Json(payload))
-                .fetch_one(conn)
-                .await?
-        }
+        None => db::emit(conn, object, kind, payload).await?,
     };
     span.record("watchpump.change_id", change_id);
     Ok(change_id)
@@ -102,35 +91,15 @@ pub async fn emit_many(conn: &mut PgConnection, changes: &[Change<'_>]) -> Resul
         otel.kind = "internal", watchpump.changes = changes.len());
     let objects: Vec<&str> = changes.iter().map(|c| c.object).collect();
     let kinds: Vec<&str> = changes.iter().map(|c| c.kind).collect();
-    let payloads: Vec<sqlx::types::Json<&serde_json::Value>> = changes
-        .iter()
-        .map(|c| sqlx::types::Json(c.payload))
-        .collect();
-    let ids: Vec<i64> = match telemetry::of(&span) {
+    let payloads: Vec<Json<&serde_json::Value>> = changes.iter().map(|c| Json(c.payload)).collect();
+    let ids = match telemetry::of(&span) {
         Some(trace) => {
-            sqlx::query_scalar(
-                "with context as materialized (
-                 select set_config('watchpump.traceparent', $4, true),
-                        set_config('watchpump.tracestate', coalesce($5, ''), true))
-             select watchpump.emit_many($1, $2, $3) from context",
-            )
-            .bind(&objects)
-            .bind(&kinds)
-            .bind(&payloads)
-            .bind(trace.header())
-            .bind(trace.tracestate)
-            .fetch_one(conn)
-            .instrument(span.clone())
-            .await?
-        }
-        None => {
-            sqlx::query_scalar("select watchpump.emit_many($1, $2, $3)")
-                .bind(&objects)
-                .bind(&kinds)
-                .bind(&payloads)
-                .fetch_one(conn)
+            let (header, state) = (trace.header(), trace.tracestate.as_deref());
+            db::emit_many_traced(conn, &objects, &kinds, &payloads, &header, state)
+                .instrument(span.clone())
                 .await?
         }
+        None => db::emit_many(conn, &objects, &kinds, &payloads).await?,
     };
     Ok(ids)
 }

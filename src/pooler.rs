@@ -31,8 +31,9 @@
 use std::time::Duration;
 
 use sqlx::postgres::PgConnectOptions;
-use sqlx::{Connection, PgConnection, Row};
+use sqlx::{Connection, PgConnection};
 
+use crate::db::connection as db;
 use crate::error::{Error, Result};
 
 /// Rounds of the sharing probe ([`sessions_shared`]). One is enough behind
@@ -149,7 +150,7 @@ async fn rounds(a: &mut PgConnection, b: &mut PgConnection) -> Result<Option<Str
             Err(e) => return Ok(Some(format!("a transaction was refused: {e}"))),
         };
         let again = backend(a).await?;
-        sqlx::raw_sql("commit").execute(&mut *b).await?;
+        db::commit_simple(b).await?;
         if held == first {
             return Ok(Some(format!(
                 "two of its sessions ran on one server process ({first})"
@@ -166,16 +167,13 @@ async fn rounds(a: &mut PgConnection, b: &mut PgConnection) -> Result<Option<Str
 
 /// Opens a transaction on `conn` and returns its server process.
 async fn holding(conn: &mut PgConnection) -> Result<i32> {
-    sqlx::raw_sql("begin").execute(&mut *conn).await?;
+    db::begin_simple(conn).await?;
     backend(conn).await
 }
 
 /// The server process the session's statement ran on.
 async fn backend(conn: &mut PgConnection) -> Result<i32> {
-    let row = sqlx::raw_sql("select pg_backend_pid()")
-        .fetch_one(conn)
-        .await?;
-    Ok(row.try_get(0)?)
+    Ok(db::backend_pid_simple(conn).await?)
 }
 
 /// Refuses a pooler that refuses or drops the startup parameter `options`
@@ -198,11 +196,7 @@ async fn check_startup_settings(options: &PgConnectOptions, setting: &str) -> Re
         }
         Err(e) => return Err(e.into()),
     };
-    let read: Option<String> =
-        sqlx::raw_sql(&format!("select current_setting('{PROBE_SETTING}', true)"))
-            .fetch_one(&mut conn)
-            .await?
-            .try_get(0)?;
+    let read = db::setting(&mut conn, PROBE_SETTING).await?;
     let _ = conn.close().await;
     if read.as_deref() == Some("on") {
         return Ok(());

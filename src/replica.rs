@@ -14,6 +14,7 @@
 
 use sqlx::PgPool;
 
+use crate::db::connection as db;
 use crate::error::{Error, Result};
 
 /// The setting, for messages.
@@ -110,14 +111,8 @@ struct Identity {
 
 impl Identity {
     async fn of(pool: &PgPool) -> Result<Identity> {
-        let (in_recovery, database): (bool, String) =
-            sqlx::query_as("select pg_is_in_recovery(), current_database()::text")
-                .fetch_one(pool)
-                .await?;
-        let system = sqlx::query_scalar("select system_identifier from pg_control_system()")
-            .fetch_one(pool)
-            .await
-            .ok();
+        let (in_recovery, database) = db::recovery_and_database(pool).await?;
+        let system = db::system_identifier(pool).await.ok();
         Ok(Identity {
             in_recovery,
             database,
@@ -137,27 +132,11 @@ impl Identity {
 /// replayed: an upper bound, exact while the primary commits steadily.
 /// A server not in recovery (promoted, or the primary itself) is 0 behind.
 async fn standby_lag(pool: &PgPool) -> Result<f64> {
-    let lag: Option<f64> = sqlx::query_scalar(
-        "select case
-             when not pg_is_in_recovery() then 0
-             when pg_last_wal_receive_lsn() is not distinct from pg_last_wal_replay_lsn()
-                  and exists (select 1 from pg_stat_wal_receiver
-                              where coalesce(status, 'streaming') = 'streaming')
-                 then 0
-             else round(extract(epoch from now() - pg_last_xact_replay_timestamp()), 3)
-         end::float8",
-    )
-    .fetch_one(pool)
-    .await?;
     // No transaction replayed since the standby started: as far behind as
     // it can tell, which is "not known"; shown as the time since it started.
-    match lag {
+    match db::standby_lag(pool).await? {
         Some(lag) => Ok(lag.max(0.0)),
-        None => Ok(sqlx::query_scalar(
-            "select round(extract(epoch from now() - pg_postmaster_start_time()), 3)::float8",
-        )
-        .fetch_one(pool)
-        .await?),
+        None => Ok(db::seconds_since_start(pool).await?),
     }
 }
 

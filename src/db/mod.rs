@@ -17,11 +17,22 @@
 //!
 //! `tests/db_seam.rs` fails when a file outside `src/db/` names a sqlx
 //! query function. The only statements not checked at build time are in
-//! [`schema`]: it applies the SQL files themselves, to a schema named at
-//! run time (the producer's `watchpump` or the kit's `watchpump_inbox`).
+//! [`schema`], which applies the SQL files themselves, to a schema named
+//! at run time (the producer's `watchpump` or the kit's
+//! `watchpump_inbox`), and in [`connection`], whose pooler probe must use
+//! the simple query protocol (a prepared statement would itself fail
+//! behind the pooler it looks for).
 
+/// Besides [`schema`], the one file with statements not checked at build
+/// time: the pooler probe's, sent by the simple query protocol.
+#[cfg(feature = "producer")]
+pub mod connection;
 #[cfg(feature = "producer")]
 pub mod consumer;
+#[cfg(feature = "producer")]
+pub mod delivery;
+#[cfg(feature = "producer")]
+pub mod emit;
 #[cfg(feature = "producer")]
 pub mod kinds;
 #[cfg(feature = "producer")]

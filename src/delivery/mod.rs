@@ -21,7 +21,9 @@
 //!    `watchpump.message()` (the panel), both in
 //!    `sql/functions/0500_delivery.sql`.
 //! 2. Here: the field on [`Message`] and on [`Body`] (whose field order is
-//!    the order of the JSON).
+//!    the order of the JSON); for the pump, the column in the select of
+//!    `db::delivery::claim` and the field of `ClaimedMessage` next to it,
+//!    which `pump::store::claim` copies into the message.
 //! 3. Consumers: the kit's `Delivery` (`src/kit/delivery.rs`) ignores
 //!    fields it does not know; add it there for them to read it.
 

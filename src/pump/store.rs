@@ -1,6 +1,7 @@
-//! The pump's database calls: each is one round trip to a function in
-//! `sql/functions/0500_delivery.sql` (the rate's in `0250_rate.sql`), which
-//! holds the logic a DBA may read.
+//! The pump's side of its database calls (`crate::db::delivery`, each one
+//! round trip to a function in `sql/functions/0500_delivery.sql`): the
+//! slots and reports it sends, and the claimed rows made messages that
+//! share each change's payload.
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
@@ -8,66 +9,12 @@ use std::sync::Arc;
 
 use sqlx::PgPool;
 
+use crate::db::delivery::{self as db, AttemptReport, ClaimRef, ClaimSlot};
+pub use crate::db::delivery::{ClaimLimits, Settled, Swept};
 use crate::delivery::outcome::Finished;
-use crate::delivery::{Claimed, Message, Payload, State};
+use crate::delivery::{Claimed, Message, Payload};
 use crate::error::Result;
 use crate::pump::health::Slots;
-
-/// Where a delivery stands after the pump reported an attempt.
-#[derive(Debug, Clone, sqlx::FromRow)]
-pub struct Settled {
-    pub delivery_id: i64,
-    pub service_id: i64,
-    #[sqlx(try_from = "String")]
-    pub state: State,
-    /// When a delivery that stays pending is due again: the back-off's
-    /// time, or its deadline if that comes first (its last retry).
-    pub next_attempt_at: Option<chrono::DateTime<chrono::Utc>>,
-}
-
-/// Per-service overdue counts from a sweep.
-#[derive(Debug, Clone, sqlx::FromRow)]
-pub struct Swept {
-    pub service_id: i64,
-    pub service: String,
-    pub failed: i32,
-}
-
-/// What one claim may take besides each service's slots: deliveries in
-/// all, and payload bytes (each change's counted once; the first change
-/// goes whatever its size).
-#[derive(Debug, Clone, Copy)]
-pub struct ClaimLimits {
-    pub rows: i32,
-    pub bytes: i64,
-}
-
-/// A `watchpump.claimed_message` (`sql/migrations/0008_storage_v3.sql`), as
-/// `watchpump.claim()` returns them: the payload is on the first row of each
-/// change only. A field of the message is one attribute there, one here.
-#[derive(sqlx::FromRow)]
-struct ClaimRow {
-    delivery_id: i64,
-    change_id: i64,
-    watch_id: i64,
-    service_id: i64,
-    service_version: i32,
-    attempt: i32,
-    resource: String,
-    object: String,
-    kind: String,
-    sequence: i64,
-    occurred_at: chrono::DateTime<chrono::Utc>,
-    payload: Option<String>,
-    expired_lease_of: Option<String>,
-    // The change's trace context (issue 21; the `traces` branch's one edit
-    // to this row): a malformed value never reaches the table, so parse
-    // only fails if another writer bypassed emit().
-    traceparent: Option<String>,
-    tracestate: Option<String>,
-    // A resync's replay (issue 20, 0012_resync.sql).
-    replay: Option<bool>,
-}
 
 /// Claims and leases due deliveries; each change's payload is read once
 /// and shared by its deliveries, counted in `in_flight_bytes` while they
@@ -91,16 +38,7 @@ pub async fn claim(
             probe,
         })
         .collect();
-    let rows: Vec<ClaimRow> =
-        sqlx::query_as("select * from watchpump.claim($1, $2, $3, $4, $5, $6)")
-            .bind(pump)
-            .bind(slots_of)
-            .bind(slots.default_free)
-            .bind(interval(lease))
-            .bind(limits.rows)
-            .bind(limits.bytes)
-            .fetch_all(pool)
-            .await?;
+    let rows = db::claim(pool, pump, &slots_of, slots.default_free, lease, limits).await?;
     let mut payloads: HashMap<i64, Payload> = HashMap::new();
     Ok(rows
         .into_iter()
@@ -147,24 +85,6 @@ pub async fn claim(
         .collect())
 }
 
-/// A `watchpump.claim_slot` (`sql/migrations/0020_delivery_engine_v4.sql`):
-/// what one claim may take of a service.
-#[derive(Debug, sqlx::Type)]
-#[sqlx(type_name = "watchpump.claim_slot")]
-struct ClaimSlot {
-    service_id: i64,
-    free: i32,
-    probe: bool,
-}
-
-/// A `watchpump.claim_ref`: a claimed delivery given back, by its attempt.
-#[derive(Debug, sqlx::Type)]
-#[sqlx(type_name = "watchpump.claim_ref")]
-struct ClaimRef {
-    delivery_id: i64,
-    attempt: i32,
-}
-
 /// Gives claimed deliveries back unsent (`watchpump.release()`): pending
 /// again at once, for any pump. Returns how many this pump still held.
 pub async fn release(pool: &PgPool, pump: &str, claims: &[(i64, i32)]) -> Result<i32> {
@@ -175,28 +95,7 @@ pub async fn release(pool: &PgPool, pump: &str, claims: &[(i64, i32)]) -> Result
             attempt,
         })
         .collect();
-    Ok(sqlx::query_scalar("select watchpump.release($1, $2)")
-        .bind(pump)
-        .bind(refs)
-        .fetch_one(pool)
-        .await?)
-}
-
-/// A `watchpump.attempt_report` (`sql/migrations/0008_storage_v3.sql`):
-/// what became of one attempt, as `watchpump.complete()` takes it. A field
-/// is one attribute there, one here.
-#[derive(Debug, sqlx::Type)]
-#[sqlx(type_name = "watchpump.attempt_report")]
-struct AttemptReport {
-    delivery_id: i64,
-    attempt: i32,
-    outcome: String,
-    status: Option<i32>,
-    error: Option<String>,
-    started_at: chrono::DateTime<chrono::Utc>,
-    duration_ms: f64,
-    response_head: Option<String>,
-    next_attempt_at: chrono::DateTime<chrono::Utc>,
+    Ok(db::release(pool, pump, &refs).await?)
 }
 
 /// Records every finished attempt and returns where each delivery now stands,
@@ -216,29 +115,17 @@ pub async fn complete(pool: &PgPool, pump: &str, batch: &[&Finished]) -> Result<
             next_attempt_at: f.result.retry_at().unwrap_or(f.started),
         })
         .collect();
-    Ok(sqlx::query_as("select * from watchpump.complete($1, $2)")
-        .bind(pump)
-        .bind(reports)
-        .fetch_all(pool)
-        .await?)
+    Ok(db::complete(pool, pump, &reports).await?)
 }
 
 /// Tells emitters this pump sleeps: their next delivery raises NOTIFY.
 pub async fn sleep(pool: &PgPool, pump: &str) -> Result<()> {
-    sqlx::query("select watchpump.sleep($1)")
-        .bind(pump)
-        .execute(pool)
-        .await?;
-    Ok(())
+    Ok(db::sleep(pool, pump).await?)
 }
 
 /// The pump is going away: no more notifications on its account.
 pub async fn leave(pool: &PgPool, pump: &str) -> Result<()> {
-    sqlx::query("delete from watchpump.sleepers where pump = $1")
-        .bind(pump)
-        .execute(pool)
-        .await?;
-    Ok(())
+    Ok(db::leave(pool, pump).await?)
 }
 
 /// The backstop; deadlines are checked at most every `deadlines_every`.
@@ -247,25 +134,10 @@ pub async fn sweep(
     pump: &str,
     deadlines_every: std::time::Duration,
 ) -> Result<Vec<Swept>> {
-    Ok(sqlx::query_as("select * from watchpump.sweep($1, $2)")
-        .bind(pump)
-        .bind(interval(deadlines_every))
-        .fetch_all(pool)
-        .await?)
+    Ok(db::sweep(pool, pump, deadlines_every).await?)
 }
 
 /// A service answered again: make its waiting deliveries due now.
 pub async fn release_backlog(pool: &PgPool, service_id: i64) -> Result<i32> {
-    Ok(sqlx::query_scalar("select watchpump.release_backlog($1)")
-        .bind(service_id)
-        .fetch_one(pool)
-        .await?)
-}
-
-fn interval(d: std::time::Duration) -> sqlx::postgres::types::PgInterval {
-    sqlx::postgres::types::PgInterval {
-        months: 0,
-        days: 0,
-        microseconds: d.as_micros() as i64,
-    }
+    Ok(db::release_backlog(pool, service_id).await?)
 }
