@@ -15,7 +15,7 @@ use crate::telemetry::{self, TARGET};
 /// Emitters to one object queue on its sequence counter until they commit,
 /// so sequence numbers per object follow commit order.
 ///
-/// With traces on (README, "Traces"), it runs in a span, a child of the
+/// With traces on (docs/operator.md, "Traces"), it runs in a span, a child of the
 /// caller's current span, whose W3C trace context the change keeps (set as
 /// `watchpump.traceparent` and `watchpump.tracestate` for the rest of the
 /// transaction, as an SQL caller would): every attempt to deliver it joins

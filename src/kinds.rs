@@ -57,7 +57,7 @@ pub const MAX_EXAMPLE_BYTES: usize = 16 * 1024;
 /// looked up) one strict-mode check may spend before `emit()` refuses the
 /// change with SQLSTATE 54000: twice the 100,000 paths of the payload that
 /// found the enum scan (issue 34). The costliest schema this module
-/// accepts spends it in about a second (README, "Bounds").
+/// accepts spends it in about a second (docs/security.md, "Bounds").
 pub const MAX_CHECK_UNITS: i32 = 200_000;
 
 const TYPES: &[&str] = &[

@@ -31,7 +31,7 @@
 -- tests/kinds.rs has a 1 MiB payload against the costliest schema the
 -- catalogue accepts.
 
--- The most units one check may spend (README, "Bounds"; src/kinds.rs
+-- The most units one check may spend (docs/security.md, "Bounds"; src/kinds.rs
 -- MAX_CHECK_UNITS says the same): twice the 100,000 paths of the payload
 -- that found the enum scan, and about 1 s of the costliest visits on a
 -- 2-core machine. Payloads past it are refused at once when they are

@@ -65,7 +65,7 @@ language sql immutable parallel safe as $$
     end
 $$;
 
--- The trace context the caller set for this transaction (README,
+-- The trace context the caller set for this transaction (docs/operator.md,
 -- "Traces"):
 --   select set_config('watchpump.traceparent', '00-<trace id>-<span id>-01', true);
 --   select set_config('watchpump.tracestate', 'vendor=value', true);  -- optional
@@ -126,7 +126,7 @@ begin
 end
 $$;
 
--- What emit() refuses of one change, before anything is written (README,
+-- What emit() refuses of one change, before anything is written (docs/security.md,
 -- "Bounds"), or null when it accepts it. Refusals carry a SQLSTATE of
 -- their own (refuse_change()), never an error of the storage underneath:
 -- an object and a kind watchpump accepts always fit its indexes. A plain

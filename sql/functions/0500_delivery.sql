@@ -64,7 +64,7 @@
 -- waits in the pump, under the same lease, for a request to free up
 -- (src/pump/queue.rs); release() gives back what it did not send.
 --
--- Bounded whatever the backlog (README, "Bounds"): at most p_max_rows
+-- Bounded whatever the backlog (docs/security.md, "Bounds"): at most p_max_rows
 -- deliveries, taken round-robin across the services (each service's
 -- soonest due first), and at most p_max_bytes of payload, each change's
 -- payload counted once however many of its deliveries are claimed (the

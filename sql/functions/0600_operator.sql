@@ -1,7 +1,7 @@
 -- The operator's side in SQL: views to answer "what happened to push X?"
 -- from psql, retry functions, the folding of failures into warnings to
--- notify, and the counts behind the metrics' gauges. README
--- (docs/operator.md) has a session to paste. Pruning is the history's
+-- notify, and the counts behind the metrics' gauges.
+-- docs/operator.md ("From psql") has a session to paste. Pruning is the history's
 -- (0200_history.sql).
 --
 -- Errors raised here carry SQLSTATEs the admin API maps to HTTP statuses:

@@ -9,7 +9,7 @@
 -- "Redeliver". The order rule (0500_delivery.sql) holds: a superseded delivery,
 -- or one whose (watch, object) has newer news sent or on its way
 -- (newer_news()), is refused (55000, a 409), as is one still queued.
--- Bounded (README, "Bounds"): one redelivery of a delivery per
+-- Bounded (docs/security.md, "Bounds"): one redelivery of a delivery per
 -- REDELIVER_EVERY = 1 minute (54000, a 429, with the seconds to wait in
 -- its detail), so that a delivery cannot be sent in a loop; the
 -- service's token bucket (take_write_tokens()) bounds all of them.
@@ -79,7 +79,7 @@ $$;
 -- producer's object, so it supersedes nothing but an older ping of the same
 -- watch), and one delivery of it to that watch alone, queued like any
 -- other: signed, retried, listed. Never through emit(): no other watch
--- receives it and strict mode does not apply. Bounded (README, "Bounds"):
+-- receives it and strict mode does not apply. Bounded (docs/security.md, "Bounds"):
 -- at most one ping per watch per p_every; a sooner one is refused with
 -- 54000 (a 429). A removed watch is P0002 (404). Returns the delivery's id.
 create or replace function watchpump.ping(p_service_id bigint, p_watch_id bigint, p_every interval)
