@@ -20,5 +20,13 @@
 //! [`schema`]: it applies the SQL files themselves, to a schema named at
 //! run time (the producer's `watchpump` or the kit's `watchpump_inbox`).
 
+#[cfg(feature = "producer")]
+pub mod history;
+#[cfg(feature = "kit")]
+pub mod inbox;
+#[cfg(feature = "producer")]
+pub mod operator;
+#[cfg(feature = "producer")]
+pub mod panel;
 #[cfg(feature = "kit")]
 pub mod schema;
