@@ -97,7 +97,8 @@ pub struct Page<'a> {
 /// `operator/page_by_id.sql`: a page by id, newest first; the next page is
 /// `id < before`.
 pub async fn page_by_id(pool: &PgPool, p: &Page<'_>) -> sqlx::Result<Vec<DeliveryRow>> {
-    sqlx::query_file_as!(
+    let mut tx = custom_plans(pool).await?;
+    let rows = sqlx::query_file_as!(
         DeliveryRow,
         "src/db/operator/page_by_id.sql",
         p.state,
@@ -110,8 +111,10 @@ pub async fn page_by_id(pool: &PgPool, p: &Page<'_>) -> sqlx::Result<Vec<Deliver
         p.before,
         p.limit,
     )
-    .fetch_all(pool)
-    .await
+    .fetch_all(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(rows)
 }
 
 /// `operator/page_by_time.sql`: a time window's page in creation order,
@@ -122,7 +125,8 @@ pub async fn page_by_time(
     until: DateTime<Utc>,
     p: &Page<'_>,
 ) -> sqlx::Result<Vec<DeliveryRow>> {
-    sqlx::query_file_as!(
+    let mut tx = custom_plans(pool).await?;
+    let rows = sqlx::query_file_as!(
         DeliveryRow,
         "src/db/operator/page_by_time.sql",
         p.since,
@@ -130,16 +134,36 @@ pub async fn page_by_time(
         p.before,
         p.limit,
     )
-    .fetch_all(pool)
-    .await
+    .fetch_all(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(rows)
 }
 
 /// `operator/newest_failures.sql`: the most recent failures, across
 /// services.
 pub async fn newest_failures(pool: &PgPool, limit: i64) -> sqlx::Result<Vec<DeliveryRow>> {
-    sqlx::query_file_as!(DeliveryRow, "src/db/operator/newest_failures.sql", limit)
-        .fetch_all(pool)
-        .await
+    let mut tx = custom_plans(pool).await?;
+    let rows = sqlx::query_file_as!(DeliveryRow, "src/db/operator/newest_failures.sql", limit)
+        .fetch_all(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(rows)
+}
+
+/// A transaction whose statements are planned with their values each time
+/// they run (a custom plan), never with the generic plan PostgreSQL may
+/// settle on after five runs of a prepared statement: the pages' optional
+/// conditions (`$n is null or ...`) then fold away or into constants, and
+/// the planner sees which partial index fits, how rare a service is and
+/// the limit, as if they were written in. A generic plan would keep one
+/// index for every filter (`tests/listing.rs` checks that none is made).
+async fn custom_plans(pool: &PgPool) -> sqlx::Result<sqlx::Transaction<'static, sqlx::Postgres>> {
+    let mut tx = pool.begin().await?;
+    sqlx::query!("set local plan_cache_mode = force_custom_plan")
+        .execute(&mut *tx)
+        .await?;
+    Ok(tx)
 }
 
 /// A statement of this file whose plan tests read.
@@ -153,8 +177,8 @@ pub enum Explained<'a> {
 /// The plan of `statement` with its values bound, as `explain` (e.g.
 /// `"explain (costs off)"`) prints it. The one statement here built at
 /// run time: EXPLAIN's options come first, then the very text the checked
-/// function sends. Sent unnamed, like the macros' statements, so that the
-/// plan is the custom plan they get.
+/// function sends. Sent unnamed, so that its plan is a custom plan, as
+/// the function's is ([`custom_plans`]).
 pub async fn explain(
     pool: &PgPool,
     explain: &str,
@@ -312,9 +336,11 @@ pub struct Watches<'a> {
     pub limit: i64,
 }
 
-/// A page of watches, newest first.
+/// A page of watches, newest first, planned with its values
+/// ([`custom_plans`]).
 pub async fn watches(pool: &PgPool, w: &Watches<'_>) -> sqlx::Result<Vec<WatchRow>> {
-    sqlx::query_as!(
+    let mut tx = custom_plans(pool).await?;
+    let rows = sqlx::query_as!(
         WatchRow,
         r#"select watch_id as "watch_id!", service as "service!", resource as "resource!",
                   object as "object!", filters as "filters!", created_at as "created_at!",
@@ -334,8 +360,10 @@ pub async fn watches(pool: &PgPool, w: &Watches<'_>) -> sqlx::Result<Vec<WatchRo
         w.before,
         w.limit,
     )
-    .fetch_all(pool)
-    .await
+    .fetch_all(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(rows)
 }
 
 /// A warning to the notify service.

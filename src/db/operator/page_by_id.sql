@@ -3,11 +3,12 @@
 -- $6 since, $7 until, $8 before (the previous page's last id), $9 limit;
 -- each but the limit may be null: no condition.
 --
--- Each `$n is null or ...` is a condition only when given: sqlx sends the
--- statement unnamed, which PostgreSQL plans with the values bound (a
--- custom plan), folding a null's condition away and a value's into a
--- constant, so the planner sees which partial index fits, how rare the
--- service is and the limit, as if they were written in. A state the queue
+-- Each `$n is null or ...` is a condition only when given: the statement
+-- runs with `plan_cache_mode = force_custom_plan` (`custom_plans()`), so
+-- PostgreSQL plans it with the values bound, folding a null's condition
+-- away and a value's into a constant: the planner sees which partial
+-- index fits, how rare the service is and the limit, as if they were
+-- written in. A state the queue
 -- (or the history) never holds makes its branch constant false, and the
 -- planner leaves that table out.
 --
