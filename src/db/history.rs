@@ -48,8 +48,8 @@ pub async fn oldest_day_age(pool: &PgPool) -> sqlx::Result<Option<f64>> {
 /// `watchpump.add_partitions_ahead()`: today's partitions and the next
 /// days'.
 pub async fn add_partitions_ahead(conn: &mut PgConnection) -> sqlx::Result<()> {
-    sqlx::query!("select watchpump.add_partitions_ahead()")
-        .fetch_one(conn)
+    sqlx::query!("select from watchpump.add_partitions_ahead()")
+        .execute(conn)
         .await?;
     Ok(())
 }

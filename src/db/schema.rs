@@ -32,8 +32,8 @@ pub async fn owns_watchpump_schema(conn: &mut PgConnection) -> sqlx::Result<bool
 /// [`lock_migrations`] takes for the `watchpump` schema).
 #[cfg(feature = "producer")]
 pub async fn lock_watchpump_migrations_xact(conn: &mut PgConnection) -> sqlx::Result<()> {
-    sqlx::query!("select pg_advisory_xact_lock(hashtext('watchpump.migrate'))")
-        .fetch_one(conn)
+    sqlx::query!("select from pg_advisory_xact_lock(hashtext('watchpump.migrate'))")
+        .execute(conn)
         .await?;
     Ok(())
 }
@@ -71,20 +71,20 @@ pub async fn missing_roles(pool: &sqlx::PgPool, roles: &[String]) -> sqlx::Resul
 /// each in its own transaction.
 pub async fn lock_migrations(conn: &mut PgConnection, schema: &str) -> sqlx::Result<()> {
     sqlx::query!(
-        "select pg_advisory_lock(hashtext($1::text || '.migrate'))",
+        "select from pg_advisory_lock(hashtext($1::text || '.migrate'))",
         schema
     )
-    .fetch_one(conn)
+    .execute(conn)
     .await?;
     Ok(())
 }
 
 pub async fn unlock_migrations(conn: &mut PgConnection, schema: &str) -> sqlx::Result<()> {
     sqlx::query!(
-        "select pg_advisory_unlock(hashtext($1::text || '.migrate'))",
+        "select from pg_advisory_unlock(hashtext($1::text || '.migrate'))",
         schema
     )
-    .fetch_one(conn)
+    .execute(conn)
     .await?;
     Ok(())
 }
