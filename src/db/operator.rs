@@ -665,10 +665,10 @@ pub async fn emit_counted(
 pub fn legacy_page_query_of<'a>(
     prefix: &str,
     columns: &str,
-    limit: i64,
     p: Page<'a>,
     by_time: bool,
 ) -> sqlx::QueryBuilder<'a, sqlx::Postgres> {
+    let limit = p.limit;
     let keys = |alias: &str| match by_time {
         false => format!("{alias}.id desc"),
         true => format!("{alias}.created_at desc, {alias}.id desc"),

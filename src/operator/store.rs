@@ -288,7 +288,6 @@ pub fn page_query_of<'a>(
     db::legacy_page_query_of(
         prefix,
         columns,
-        filter.limit.unwrap_or(50).clamp(1, PAGE_CEILING),
         page_of(filter, service_id),
         PageOrder::of(filter, service_id) == PageOrder::CreatedAt,
     )
