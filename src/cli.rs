@@ -402,19 +402,9 @@ async fn emit_one(
     payload: &serde_json::Value,
 ) -> std::result::Result<(i64, i64), sqlx::Error> {
     let mut tx = pool.begin().await?;
-    let change_id: i64 = sqlx::query_scalar("select watchpump.emit($1, $2, $3)")
-        .bind(object)
-        .bind(kind)
-        .bind(sqlx::types::Json(payload))
-        .fetch_one(&mut *tx)
-        .await?;
-    let deliveries: i64 =
-        sqlx::query_scalar("select count(*) from watchpump.deliveries where change_id = $1")
-            .bind(change_id)
-            .fetch_one(&mut *tx)
-            .await?;
+    let counted = crate::db::operator::emit_counted(&mut tx, object, kind, payload).await?;
     tx.commit().await?;
-    Ok((change_id, deliveries))
+    Ok(counted)
 }
 
 /// emit()'s refusals (bad input, strict mode's 22023 and 23514) as the

@@ -20,6 +20,7 @@
 
 use sqlx::PgPool;
 
+use crate::db::schema as db;
 use crate::error::{Error, Result};
 use crate::sql_files::{self, SqlFile};
 
@@ -59,18 +60,9 @@ pub async fn migrate(pool: &PgPool) -> Result<Vec<String>> {
 /// Only the schema's owner may create them; a pump's `prune()` does later.
 async fn add_partitions_ahead(pool: &PgPool) -> Result<()> {
     let mut tx = pool.begin().await?;
-    let owner: bool = sqlx::query_scalar(
-        "select pg_has_role(nspowner, 'USAGE') from pg_namespace where nspname = 'watchpump'",
-    )
-    .fetch_one(&mut *tx)
-    .await?;
-    if owner {
-        sqlx::query("select pg_advisory_xact_lock(hashtext('watchpump.migrate'))")
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query("select watchpump.add_partitions_ahead()")
-            .execute(&mut *tx)
-            .await?;
+    if db::owns_watchpump_schema(&mut tx).await? {
+        db::lock_watchpump_migrations_xact(&mut tx).await?;
+        crate::db::history::add_partitions_ahead(&mut tx).await?;
     }
     tx.commit().await?;
     Ok(())
@@ -93,23 +85,11 @@ pub const ROLES: [&str; 4] = [
 /// updated".
 async fn apply_roles(pool: &PgPool) -> Result<()> {
     let mut tx = pool.begin().await?;
-    let owner: bool = sqlx::query_scalar(
-        "select pg_has_role(nspowner, 'USAGE') from pg_namespace where nspname = 'watchpump'",
-    )
-    .fetch_one(&mut *tx)
-    .await?;
-    if !owner {
+    if !db::owns_watchpump_schema(&mut tx).await? {
         return Ok(());
     }
-    sqlx::query("select pg_advisory_xact_lock(hashtext('watchpump.migrate'))")
-        .execute(&mut *tx)
-        .await?;
-    sqlx::raw_sql("set local client_min_messages = error")
-        .execute(&mut *tx)
-        .await?;
-    sqlx::raw_sql(include_str!("../sql/roles.sql"))
-        .execute(&mut *tx)
-        .await?;
+    db::lock_watchpump_migrations_xact(&mut tx).await?;
+    db::apply_roles(&mut tx).await?;
     tx.commit().await?;
     let missing = missing_roles(pool).await?;
     if !missing.is_empty() {
@@ -125,12 +105,7 @@ async fn apply_roles(pool: &PgPool) -> Result<()> {
 
 /// The roles of [`ROLES`] that do not exist in the cluster.
 pub async fn missing_roles(pool: &PgPool) -> Result<Vec<String>> {
-    Ok(sqlx::query_scalar(
-        "select r from unnest($1::text[]) r where not exists (select from pg_roles where rolname = r)",
-    )
-    .bind(ROLES)
-    .fetch_all(pool)
-    .await?)
+    Ok(db::missing_roles(pool, &ROLES.map(String::from)).await?)
 }
 
 /// Refuses a database without the `watchpump` schema, saying what to run:

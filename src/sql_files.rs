@@ -8,6 +8,8 @@
 use sha2::{Digest, Sha256};
 use sqlx::{Connection, PgConnection, PgPool};
 
+use crate::db::schema as db;
+
 /// One SQL file, embedded at build time.
 pub struct SqlFile {
     pub name: &'static str,
@@ -26,14 +28,9 @@ pub async fn apply(
     files: &[SqlFile],
 ) -> sqlx::Result<Vec<String>> {
     let mut conn = pool.acquire().await?;
-    let lock = format!("hashtext('{schema}.migrate')");
-    sqlx::query(&format!("select pg_advisory_lock({lock})"))
-        .execute(&mut *conn)
-        .await?;
+    db::lock_migrations(&mut conn, schema).await?;
     let applied = apply_all(&mut conn, schema, files).await;
-    sqlx::query(&format!("select pg_advisory_unlock({lock})"))
-        .execute(&mut *conn)
-        .await?;
+    db::unlock_migrations(&mut conn, schema).await?;
     applied
 }
 
@@ -43,19 +40,12 @@ async fn apply_all(
     files: &[SqlFile],
 ) -> sqlx::Result<Vec<String>> {
     // Quietly: `if not exists` raises notices on every start.
-    sqlx::raw_sql("set client_min_messages = warning")
-        .execute(&mut *conn)
-        .await?;
+    db::set_quiet(conn, true).await?;
     // Only when missing: `create schema if not exists` needs CREATE on the
     // database even when the schema is there, which a role that runs the
     // pump (watchpump_pump) does not have.
-    let exists: bool = sqlx::query_scalar(&format!(
-        "select to_regclass('{schema}.schema_migrations') is not null"
-    ))
-    .fetch_one(&mut *conn)
-    .await?;
-    if !exists {
-        create_bookkeeping(conn, schema).await?;
+    if !db::has_bookkeeping(conn, schema).await? {
+        db::create_bookkeeping(conn, schema).await?;
     }
     let mut applied = Vec::new();
     let mut outcome = Ok(());
@@ -70,51 +60,23 @@ async fn apply_all(
         }
     }
     // Reset even after a failure: the connection goes back to the pool.
-    sqlx::raw_sql("reset client_min_messages")
-        .execute(&mut *conn)
-        .await?;
+    db::set_quiet(conn, false).await?;
     outcome.map(|()| applied)
-}
-
-async fn create_bookkeeping(conn: &mut PgConnection, schema: &str) -> sqlx::Result<()> {
-    sqlx::raw_sql(&format!(
-        "create schema if not exists {schema};
-         create table if not exists {schema}.schema_migrations (
-             name        text primary key,
-             checksum    bytea not null,
-             applied_at  timestamptz not null default now()
-         );"
-    ))
-    .execute(&mut *conn)
-    .await?;
-    Ok(())
 }
 
 /// Applies one file in its own transaction, unless it was applied before
 /// (with the same text, for a re-appliable file).
 async fn apply_one(conn: &mut PgConnection, schema: &str, file: &SqlFile) -> sqlx::Result<bool> {
     let checksum = Sha256::digest(file.sql.as_bytes()).to_vec();
-    let previous: Option<Vec<u8>> = sqlx::query_scalar(&format!(
-        "select checksum from {schema}.schema_migrations where name = $1"
-    ))
-    .bind(file.name)
-    .fetch_optional(&mut *conn)
-    .await?;
+    let previous = db::applied_checksum(conn, schema, file.name).await?;
     match previous {
         Some(_) if !file.reapply_on_change => return Ok(false),
         Some(ref old) if *old == checksum => return Ok(false),
         _ => {}
     }
     let mut tx = conn.begin().await?;
-    sqlx::raw_sql(file.sql).execute(&mut *tx).await?;
-    sqlx::query(&format!(
-        "insert into {schema}.schema_migrations (name, checksum) values ($1, $2)
-         on conflict (name) do update set checksum = excluded.checksum, applied_at = now()"
-    ))
-    .bind(file.name)
-    .bind(&checksum)
-    .execute(&mut *tx)
-    .await?;
+    db::run_file(&mut tx, file.sql).await?;
+    db::record_applied(&mut tx, schema, file.name, &checksum).await?;
     tx.commit().await?;
     Ok(true)
 }

@@ -787,20 +787,9 @@ fn history_rows_read(plan: &str) -> u64 {
         .sum()
 }
 
-/// The plan of `sql` as run, for [`assert_pruned`].
-async fn analyzed(db: &TestDb, sql: &str) -> String {
-    let lines: Vec<String> = sqlx::query_scalar(&format!(
-        "explain (analyze, costs off, timing off, summary off) {sql}"
-    ))
-    .fetch_all(&db.pool)
-    .await
-    .unwrap();
-    lines.join("\n")
-}
-
 #[tokio::test]
 async fn every_page_is_a_bounded_index_scan_at_300_000_deliveries() {
-    use watchpump::operator::store::{page_query, DeliveryFilter};
+    use watchpump::operator::store::{self, DeliveryFilter};
     let db = TestDb::new().await;
     let (deploy, _) = db.add_service("deploy", "http://127.0.0.1:9").await;
     let (docs, _) = db.add_service("docs", "http://127.0.0.1:9").await;
@@ -947,8 +936,9 @@ async fn every_page_is_a_bounded_index_scan_at_300_000_deliveries() {
         ),
     ];
     for (what, filter, service) in &pages {
-        let mut q = page_query("explain (costs off) ", filter, *service);
-        let lines: Vec<String> = q.build_query_scalar().fetch_all(&db.pool).await.unwrap();
+        let lines = store::explain_page(&db.pool, "explain (costs off)", filter, *service)
+            .await
+            .unwrap();
         let plan = lines.join("\n");
         assert_bounded(what, &plan, &days);
         assert!(plan.contains("Limit"), "{what}: no limit pushed:\n{plan}");
@@ -963,17 +953,18 @@ async fn every_page_is_a_bounded_index_scan_at_300_000_deliveries() {
             );
         }
         // And it answers.
-        let mut q = page_query("", filter, *service);
-        let rows: Vec<sqlx::postgres::PgRow> = q.build().fetch_all(&db.pool).await.unwrap();
+        let rows = store::page(&db.pool, filter, *service).await.unwrap();
         assert!(!rows.is_empty(), "{what}: empty");
         // Run, its lookups read only the page's days (a page spans one
         // or two of these days), one lookup per row.
-        let mut q = page_query(
-            "explain (analyze, costs off, timing off, summary off) ",
+        let lines = store::explain_page(
+            &db.pool,
+            "explain (analyze, costs off, timing off, summary off)",
             filter,
             *service,
-        );
-        let lines: Vec<String> = q.build_query_scalar().fetch_all(&db.pool).await.unwrap();
+        )
+        .await
+        .unwrap();
         let analyzed = lines.join("\n");
         assert_pruned(what, &analyzed, 2);
         // The page's ids are read from the history's indexes, stopping
@@ -990,8 +981,11 @@ async fn every_page_is_a_bounded_index_scan_at_300_000_deliveries() {
             );
         }
     }
-    let newest_failures = watchpump::operator::store::newest_failures_query(50);
-    assert_pruned("newest failures", &analyzed(&db, &newest_failures).await, 2);
+    let newest_failures = |explain| store::explain_newest_failures(&db.pool, explain, 50);
+    let run = newest_failures("explain (analyze, costs off, timing off, summary off)");
+    assert_pruned("newest failures", &run.await.unwrap().join("\n"), 2);
+    let planned = newest_failures("explain (costs off)").await.unwrap();
+    assert_bounded("newest failures", &planned.join("\n"), &days);
 
     // The views and functions behind the panel, the admin API and metrics.
     let id = scalar(
@@ -1000,7 +994,6 @@ async fn every_page_is_a_bounded_index_scan_at_300_000_deliveries() {
     )
     .await;
     for (what, sql) in [
-        ("newest failures", newest_failures),
         (
             "one delivery",
             format!("select * from watchpump.delivery_log where delivery_id = {id}"),
@@ -1389,7 +1382,7 @@ async fn retention_exports_what_it_retired_and_how_old_the_history_is() {
 /// last delivery wherever it lies.
 #[tokio::test]
 async fn a_time_windows_pages_are_its_newest_deliveries_page_after_page() {
-    use watchpump::operator::store::{page_query, DeliveryFilter};
+    use watchpump::operator::store::{self, DeliveryFilter};
     let db = TestDb::new().await;
     let (svc, _) = db.add_service("deploy", "http://127.0.0.1:9").await;
     db.add_watch(svc.id, "app", "acme/", all()).await;
@@ -1451,13 +1444,11 @@ async fn a_time_windows_pages_are_its_newest_deliveries_page_after_page() {
         };
         let pool = db.pool.clone();
         async move {
-            let mut q = page_query("", &filter, None);
-            q.build()
-                .fetch_all(&pool)
+            store::page(&pool, &filter, None)
                 .await
                 .unwrap()
                 .iter()
-                .map(|r| r.get::<i64, _>("delivery_id"))
+                .map(|d| d.delivery_id)
                 .collect::<Vec<i64>>()
         }
     };

@@ -71,3 +71,42 @@ async fn one_services_deliveries_in_every_state_come_newest_first_in_pages() {
     assert_eq!(only_docs.len(), 12);
     assert!(only_docs.iter().all(|d| !ids.contains(&d.delivery_id)));
 }
+
+/// The page statements are planned with their values each time (a custom
+/// plan), never with a generic plan that would keep one index for every
+/// filter, however often they run on one connection
+/// (`src/db/operator/page_by_id.sql` says why it matters).
+#[tokio::test]
+async fn listing_pages_are_planned_with_their_values_every_time() {
+    let db = TestDb::new().await;
+    let (deploy, _) = db.add_service("deploy", "http://127.0.0.1:9").await;
+    db.add_watch(deploy.id, "app", "acme/", all()).await;
+    db.emit("acme/web", "push", json!({})).await;
+    let one = watchpump::server::connect(&db.url, 1).await.unwrap();
+    let until = chrono::Utc::now() + chrono::Duration::hours(1);
+    for _ in 0..8 {
+        let by_id = for_service("deploy", None, 5);
+        let page = store::page(&one, &by_id, Some(deploy.id)).await.unwrap();
+        assert_eq!(page.len(), 1);
+        let by_time = DeliveryFilter {
+            until: Some(until),
+            ..Default::default()
+        };
+        assert_eq!(store::page(&one, &by_time, None).await.unwrap().len(), 1);
+        assert_eq!(store::newest_failures(&one, 5).await.unwrap().len(), 0);
+    }
+    let plans: Vec<(i64, i64)> = sqlx::query_as(
+        "select generic_plans, custom_plans from pg_prepared_statements
+         where statement like '%page as (%' and statement not like '%pg_prepared%'",
+    )
+    .fetch_all(&one)
+    .await
+    .unwrap();
+    assert_eq!(plans.len(), 3, "{plans:?}");
+    assert!(
+        plans
+            .iter()
+            .all(|&(generic, custom)| generic == 0 && custom == 8),
+        "{plans:?}"
+    );
+}

@@ -34,7 +34,15 @@ pub mod delivery;
 #[cfg(feature = "producer")]
 pub mod emit;
 #[cfg(feature = "producer")]
+pub mod history;
+#[cfg(feature = "kit")]
+pub mod inbox;
+#[cfg(feature = "producer")]
 pub mod kinds;
+#[cfg(feature = "producer")]
+pub mod operator;
+#[cfg(feature = "producer")]
+pub mod panel;
 #[cfg(feature = "producer")]
 pub mod pause;
 #[cfg(feature = "producer")]

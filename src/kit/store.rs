@@ -2,9 +2,9 @@
 //! the inbox's rules are written for a DBA to read.
 
 use chrono::{DateTime, Utc};
-use serde::Serialize;
 use sqlx::{PgConnection, PgPool};
 
+use crate::db::inbox as db;
 use crate::kit::delivery::Delivery;
 use crate::kit::error::{Error, Result};
 
@@ -20,21 +20,7 @@ pub(crate) enum Received {
 
 /// Records `d` in the transaction `tx` belongs to, and says what to do.
 pub(crate) async fn receive(tx: &mut PgConnection, d: &Delivery) -> Result<Received> {
-    let verdict: String = sqlx::query_scalar(
-        "select watchpump_inbox.receive($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
-    )
-    .bind(&d.producer)
-    .bind(d.delivery_id)
-    .bind(d.watch_id)
-    .bind(d.change_id)
-    .bind(&d.object)
-    .bind(&d.kind)
-    .bind(d.sequence)
-    .bind(d.occurred_at)
-    .bind(d.attempt)
-    .bind(sqlx::types::Json(&d.payload))
-    .fetch_one(tx)
-    .await?;
+    let verdict = db::receive(tx, d).await?;
     match verdict.as_str() {
         "new" => Ok(Received::New),
         "duplicate" => Ok(Received::Duplicate),
@@ -56,15 +42,7 @@ pub(crate) async fn remember_watch(
     object: &str,
     filters: &serde_json::Value,
 ) -> Result<()> {
-    sqlx::query("select watchpump_inbox.remember_watch($1, $2, $3, $4, $5)")
-        .bind(producer)
-        .bind(watch_id)
-        .bind(resource)
-        .bind(object)
-        .bind(sqlx::types::Json(filters))
-        .execute(pool)
-        .await?;
-    Ok(())
+    Ok(db::remember_watch(pool, producer, watch_id, resource, object, filters).await?)
 }
 
 /// Marks a watch removed; deliveries for it are answered 410 from now on.
@@ -74,41 +52,15 @@ pub(crate) async fn forget_watch(
     watch_id: i64,
     reason: &str,
 ) -> Result<bool> {
-    Ok(
-        sqlx::query_scalar("select watchpump_inbox.forget_watch($1, $2, $3)")
-            .bind(producer)
-            .bind(watch_id)
-            .bind(reason)
-            .fetch_one(pool)
-            .await?,
-    )
+    Ok(db::forget_watch(pool, producer, watch_id, reason).await?)
 }
 
-/// A watch as the kit knows it (`watchpump_inbox.watch_list`).
-#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
-pub struct KnownWatch {
-    pub producer: String,
-    pub watch_id: i64,
-    pub resource: String,
-    pub object: String,
-    pub filters: serde_json::Value,
-    pub registered_at: DateTime<Utc>,
-    pub removed_at: Option<DateTime<Utc>>,
-    pub removed_reason: Option<String>,
-    pub live: bool,
-}
+pub use crate::db::inbox::KnownWatch;
 
 /// The watches this consumer registered at `producer`, live and removed,
 /// oldest first.
 pub async fn known_watches(pool: &PgPool, producer: &str) -> Result<Vec<KnownWatch>> {
-    Ok(sqlx::query_as(
-        "select producer, watch_id, resource, object, filters, registered_at,
-                removed_at, removed_reason, live
-         from watchpump_inbox.watch_list where producer = $1 order by watch_id",
-    )
-    .bind(producer)
-    .fetch_all(pool)
-    .await?)
+    Ok(db::known_watches(pool, producer).await?)
 }
 
 /// Deletes the inbox's records of deliveries received before `before`, in
@@ -119,11 +71,7 @@ pub async fn prune(pool: &PgPool, before: DateTime<Utc>) -> Result<u64> {
     const BATCH: i32 = 1000;
     let mut total = 0u64;
     loop {
-        let n: i32 = sqlx::query_scalar("select watchpump_inbox.prune($1, $2)")
-            .bind(before)
-            .bind(BATCH)
-            .fetch_one(pool)
-            .await?;
+        let n = db::prune(pool, before, BATCH).await?;
         total += n as u64;
         if n < BATCH {
             return Ok(total);

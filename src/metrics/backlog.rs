@@ -32,6 +32,7 @@ use std::time::Duration;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection, PgConnection, PgPool};
 
+use crate::db::operator as db;
 use crate::metrics as m;
 
 /// Longest a step may take before its connection is given up (and with it
@@ -53,22 +54,11 @@ pub enum Role {
 }
 
 /// One service's backlog, as `watchpump.backlog_counts()` returns it.
-#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
-pub struct Backlog {
-    pub service: String,
-    pub pending: i64,
-    pub in_flight: i64,
-    pub due_now: i64,
-    pub failed_24h: i64,
-    /// Seconds; 0 when nothing is due.
-    pub oldest_due_age: f64,
-}
+pub use crate::db::operator::BacklogCount as Backlog;
 
 /// Reads every service's backlog.
 pub async fn backlog(conn: &mut PgConnection) -> sqlx::Result<Vec<Backlog>> {
-    sqlx::query_as("select * from watchpump.backlog_counts()")
-        .fetch_all(conn)
-        .await
+    db::backlog_counts(conn).await
 }
 
 /// One pump's share of the backlog gauges; see the module documentation.
@@ -142,18 +132,13 @@ impl Collector {
                 .insert(PgConnection::connect_with(&self.options).await?),
         };
         if !self.leading {
-            self.leading =
-                sqlx::query_scalar("select pg_try_advisory_lock(hashtext('watchpump.backlog'))")
-                    .fetch_one(&mut *conn)
-                    .await?;
+            self.leading = db::try_backlog_lock(conn).await?;
             if self.leading {
                 tracing::info!("this pump now computes the backlog gauges");
             }
         }
         if !self.leading {
-            let services: Vec<String> = sqlx::query_scalar("select name from watchpump.services")
-                .fetch_all(&mut *conn)
-                .await?;
+            let services = db::service_names(conn).await?;
             for service in &services {
                 self.register(service);
             }
@@ -164,11 +149,7 @@ impl Collector {
         // primary even with a standby to read (a standby's sequence may be
         // up to 32 ahead: sequences are logged in advance). Read on the
         // lock's connection, it also proves the lock is held.
-        let malformed: i64 = sqlx::query_scalar(
-            "select case when is_called then last_value else 0 end from watchpump.trace_context_malformed",
-        )
-        .fetch_one(&mut *conn)
-        .await?;
+        let malformed = db::trace_context_malformed(conn).await?;
         metrics::counter!(m::TRACE_CONTEXT_MALFORMED).absolute(malformed.max(0) as u64);
         let (rows, consumers) = match &self.reads {
             Some(standby) => gauges(&mut *standby.acquire().await?).await?,
@@ -243,10 +224,7 @@ type Gauges = (Vec<Backlog>, Vec<(String, i64, Option<i32>)>);
 
 async fn gauges(conn: &mut PgConnection) -> sqlx::Result<Gauges> {
     let rows = backlog(&mut *conn).await?;
-    let consumers =
-        sqlx::query_as("select service, paused_watches, rate from watchpump.consumer_gauges()")
-            .fetch_all(&mut *conn)
-            .await?;
+    let consumers = db::consumer_gauges(conn).await?;
     Ok((rows, consumers))
 }
 

@@ -11,6 +11,7 @@ use sha2::{Digest, Sha256};
 use sqlx::PgPool;
 use subtle::ConstantTimeEq;
 
+use crate::db::panel as db;
 use crate::error::Result;
 
 /// The panel's session cookie.
@@ -41,14 +42,7 @@ pub async fn create_session(
     let mut bytes = [0u8; 32];
     rand::rngs::OsRng.fill_bytes(&mut bytes);
     let secret = hex::encode(bytes);
-    sqlx::query(
-        "insert into watchpump.panel_sessions (key_hash, expires_at)
-         values ($1, now() + make_interval(secs => $2))",
-    )
-    .bind(session_key(&secret, admin_token))
-    .bind(ttl.as_secs_f64())
-    .execute(pool)
-    .await?;
+    db::create_session(pool, &session_key(&secret, admin_token), ttl.as_secs_f64()).await?;
     Ok(secret)
 }
 
@@ -57,20 +51,11 @@ pub async fn session_valid(pool: &PgPool, admin_token: &str, secret: &str) -> Re
     if secret.len() != 64 || !secret.bytes().all(|b| b.is_ascii_hexdigit()) {
         return Ok(false);
     }
-    Ok(sqlx::query_scalar(
-        "select exists (select 1 from watchpump.panel_sessions
-                        where key_hash = $1 and expires_at > now())",
-    )
-    .bind(session_key(secret, admin_token))
-    .fetch_one(pool)
-    .await?)
+    Ok(db::session_valid(pool, &session_key(secret, admin_token)).await?)
 }
 
 pub async fn end_session(pool: &PgPool, admin_token: &str, secret: &str) -> Result<()> {
-    sqlx::query("delete from watchpump.panel_sessions where key_hash = $1")
-        .bind(session_key(secret, admin_token))
-        .execute(pool)
-        .await?;
+    db::end_session(pool, &session_key(secret, admin_token)).await?;
     Ok(())
 }
 

@@ -12,11 +12,12 @@
 
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
+use chrono::Utc;
 use serde::Serialize;
 use sqlx::PgPool;
 
 use crate::config::PumpConfig;
+use crate::db::operator as db;
 use crate::error::Result;
 use crate::retry::RetryPolicy;
 
@@ -28,49 +29,17 @@ use crate::metrics::NOTIFY_WARNINGS;
 /// Warnings handed to notify in one step at most.
 const SEND_BATCH: i64 = 100;
 
-/// What a step of folding did for one service.
-#[derive(Debug, Clone, sqlx::FromRow)]
-pub struct Folded {
-    pub warning_id: i64,
-    pub service: String,
-    /// Failures added to the warning.
-    pub added: i32,
-    /// True when the failures joined a pending warning or opened one held
-    /// back by the fold window: they raise no warning of their own now.
-    pub folded: bool,
-}
+pub use crate::db::operator::{Due, Folded};
 
 /// Drains the failure inbox into warnings. A warning is retried for as long
 /// as a delivery is (`watchpump.delivery_window()`).
 pub async fn fold(pool: &PgPool, every: Duration) -> Result<Vec<Folded>> {
-    let folded: Vec<Folded> = sqlx::query_as(
-        "select f.warning_id, f.service, f.added,
-                not f.opened or w.send_after > now() as folded
-         from watchpump.fold_failures(make_interval(secs => $1), watchpump.delivery_window()) f
-         join watchpump.warnings w on w.id = f.warning_id",
-    )
-    .bind(every.as_secs_f64())
-    .fetch_all(pool)
-    .await?;
+    let folded = db::fold_failures(pool, every.as_secs_f64()).await?;
     for f in folded.iter().filter(|f| f.folded) {
         metrics::counter!(NOTIFY_WARNINGS, "service" => f.service.clone(), "outcome" => "folded")
             .increment(f.added as u64);
     }
     Ok(folded)
-}
-
-/// A warning as notify receives it.
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
-pub struct Due {
-    pub warning_id: i64,
-    pub service: String,
-    pub failed: i32,
-    pub folded: i32,
-    pub oldest_created_at: DateTime<Utc>,
-    pub first_failed_at: DateTime<Utc>,
-    pub last_failed_at: DateTime<Utc>,
-    #[serde(skip)]
-    pub attempts: i32,
 }
 
 /// Sends warnings to notify, or logs them when there is no notify URL.
@@ -187,28 +156,20 @@ impl Notifier {
 
     /// Hands every due warning to notify (or the log) and records the outcome.
     pub async fn send_due(&self, pool: &PgPool) -> Result<Vec<Handed>> {
-        let due: Vec<Due> = sqlx::query_as(&format!(
-            "select w.id as warning_id, s.name as service, w.failed, w.folded,
-                    w.oldest_created_at, w.first_failed_at, w.last_failed_at, w.attempts
-             from watchpump.warnings w join watchpump.services s on s.id = w.service_id
-             where w.state = 'pending' and w.send_after <= now() and w.next_attempt_at <= now()
-             order by w.id limit {SEND_BATCH}"
-        ))
-        .fetch_all(pool)
-        .await?;
+        let due = db::due_warnings(pool, SEND_BATCH).await?;
         let mut handed = Vec::with_capacity(due.len());
         for warning in due {
             let handing = self.hand(&warning).await;
             let next = Utc::now() + self.retry_delay(warning.attempts + 1);
-            let state: Option<String> =
-                sqlx::query_scalar("select watchpump.warning_attempted($1, $2, $3, $4, $5)")
-                    .bind(warning.warning_id)
-                    .bind(handing.as_label())
-                    .bind(handing.status())
-                    .bind(handing.error())
-                    .bind(next)
-                    .fetch_one(pool)
-                    .await?;
+            let state = db::warning_attempted(
+                pool,
+                warning.warning_id,
+                handing.as_label(),
+                handing.status(),
+                handing.error(),
+                next,
+            )
+            .await?;
             let state = WarningState::from_sql(state.as_deref());
             match &handing {
                 Handing::Retry { error, .. } if state == WarningState::Failed => {

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 
+use crate::db::history;
 use crate::error::Result;
 use crate::metrics as m;
 
@@ -37,19 +38,17 @@ pub async fn run(
 ) -> Result<Pruned> {
     let mut total = Pruned::default();
     for _ in 0..MAX_BATCHES {
-        let (deliveries, failed, changes, more): (i32, i32, i32, bool) = sqlx::query_as(
-            "select deliveries, failed, changes, more
-             from watchpump.prune(make_interval(secs => $1), make_interval(secs => $2), $3)",
+        let done = history::prune(
+            pool,
+            retention.as_secs_f64(),
+            failed_retention.as_secs_f64(),
+            batch as i32,
         )
-        .bind(retention.as_secs_f64())
-        .bind(failed_retention.as_secs_f64())
-        .bind(batch as i32)
-        .fetch_one(pool)
         .await?;
-        total.deliveries += i64::from(deliveries);
-        total.failed += i64::from(failed);
-        total.changes += i64::from(changes);
-        if !more {
+        total.deliveries += i64::from(done.deliveries);
+        total.failed += i64::from(done.failed);
+        total.changes += i64::from(done.changes);
+        if !done.more {
             break;
         }
         tokio::time::sleep(PAUSE).await;
@@ -80,11 +79,6 @@ async fn record(pool: &PgPool, pruned: &Pruned) {
 /// Seconds since the end of the oldest day (or the v2 tables) that
 /// retention has not retired yet, kept partitions aside; 0 without one.
 async fn oldest_day_age(pool: &PgPool) -> Result<f64> {
-    let age: Option<f64> = sqlx::query_scalar(
-        "select extract(epoch from now() - min(p.to_at))::float8
-         from watchpump.partitions p where not p.kept",
-    )
-    .fetch_one(pool)
-    .await?;
+    let age = history::oldest_day_age(pool).await?;
     Ok(age.unwrap_or(0.0).max(0.0))
 }

@@ -23,8 +23,6 @@ use crate::operator::OperatorConfig;
 /// How often the lock holder prunes.
 const PRUNE_EVERY: Duration = Duration::from_secs(60);
 
-const LOCK: &str = "select pg_try_advisory_lock(hashtext('watchpump.operator'))";
-
 /// What one [`Worker::step`] did.
 #[derive(Debug, Default)]
 pub struct Step {
@@ -141,9 +139,7 @@ impl Worker {
             if lock.held {
                 conn.ping().await.map(|()| true)
             } else {
-                sqlx::query_scalar::<_, bool>(LOCK)
-                    .fetch_one(&mut *conn)
-                    .await
+                crate::db::operator::try_operator_lock(conn).await
             }
         };
         // Cut off from the database, a check would wait for TCP to give up.

@@ -79,15 +79,9 @@ pub async fn resume_service(
 
 /// The live watch's service: its id and name.
 async fn owner(state: &OperatorState, watch_id: i64) -> Result<(i64, String), AsHtml> {
-    let found: Option<(i64, String)> = sqlx::query_as(
-        "select s.id, s.name from watchpump.watches w
-         join watchpump.services s on s.id = w.service_id
-         where w.id = $1 and w.removed_at is null",
-    )
-    .bind(watch_id)
-    .fetch_optional(&state.pool)
-    .await
-    .map_err(HttpError::from)?;
+    let found = crate::db::operator::live_watch_owner(&state.pool, watch_id)
+        .await
+        .map_err(HttpError::from)?;
     Ok(found.ok_or_else(|| HttpError::NotFound(format!("There is no live watch {watch_id}.")))?)
 }
 

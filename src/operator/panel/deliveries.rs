@@ -279,12 +279,7 @@ fn summary(d: &Delivery, s: &Settings) -> String {
 /// The change's trace (issue 21): its trace id, linked to the trace viewer
 /// of `WATCHPUMP_TRACE_URL` when it is set.
 async fn trace(pool: &sqlx::PgPool, change_id: i64, s: &Settings) -> Result<String, AsHtml> {
-    let traceparent: Option<String> =
-        sqlx::query_scalar("select traceparent from watchpump.changes where id = $1")
-            .bind(change_id)
-            .fetch_optional(pool)
-            .await?
-            .flatten();
+    let traceparent = crate::db::operator::change_traceparent(pool, change_id).await?;
     let Some(trace) = traceparent.and_then(|t| TraceParent::parse(&t, None)) else {
         return Ok(r#"<dl><dt>Trace</dt><dd class="muted">none (the change was emitted outside a traced span)</dd></dl>"#.into());
     };

@@ -320,16 +320,9 @@ pub async fn watches(
 /// and its pauses.
 async fn consumer_settings(pool: &sqlx::PgPool, service_id: i64) -> Result<String, AsHtml> {
     let rates = services::rate::get(pool, service_id).await?;
-    let (paused, paused_watches): (bool, i64) = sqlx::query_as(
-        "select s.paused_at is not null,
-                (select count(*) from watchpump.watches w
-                 where w.service_id = s.id and w.paused_at is not null and w.removed_at is null)
-         from watchpump.services s where s.id = $1",
-    )
-    .bind(service_id)
-    .fetch_one(pool)
-    .await
-    .map_err(HttpError::from)?;
+    let (paused, paused_watches) = crate::db::operator::pauses(pool, service_id)
+        .await
+        .map_err(HttpError::from)?;
     let rate = |r: Option<i32>| r.map_or("none".to_string(), |r| format!("{r}/s"));
     Ok(format!(
         r#"<dl><dt>Rate</dt><dd>{} (operator's maximum {}, the consumer's own {})</dd>
