@@ -17,7 +17,7 @@ use axum::Json;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
-use sqlx::{PgPool, Postgres, QueryBuilder};
+use sqlx::PgPool;
 
 use crate::api::limits::{self, Write};
 use crate::api::{auth::Caller, AppState};
@@ -37,7 +37,7 @@ const DEFAULT_PAGE: i64 = 100;
 pub const MAX_PAGE: i64 = 1000;
 
 /// One delivery as its consumer lists it.
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, Serialize)]
 pub struct Entry {
     pub id: i64,
     pub watch_id: i64,
@@ -45,7 +45,6 @@ pub struct Entry {
     pub kind: String,
     pub change_id: i64,
     pub sequence: i64,
-    #[sqlx(try_from = "String")]
     pub state: DeliveryState,
     /// Attempts made so far (a claim counts the attempt it starts).
     pub attempts: i32,
@@ -61,9 +60,6 @@ pub struct Entry {
 
 /// [`Entry`]'s columns of the page query's `delivery_log` row, aliased `l`
 /// (as [`db::delivery_entry`] reads one entry).
-const ENTRY_COLUMNS_OF_LOG: &str = "l.delivery_id as id, l.watch_id, l.object, l.kind, \
-     l.change_id, l.sequence, l.state, l.attempts, l.created_at, l.next_attempt_at, \
-     l.finished_at, l.last_status, l.last_error, l.superseded_by";
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -148,7 +144,7 @@ pub async fn redeliver(
 }
 
 /// One page of the service's deliveries, newest first: the operator's
-/// keyset page ([`store::page_query_of`]), restricted to the service, so
+/// keyset page ([`store::page`]), restricted to the service, so
 /// that a consumer's list is a bounded index scan at any history (an
 /// `order by ... limit` over `delivery_log` was planned either way, 6 ms
 /// or 2 s at 1 M rows).
@@ -162,9 +158,11 @@ async fn entries(pool: &PgPool, service_id: i64, q: &ListQuery, limit: i64) -> R
         watch_id: q.watch_id,
         ..Default::default()
     };
-    let mut sql: QueryBuilder<Postgres> =
-        store::page_query_of("", ENTRY_COLUMNS_OF_LOG, &filter, Some(service_id));
-    Ok(sql.build_query_as().fetch_all(pool).await?)
+    Ok(store::page(pool, &filter, Some(service_id))
+        .await?
+        .into_iter()
+        .map(Entry::from)
+        .collect())
 }
 
 async fn entry(pool: &PgPool, service_id: i64, id: i64) -> Result<Option<Entry>> {
@@ -172,6 +170,30 @@ async fn entry(pool: &PgPool, service_id: i64, id: i64) -> Result<Option<Entry>>
         .await?
         .map(Entry::try_from)
         .transpose()
+}
+
+/// The consumer's view of a row of the operator's page: its own service's
+/// deliveries, without the service, the watch's resource and object, the
+/// deadline or the last action.
+impl From<store::Delivery> for Entry {
+    fn from(d: store::Delivery) -> Entry {
+        Entry {
+            id: d.delivery_id,
+            watch_id: d.watch_id,
+            object: d.object,
+            kind: d.kind,
+            change_id: d.change_id,
+            sequence: d.sequence,
+            state: d.state,
+            attempts: d.attempts,
+            created_at: d.created_at,
+            next_attempt_at: d.next_attempt_at,
+            finished_at: d.finished_at,
+            last_status: d.last_status,
+            last_error: d.last_error,
+            superseded_by: d.superseded_by,
+        }
+    }
 }
 
 impl TryFrom<db::DeliveryEntry> for Entry {

@@ -4,7 +4,7 @@
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use sqlx::{PgPool, Postgres, QueryBuilder};
+use sqlx::PgPool;
 
 use crate::db::operator::{self as db, DeliveryRow, Explained, Page};
 use crate::delivery::{Message, State};
@@ -273,24 +273,6 @@ impl PageOrder {
             Self::Id
         }
     }
-}
-
-/// [`page`] selecting `columns` of `watchpump.delivery_log` aliased `l`,
-/// as a query to build: kept for the consumer API's list until it calls
-/// [`page`] (or `db::operator`'s pages) itself; the statement is
-/// `db::operator::legacy_page_query_of`'s.
-pub fn page_query_of<'a>(
-    prefix: &str,
-    columns: &str,
-    filter: &'a DeliveryFilter,
-    service_id: Option<i64>,
-) -> QueryBuilder<'a, Postgres> {
-    db::legacy_page_query_of(
-        prefix,
-        columns,
-        page_of(filter, service_id),
-        PageOrder::of(filter, service_id) == PageOrder::CreatedAt,
-    )
 }
 
 pub async fn delivery(pool: &PgPool, id: i64) -> Result<Option<Delivery>> {
