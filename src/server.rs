@@ -246,15 +246,18 @@ pub async fn serve(
         &cfg.pump,
         &settings.panel_url,
     )?;
-    let app = api::app_with(
-        AppState::new(pool.clone(), &cfg.pump).with_reads(reads.clone()),
-        throttle,
-    )
-    .merge(operator::router(operator::OperatorState {
-        pool: pool.clone(),
-        reads: reads.clone(),
-        settings: std::sync::Arc::new(settings),
-    }));
+    // One application for every audience, traced once as a whole.
+    let app = crate::telemetry::http::traced(
+        api::app_with(
+            AppState::new(pool.clone(), &cfg.pump).with_reads(reads.clone()),
+            throttle,
+        )
+        .merge(operator::router(operator::OperatorState {
+            pool: pool.clone(),
+            reads: reads.clone(),
+            settings: std::sync::Arc::new(settings),
+        })),
+    );
     let api = tokio::spawn(edge::serve(
         listener,
         app,

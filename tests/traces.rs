@@ -808,3 +808,85 @@ async fn the_panel_shows_a_deliverys_trace_id_and_links_it_when_told_where() {
         "{page}"
     );
 }
+
+/// Every audience's routes get a SERVER span named by the route, a child
+/// of the caller's `traceparent`: the consumer API, the admin API and the
+/// panel alike (the span is applied once, to the whole application;
+/// before, only the consumer API's routes had it).
+#[tokio::test]
+async fn serve_traces_a_request_to_each_audiences_routes_under_its_callers_context() {
+    let _serial = SERIAL.lock().await;
+    const TRACE: &str = "5cf92f3577b34da6a3ce929d0e0e4737";
+    const CALLER: &str = "10f067aa0ba902b8";
+    let (collector, url) = Collector::start().await;
+    let db = TestDb::new().await;
+    let (_svc, token) = db.add_service("deploy", "http://127.0.0.1:9").await;
+    let port = common::free_port();
+    let _serve = common::KillOnDrop(
+        common::watchpump_cli(Some(&db.url))
+            .arg("serve")
+            .env("WATCHPUMP_LISTEN", format!("127.0.0.1:{port}"))
+            .env("WATCHPUMP_METRICS_LISTEN", "off")
+            .env("WATCHPUMP_PRODUCER", common::PRODUCER)
+            .env("WATCHPUMP_PRODUCER_TOKEN", common::PRODUCER_TOKEN)
+            .env("WATCHPUMP_ADMIN_TOKEN", common::ADMIN_TOKEN)
+            .env(
+                "OTEL_EXPORTER_OTLP_ENDPOINT",
+                url.trim_end_matches("/v1/traces"),
+            )
+            .env("OTEL_BSP_SCHEDULE_DELAY", "100")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let base = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::new();
+    common::eventually(LIMIT, "serve answering /healthz", || async {
+        http.get(format!("{base}/healthz"))
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success())
+    })
+    .await;
+    let traceparent = format!("00-{TRACE}-{CALLER}-01");
+    let asks = [
+        (
+            "/api/v1/watches",
+            Some(token.as_str()),
+            "GET /api/v1/watches",
+        ),
+        (
+            "/api/v1/admin/backlog",
+            Some(common::ADMIN_TOKEN),
+            "GET /api/v1/admin/backlog",
+        ),
+        ("/panel/login", None, "GET /panel/login"),
+    ];
+    for (path, bearer, _) in asks {
+        let mut request = http
+            .get(format!("{base}{path}"))
+            .header("traceparent", &traceparent);
+        if let Some(bearer) = bearer {
+            request = request.bearer_auth(bearer);
+        }
+        let status = request.send().await.unwrap().status();
+        assert!(status.is_success(), "{path}: {status}");
+    }
+    common::eventually(
+        LIMIT,
+        "a span for each request at the collector",
+        || async { collector.of_trace(TRACE).len() >= asks.len() },
+    )
+    .await;
+    let spans = collector.of_trace(TRACE);
+    for (path, _, name) in asks {
+        let span = spans
+            .iter()
+            .find(|s| s.name == name)
+            .unwrap_or_else(|| panic!("no span {name} for {path} in {}", render(&spans)));
+        assert_eq!(span.kind, 2, "{name} is a SERVER span");
+        assert_eq!(span.parent, CALLER, "{name} is the caller's child");
+        assert_eq!(attr(span, "http.response.status_code"), "200");
+    }
+}

@@ -75,19 +75,23 @@ pub async fn run(
     let addr = listener.local_addr()?;
     let settings = Settings::new(&operator, &pump_cfg, addr);
 
-    let app = Router::new()
-        .route("/issues/{project}", post(open_issue))
-        .route("/issues/{project}/{number}/close", post(close_issue))
-        .with_state(Tracker { pool: pool.clone() })
-        .merge(watchpump::api::app(watchpump::api::AppState::new(
-            pool.clone(),
-            &pump_cfg,
-        )))
-        .merge(watchpump::operator::router(OperatorState {
-            pool: pool.clone(),
-            reads: watchpump::replica::Reads::primary(pool.clone()),
-            settings: Arc::new(settings),
-        }));
+    // Its own routes, watchpump's consumer API, admin API and panel, each
+    // request in a span named by its route (traced once, as a whole).
+    let app = watchpump::telemetry::http::traced(
+        Router::new()
+            .route("/issues/{project}", post(open_issue))
+            .route("/issues/{project}/{number}/close", post(close_issue))
+            .with_state(Tracker { pool: pool.clone() })
+            .merge(watchpump::api::app(watchpump::api::AppState::new(
+                pool.clone(),
+                &pump_cfg,
+            )))
+            .merge(watchpump::operator::router(OperatorState {
+                pool: pool.clone(),
+                reads: watchpump::replica::Reads::primary(pool.clone()),
+                settings: Arc::new(settings),
+            })),
+    );
 
     let (stop, stopped) = watch::channel(false);
     let wait = |mut rx: watch::Receiver<bool>| async move {

@@ -121,10 +121,6 @@ pub fn app_with(state: AppState, throttle: Arc<Throttle>) -> Router {
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .layer(axum::middleware::from_fn(text::refuse_unreadable))
         .layer(axum::Extension(throttle))
-        // A trace span per request, named by its route (issue 21).
-        .route_layer(axum::middleware::from_fn(
-            crate::telemetry::http::request_span,
-        ))
         .with_state(state)
 }
 

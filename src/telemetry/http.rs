@@ -1,16 +1,26 @@
-//! A SERVER span per API request: named by its route (`GET
-//! /api/v1/watches/{id}`), never by the raw path, whose ids would make as
-//! many span names as there are watches. A request that carries
-//! `traceparent` continues its caller's trace.
+//! A SERVER span per request to `serve`'s listener: named by its route
+//! (`GET /api/v1/watches/{id}`), never by the raw path, whose ids would
+//! make as many span names as there are watches. A request that carries
+//! `traceparent` continues its caller's trace. [`traced`] applies it once,
+//! to the whole application (the consumer API, the admin API and the
+//! panel), so that no audience's routes go untraced.
 
 use axum::extract::{MatchedPath, Request};
 use axum::middleware::Next;
 use axum::response::Response;
+use axum::Router;
 use tracing::field::Empty;
 use tracing::Instrument;
 
 use super::context::TraceParent;
 use super::TARGET;
+
+/// `app` with [`request_span`] on every route it has: call it on the
+/// whole application, after every router is merged into it (a route
+/// added later would not be traced).
+pub fn traced(app: Router) -> Router {
+    app.route_layer(axum::middleware::from_fn(request_span))
+}
 
 /// Middleware (`axum::middleware::from_fn`) for a router's routes.
 pub async fn request_span(request: Request, next: Next) -> Response {
