@@ -44,7 +44,6 @@ use serde::Serialize;
 /// name. Read by column name, from `watchpump.claim()` (the pump) and
 /// `watchpump.message()` (the panel).
 #[derive(Debug, Clone)]
-#[cfg_attr(feature = "kit", derive(sqlx::FromRow))]
 pub struct Message {
     pub delivery_id: i64,
     pub change_id: i64,
@@ -58,7 +57,6 @@ pub struct Message {
     pub occurred_at: DateTime<Utc>,
     /// The change's payload as PostgreSQL prints jsonb: the body embeds
     /// exactly this text, shared by the change's deliveries.
-    #[cfg_attr(feature = "kit", sqlx(try_from = "String"))]
     pub payload: Payload,
     /// A replay of the change, queued by a resync (docs/protocol.md,
     /// "Resync"): the body says `"replay": true`.
