@@ -40,7 +40,7 @@ const UNCHECKED: [(&str, usize, &str); 3] = [
          a prepared statement would itself fail behind the pooler it looks for",
     ),
     (
-        "src/db/operator.rs",
+        "src/db/operator/listing.rs",
         1,
         "explain(): EXPLAIN with the tests' options, in front of a checked statement's own text",
     ),

@@ -1,0 +1,164 @@
+//! `watchpump services ...`: register, list, rotate a secret or a token,
+//! move, rate-limit, pause, resume and remove a consumer service, each
+//! printing what it did (as JSON with `--json` where a script reads it).
+
+use crate::config::ServicesCommand;
+use crate::error::{Error, Result};
+use crate::services;
+
+/// A forced rotation during an overlap stopped a credential early: said on
+/// stderr, whatever the output format, since a consumer may still be on it.
+fn say_retired_early(name: &str, what: &str, doing: &str, rotated: &services::Rotated) {
+    if let Some(until) = rotated.retired_early {
+        eprintln!(
+            "watchpump: warning: service {name}'s {what} before the last rotation, due to stop {doing} at {}, stopped now (--force)",
+            until.to_rfc3339()
+        );
+    }
+}
+
+/// `watchpump services ...`: each prints what it did.
+pub(super) async fn run_services(pool: &sqlx::PgPool, command: ServicesCommand) -> Result<()> {
+    match command {
+        ServicesCommand::Add {
+            name,
+            base_url,
+            json,
+            allowed_destinations,
+            signature,
+        } => {
+            let allowed = allowed_destinations.unwrap_or_default();
+            let signature = services::Signature::parse(&signature)?;
+            let new = services::add_signed(pool, &name, &base_url, &allowed, signature).await?;
+            if let Some(public) = &new.signing_public_key {
+                if json {
+                    println!(
+                        "{}",
+                        serde_json::json!({"name": new.service.name, "token": new.token,
+                                           "signing_public_key": public})
+                    );
+                } else {
+                    println!(
+                        "service {} ({}) registered.\n\
+                         deliveries to it are signed with ed25519 (Standard Webhooks v1a); \
+                         they verify with the public key: {}\n\
+                         its token, shown only this once:\n{}",
+                        new.service.name, new.service.base_url, public, new.token
+                    );
+                }
+            } else if json {
+                println!(
+                    "{}",
+                    serde_json::json!({"name": new.service.name, "token": new.token,
+                                       "signing_secret": new.signing_secret})
+                );
+            } else {
+                println!(
+                    "service {} ({}) registered.\n\
+                     deliveries to it are signed (Standard Webhooks) with: {}\n\
+                     its token, shown only this once:\n{}",
+                    new.service.name, new.service.base_url, new.signing_secret, new.token
+                );
+            }
+        }
+        ServicesCommand::List => {
+            for s in services::list(pool).await? {
+                // Base URLs with credentials are refused; a row older than
+                // that rule still prints without them.
+                let base_url = crate::redact::mask(&s.base_url, &[]);
+                println!("{}\t{base_url}\t{}", s.name, s.created_at.to_rfc3339());
+            }
+        }
+        ServicesCommand::RotateSecret {
+            name,
+            overlap,
+            force,
+            json,
+        } => {
+            let overlap = services::parse_duration(&overlap)?;
+            let rotated = services::rotate_secret(pool, &name, overlap, force).await?;
+            say_retired_early(&name, "signing secret", "signing", &rotated);
+            if json {
+                // What `services add --json` calls it: a public key is no secret.
+                let field = if rotated.new.starts_with("whpk_") {
+                    "signing_public_key"
+                } else {
+                    "signing_secret"
+                };
+                println!(
+                    "{}",
+                    serde_json::json!({"service": name, field: rotated.new,
+                        "previous_secret_signs_until": rotated.previous_until,
+                        "retired_early": rotated.retired_early})
+                );
+            } else {
+                println!(
+                    "service {name} has a new signing secret; the old one also signs until {}:\n{}",
+                    rotated.previous_until.to_rfc3339(),
+                    rotated.new
+                );
+            }
+        }
+        ServicesCommand::RotateToken {
+            name,
+            grace,
+            force,
+            json,
+        } => {
+            let grace = services::parse_duration(&grace)?;
+            let rotated = services::rotate_token(pool, &name, grace, force).await?;
+            say_retired_early(&name, "token", "working", &rotated);
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({"service": name, "token": rotated.new,
+                        "previous_token_works_until": rotated.previous_until,
+                        "retired_early": rotated.retired_early})
+                );
+            } else {
+                println!(
+                    "service {name} has a new token; the old one works until {}. The new token, shown only this once:\n{}",
+                    rotated.previous_until.to_rfc3339(),
+                    rotated.new
+                );
+            }
+        }
+        ServicesCommand::SetUrl {
+            name,
+            base_url,
+            allowed_destinations,
+        } => {
+            let allowed = allowed_destinations.unwrap_or_default();
+            let s = services::set_url_within(pool, &name, &base_url, &allowed).await?;
+            println!(
+                "service {} now receives deliveries at {}",
+                s.name, s.base_url
+            );
+        }
+        ServicesCommand::SetRate { name, rate } => {
+            crate::cli_consumer::set_rate(pool, &name, &rate).await?
+        }
+        ServicesCommand::Pause { name } => {
+            crate::cli_consumer::pause_service(pool, &name, true).await?
+        }
+        ServicesCommand::Resume { name } => {
+            crate::cli_consumer::pause_service(pool, &name, false).await?
+        }
+        ServicesCommand::Remove { name, yes } => {
+            let service = services::find(pool, &name).await?;
+            if !yes {
+                return Err(Error::Invalid(format!(
+                    "not removing service {}: its token would stop working, its watches be removed and \
+                     their undelivered deliveries dropped; run again with --yes to do so",
+                    service.name
+                )));
+            }
+            let removal = services::remove(pool, &name, "cli").await?;
+            println!(
+                "service {name} removed: {} watches removed, {} undelivered deliveries dropped",
+                removal.watches, removal.deliveries
+            );
+        }
+    }
+    Ok(())
+}
