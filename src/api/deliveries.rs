@@ -223,8 +223,8 @@ impl TryFrom<db::DeliveryEntry> for Entry {
 /// The body exactly as the pump sends it (`watchpump.message()` and
 /// [`Message::body`]), as JSON; null if its change was pruned.
 async fn sent_body(pool: &PgPool, id: i64, producer: &str) -> Result<Value> {
-    match db::message(pool, id).await? {
-        Some(m) => serde_json::from_slice(&m.body(producer))
+    match crate::db::delivery::message(pool, id).await? {
+        Some(sent) => serde_json::from_slice(&sent.message.body(producer))
             .map_err(|e| Error::Invalid(format!("a delivery body is not JSON: {e}"))),
         None => Ok(Value::Null),
     }

@@ -1,14 +1,12 @@
 //! The consumer API's statements (`sql/functions/0700_consumer.sql`:
 //! resync, redeliver, ping) and its reads of a service's own deliveries,
 //! through the operator's views (`watchpump.delivery_log`,
-//! `watchpump.attempts`, `watchpump.message()`).
+//! `watchpump.attempts`; its message is `db::delivery::message`).
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::Value;
 use sqlx::PgPool;
-
-use crate::delivery::Message;
 
 /// Whether the database answers: the API's `/healthz`.
 pub async fn ping_database(pool: &PgPool) -> sqlx::Result<()> {
@@ -219,22 +217,6 @@ pub async fn delivery_entry(
            where delivery_id = $1 and service_id = $2"#,
         id,
         service_id
-    )
-    .fetch_optional(pool)
-    .await
-}
-
-/// The delivery's content as the pump sends it (`watchpump.message()`);
-/// None if its change was pruned.
-pub async fn message(pool: &PgPool, delivery_id: i64) -> sqlx::Result<Option<Message>> {
-    sqlx::query_as!(
-        Message,
-        r#"select delivery_id as "delivery_id!", change_id as "change_id!",
-                  watch_id as "watch_id!", attempt as "attempt!", resource as "resource!",
-                  object as "object!", kind as "kind!", sequence as "sequence!",
-                  occurred_at as "occurred_at!", payload as "payload!", replay as "replay!"
-           from watchpump.message($1)"#,
-        delivery_id
     )
     .fetch_optional(pool)
     .await

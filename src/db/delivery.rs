@@ -1,5 +1,7 @@
 //! The pump's statements (`sql/functions/0500_delivery.sql`): claim,
-//! write back, give back, sleep and sweep. Each is one round trip to a
+//! write back, give back, sleep and sweep; and `message()`, one
+//! delivery's message as the pump sends it, which the panel and the
+//! consumer API read ([`message`]). Each is one round trip to a
 //! function that holds the logic a DBA may read; the pump's side of them
 //! (its slots and reports, the payloads its messages share) is
 //! `crate::pump::store`.
@@ -14,7 +16,7 @@ use chrono::{DateTime, Utc};
 use sqlx::postgres::types::PgInterval;
 use sqlx::PgPool;
 
-use crate::delivery::State;
+use crate::delivery::{Message, State};
 
 /// A `watchpump.claim_slot` (`sql/migrations/0020_delivery_engine_v4.sql`):
 /// what one claim may take of a service.
@@ -235,4 +237,44 @@ fn interval(d: Duration) -> PgInterval {
         days: 0,
         microseconds: d.as_micros() as i64,
     }
+}
+
+/// A delivery's message as the pump sends it, in the shape the pump's
+/// claims fill too ([`Message`]), and its service's base URL: what the
+/// panel shows as the request sent, and the consumer API as the body.
+#[derive(Debug, Clone)]
+pub struct Sent {
+    pub message: Message,
+    pub base_url: String,
+}
+
+/// `watchpump.message()`: None if there is no such delivery, or its change
+/// was pruned.
+pub async fn message(pool: &PgPool, delivery_id: i64) -> sqlx::Result<Option<Sent>> {
+    let row = sqlx::query!(
+        r#"select delivery_id as "delivery_id!", change_id as "change_id!", watch_id as "watch_id!",
+                  attempt as "attempt!", resource as "resource!", object as "object!",
+                  kind as "kind!", sequence as "sequence!", occurred_at as "occurred_at!",
+                  payload as "payload!", base_url as "base_url!", replay as "replay!"
+           from watchpump.message($1)"#,
+        delivery_id
+    )
+    .fetch_optional(pool)
+    .await?;
+    Ok(row.map(|r| Sent {
+        message: Message {
+            delivery_id: r.delivery_id,
+            change_id: r.change_id,
+            watch_id: r.watch_id,
+            attempt: r.attempt,
+            resource: r.resource,
+            object: r.object,
+            kind: r.kind,
+            sequence: r.sequence,
+            occurred_at: r.occurred_at,
+            payload: r.payload.into(),
+            replay: r.replay,
+        },
+        base_url: r.base_url,
+    }))
 }

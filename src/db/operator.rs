@@ -37,9 +37,7 @@ pub use listing::{
     explain, newest_failures, page_by_id, page_by_time, watches, DeliveryRow, Explained, Page,
     WatchRow, Watches,
 };
-pub use one_delivery::{
-    attempts, change_traceparent, delivery, history, sent, Attempt, Event, SentRow,
-};
+pub use one_delivery::{attempts, change_traceparent, delivery, history, Attempt, Event};
 pub use warnings::{
     due_warnings, fold_failures, warning_attempted, warnings, Due, Folded, Warning,
 };

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 
 use crate::db::operator::{self as db, DeliveryRow, Explained, Page};
-use crate::delivery::{Message, State};
+use crate::delivery::State;
 use crate::error::{Error, Result};
 
 pub use crate::db::operator::{Attempt, Backlog, Event, Warning, WatchRow};
@@ -45,11 +45,7 @@ pub struct Delivery {
 
 /// A delivery's message as the pump sends it, and its service's base URL:
 /// what the panel needs to show the request as sent.
-#[derive(Debug, Clone)]
-pub struct Sent {
-    pub message: Message,
-    pub base_url: String,
-}
+pub use crate::db::delivery::Sent;
 
 /// Which deliveries to list: every filter is optional; `before` is the
 /// keyset cursor (the last id of the previous page), newest first in the
@@ -284,22 +280,7 @@ pub async fn delivery(pool: &PgPool, id: i64) -> Result<Option<Delivery>> {
 
 /// `watchpump.message()`: the delivery as the pump sends it.
 pub async fn sent(pool: &PgPool, id: i64) -> Result<Option<Sent>> {
-    Ok(db::sent(pool, id).await?.map(|r| Sent {
-        message: Message {
-            delivery_id: r.delivery_id,
-            change_id: r.change_id,
-            watch_id: r.watch_id,
-            attempt: r.attempt,
-            resource: r.resource,
-            object: r.object,
-            kind: r.kind,
-            sequence: r.sequence,
-            occurred_at: r.occurred_at,
-            payload: r.payload.into(),
-            replay: r.replay,
-        },
-        base_url: r.base_url,
-    }))
+    Ok(crate::db::delivery::message(pool, id).await?)
 }
 
 pub async fn attempts(pool: &PgPool, delivery_id: i64) -> Result<Vec<Attempt>> {

@@ -30,38 +30,6 @@ pub async fn delivery(pool: &PgPool, id: i64) -> sqlx::Result<Option<DeliveryRow
     .await
 }
 
-/// `watchpump.message()` (`0500_delivery.sql`): the delivery as the pump
-/// sends it, and its service's base URL.
-#[derive(Debug, Clone)]
-pub struct SentRow {
-    pub delivery_id: i64,
-    pub change_id: i64,
-    pub watch_id: i64,
-    pub attempt: i32,
-    pub resource: String,
-    pub object: String,
-    pub kind: String,
-    pub sequence: i64,
-    pub occurred_at: DateTime<Utc>,
-    pub payload: String,
-    pub base_url: String,
-    pub replay: bool,
-}
-
-pub async fn sent(pool: &PgPool, id: i64) -> sqlx::Result<Option<SentRow>> {
-    sqlx::query_as!(
-        SentRow,
-        r#"select delivery_id as "delivery_id!", change_id as "change_id!", watch_id as "watch_id!",
-                  attempt as "attempt!", resource as "resource!", object as "object!",
-                  kind as "kind!", sequence as "sequence!", occurred_at as "occurred_at!",
-                  payload as "payload!", base_url as "base_url!", replay as "replay!"
-           from watchpump.message($1)"#,
-        id
-    )
-    .fetch_optional(pool)
-    .await
-}
-
 /// One attempt to send a delivery (`watchpump.attempts`).
 #[derive(Debug, Clone, Serialize)]
 pub struct Attempt {
