@@ -50,16 +50,23 @@
 //! `watchpump_fanout_refused_total`. Tested in `tests/fanout.rs` and
 //! `tests/consumer_shares.rs`; the worst `emit()` at the budget is measured
 //! by `make bench SCENARIOS=fanout` (BENCHMARKS.md).
+//!
+//! This file holds the bounds and the check on a create; `fanout/` holds
+//! what they count (`holdings.rs`: the live watches that can cover an
+//! object, and what each service's watches cost) and the operator's side
+//! (`operator.rs`: [`report`] and [`set_budget`]).
 
-use std::collections::{BTreeMap, HashMap};
+mod holdings;
+mod operator;
 
-use serde::Serialize;
-use sqlx::{PgConnection, PgExecutor, PgPool};
+use sqlx::{PgConnection, PgExecutor};
 
 use super::cap::MAX_FILTER_COST_PER_OBJECT;
 use super::filter::{self, MatchFilter};
 use crate::db::registry as db;
 use crate::error::{Error, Result};
+use holdings::Holdings;
+pub use operator::{report, set_budget, ServiceShare, TopReport};
 
 /// What a watch's queue row costs in the budget.
 pub const ROW_UNITS: u64 = 1;
@@ -229,230 +236,9 @@ async fn budget_of(conn: impl PgExecutor<'_>, top: &str) -> Result<u64> {
     Ok(u64::try_from(budget).unwrap_or(0))
 }
 
-/// The object's prefixes that end in '/', and itself (as SQL's
-/// `watchpump.object_prefixes`).
-fn prefixes(object: &str) -> impl Iterator<Item = &str> {
-    object
-        .match_indices('/')
-        .map(|(at, _)| &object[..=at])
-        .filter(move |p| p.len() < object.len())
-        .chain(std::iter::once(object))
-}
-
-/// What some watches cost in the budget, and how many there are.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-struct Cost {
-    units: u64,
-    watches: i64,
-}
-
-impl std::ops::AddAssign for Cost {
-    fn add_assign(&mut self, other: Cost) {
-        self.units += other.units;
-        self.watches += other.watches;
-    }
-}
-
-/// What each service's live watches covering one object cost.
-#[derive(Debug, Default)]
-struct Covering {
-    services: HashMap<i64, Cost>,
-}
-
-impl Covering {
-    fn of(&self, service_id: i64) -> Cost {
-        self.services.get(&service_id).copied().unwrap_or_default()
-    }
-
-    fn total(&self) -> Cost {
-        let mut total = Cost::default();
-        for cost in self.services.values() {
-            total += *cost;
-        }
-        total
-    }
-}
-
-/// Live watches by the object they name, then by service: what each costs.
-struct Holdings {
-    by_object: HashMap<String, HashMap<i64, Cost>>,
-}
-
-impl Holdings {
-    /// The live watches that can cover `object` (on it, on its prefixes,
-    /// and for a prefix under it), or every live watch when `object` is
-    /// None (the operator's report).
-    async fn load(conn: &mut PgConnection, object: Option<&str>) -> Result<Holdings> {
-        let rows = db::holdings(conn, object).await?;
-        let mut costs: HashMap<String, u64> = HashMap::new();
-        let mut by_object: HashMap<String, HashMap<i64, Cost>> = HashMap::new();
-        for db::Holding {
-            object: o,
-            service_id,
-            unfiltered,
-            filters,
-        } in rows
-        {
-            let filtered: u64 = filters
-                .iter()
-                .map(|t| *costs.entry(t.clone()).or_insert_with(|| units(Some(t))))
-                .sum();
-            let cost = Cost {
-                units: unfiltered as u64 * ROW_UNITS + filtered,
-                watches: unfiltered + filters.len() as i64,
-            };
-            by_object.entry(o).or_default().insert(service_id, cost);
-        }
-        Ok(Holdings { by_object })
-    }
-
-    fn keys(&self) -> impl Iterator<Item = &str> {
-        self.by_object.keys().map(String::as_str)
-    }
-
-    /// What the watches covering `object` cost, per service.
-    fn covering(&self, object: &str) -> Covering {
-        let mut covering = Covering::default();
-        for p in prefixes(object) {
-            for (service_id, cost) in self.by_object.get(p).into_iter().flatten() {
-                *covering.services.entry(*service_id).or_default() += *cost;
-            }
-        }
-        covering
-    }
-}
-
-/// One top segment's fan-out budget, as `watchpump fanout list` shows it.
-#[derive(Debug, Clone, Serialize)]
-pub struct TopReport {
-    pub top_segment: String,
-    /// What the watches covering one object under it may cost.
-    pub budget: u64,
-    /// What one service may hold of it.
-    pub share: u64,
-    /// Whether the operator set the budget (else the default).
-    pub set_by_operator: bool,
-    /// What the watches covering its most costly object cost now, and that
-    /// object (null when no live watch is under the top segment).
-    pub units: u64,
-    pub worst_object: Option<String>,
-    /// Each service with watches under it, and the most its watches cost at
-    /// one object, most first.
-    pub services: Vec<ServiceShare>,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct ServiceShare {
-    pub service: String,
-    pub units: u64,
-}
-
-/// Every top segment with live watches under it or a budget of its own:
-/// its budget, the object under it whose watches cost the most, and what
-/// each service holds. One read of every live watch: for the operator's
-/// CLI, not for a request path.
-pub async fn report(pool: &PgPool) -> Result<Vec<TopReport>> {
-    let mut conn = pool.acquire().await?;
-    let holdings = Holdings::load(&mut conn, None).await?;
-    let names: HashMap<i64, String> = db::service_names(&mut conn)
-        .await?
-        .into_iter()
-        .map(|s| (s.id, s.name))
-        .collect();
-    let set = db::budgeted_tops(&mut conn).await?;
-    let mut tops: BTreeMap<String, Vec<&str>> = BTreeMap::new();
-    for key in holdings.keys() {
-        tops.entry(top_segment(key).to_string())
-            .or_default()
-            .push(key);
-    }
-    for top in &set {
-        tops.entry(top.clone()).or_default();
-    }
-    let mut reports = Vec::new();
-    for (top, keys) in tops {
-        let budget = budget_of(&mut *conn, &top).await?;
-        let mut worst: Option<(String, u64)> = None;
-        let mut held: HashMap<i64, u64> = HashMap::new();
-        for key in keys {
-            let covering = holdings.covering(key);
-            let units = covering.total().units;
-            if worst
-                .as_ref()
-                .is_none_or(|(o, u)| units > *u || (units == *u && key < o.as_str()))
-            {
-                worst = Some((key.to_string(), units));
-            }
-            for (service_id, cost) in &covering.services {
-                let most = held.entry(*service_id).or_default();
-                *most = (*most).max(cost.units);
-            }
-        }
-        let mut services: Vec<ServiceShare> = held
-            .into_iter()
-            .map(|(id, units)| ServiceShare {
-                service: names.get(&id).cloned().unwrap_or_else(|| id.to_string()),
-                units,
-            })
-            .collect();
-        services.sort_by(|a, b| b.units.cmp(&a.units).then(a.service.cmp(&b.service)));
-        reports.push(TopReport {
-            set_by_operator: set.contains(&top),
-            budget,
-            share: budget / SHARES,
-            units: worst.as_ref().map_or(0, |w| w.1),
-            worst_object: worst.map(|w| w.0),
-            services,
-            top_segment: top,
-        });
-    }
-    Ok(reports)
-}
-
-/// Sets the fan-out budget of the objects under the top segment `top`
-/// (None: back to the default), for `watchpump fanout set-budget`. Returns
-/// the budget that holds now. Watches already there stay; new ones are
-/// checked against it.
-pub async fn set_budget(pool: &PgPool, top: &str, units: Option<i64>, actor: &str) -> Result<u64> {
-    super::check_object(top)?;
-    if top_segment(top) != top {
-        return Err(Error::Invalid(format!(
-            "{top} is not a top segment: a budget is set for all the objects under one, such \
-             as {}",
-            top_segment(top)
-        )));
-    }
-    match units {
-        Some(units) if !(1..=MAX_BUDGET).contains(&units) => {
-            return Err(Error::Invalid(format!(
-                "a fan-out budget is 1 to {MAX_BUDGET} units, not {units}"
-            )))
-        }
-        Some(units) => {
-            db::set_fanout_budget(pool, top, units as i32, actor).await?;
-        }
-        None => {
-            db::clear_fanout_budget(pool, top).await?;
-        }
-    }
-    budget_of(pool, top).await
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn prefixes_and_top_segments_match_emit() {
-        let all: Vec<&str> = prefixes("acme/web/main").collect();
-        assert_eq!(all, ["acme/", "acme/web/", "acme/web/main"]);
-        let all: Vec<&str> = prefixes("acme/web/").collect();
-        assert_eq!(all, ["acme/", "acme/web/"]);
-        assert_eq!(prefixes("plain").collect::<Vec<_>>(), ["plain"]);
-        assert_eq!(top_segment("acme/web/main"), "acme/");
-        assert_eq!(top_segment("acme/"), "acme/");
-        assert_eq!(top_segment("plain"), "plain");
-    }
 
     #[test]
     fn a_watch_costs_a_row_and_its_filter() {
