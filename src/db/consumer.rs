@@ -35,7 +35,8 @@ pub struct Started {
 /// A consumer's resync, started within its service's daily replay budget
 /// ([`consumer_resync_start`]): [`Started`], and what is left of the
 /// budget.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+#[schema(as = Resync)]
 pub struct ConsumerStarted {
     pub watch_id: i64,
     pub objects: i32,
@@ -243,7 +244,7 @@ pub async fn message(pool: &PgPool, delivery_id: i64) -> sqlx::Result<Option<Mes
 /// One attempt, or a run of identical failed attempts folded into one row
 /// (`attempt` to `last_attempt`, `repeats` of them, `statuses` counting the
 /// answers: `{"503": 4, "no answer": 2}`).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct Attempt {
     pub attempt: i32,
     pub last_attempt: i32,

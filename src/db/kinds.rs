@@ -8,7 +8,7 @@ use serde_json::Value;
 use sqlx::{PgConnection, PgPool};
 
 /// A declared kind, as consumers read it.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Kind {
     pub name: String,
     pub description: String,

@@ -12,7 +12,7 @@ use serde::Serialize;
 use sqlx::{PgConnection, PgPool};
 
 /// A row of `watchpump.backlog`.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct Backlog {
     pub service_id: i64,
     pub service: String,
@@ -262,7 +262,8 @@ pub async fn sent(pool: &PgPool, id: i64) -> sqlx::Result<Option<SentRow>> {
 }
 
 /// One attempt to send a delivery (`watchpump.attempts`).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+#[schema(as = AdminAttempt)]
 pub struct Attempt {
     /// The first attempt this row stands for.
     pub attempt: i32,
@@ -291,7 +292,7 @@ pub async fn attempts(pool: &PgPool, delivery_id: i64) -> sqlx::Result<Vec<Attem
 }
 
 /// A row of `watchpump.delivery_history`.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct Event {
     pub at: DateTime<Utc>,
     pub event: String,

@@ -12,7 +12,7 @@ use sqlx::{PgConnection, PgExecutor, PgPool};
 // --- Services -------------------------------------------------------------
 
 /// A consumer service as the producer knows it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct Service {
     pub id: i64,
     pub name: String,
@@ -315,7 +315,7 @@ pub async fn remove_service(pool: &PgPool, name: &str, actor: &str) -> sqlx::Res
 // --- Watches --------------------------------------------------------------
 
 /// A watch as the API shows it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct Watch {
     pub id: i64,
     pub resource: String,
