@@ -136,11 +136,13 @@ pub struct Body {
     occurred_at: DateTime<Utc>,
     attempt: i32,
     /// The change's payload, as the producer emitted it.
+    #[schema(value_type = Object)]
     payload: Value,
 }
 
 /// A redelivery queued.
 #[derive(utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
 #[allow(dead_code)] // built as JSON by `redeliver`; described here
 pub struct Redelivered {
     delivery_id: i64,

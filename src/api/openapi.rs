@@ -10,7 +10,9 @@ use std::sync::LazyLock;
 
 use axum::http::header::CONTENT_TYPE;
 use axum::response::IntoResponse;
+use utoipa::openapi::schema::{AdditionalProperties, Object, Schema, Type};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::{Ref, RefOr};
 use utoipa::{Modify, OpenApi, ToSchema};
 
 use crate::api;
@@ -63,7 +65,7 @@ use crate::operator::{admin, admin_services};
         admin_services::set_rate,
     ),
     components(schemas(Error, api::deliveries::Body)),
-    modifiers(&Tokens),
+    modifiers(&Tokens, &Answers),
 )]
 pub struct ApiDoc;
 
@@ -96,6 +98,74 @@ impl Modify for Tokens {
             );
         }
     }
+}
+
+/// What the derives do not say of the answers, and the types whose files
+/// take derive lines only (`db/registry.rs`) cannot: an answer holds every
+/// field of its schema, null or not (but `replica_lag_seconds`, there only
+/// when read on a standby), where a derive takes an `Option` for a field
+/// that may be left out; some answers hold nothing else; and the watch's
+/// fields' prose.
+struct Answers;
+
+/// The request bodies: their optional fields may be left out.
+const REQUESTS: [&str; 8] = [
+    "NewWatch",
+    "Filters",
+    "NewRate",
+    "RetryFailed",
+    "NewService",
+    "Rotation",
+    "NewUrl",
+    "ServiceRate",
+];
+
+/// Answers with no other property than those described (the others are
+/// closed by `deny_unknown_fields` beside them).
+const CLOSED: [&str; 2] = ["Rates", "Resync"];
+
+impl Modify for Answers {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let Some(components) = openapi.components.as_mut() else {
+            return;
+        };
+        for (name, schema) in components.schemas.iter_mut() {
+            let RefOr::T(Schema::Object(object)) = schema else {
+                continue;
+            };
+            if !REQUESTS.contains(&name.as_str()) {
+                for field in object.properties.keys() {
+                    if field != "replica_lag_seconds" && !object.required.contains(field) {
+                        object.required.push(field.clone());
+                    }
+                }
+            }
+            if CLOSED.contains(&name.as_str()) {
+                object.additional_properties =
+                    Some(Box::new(AdditionalProperties::FreeForm(false)));
+            }
+            if name == "Watch" {
+                describe_watch(object);
+            }
+        }
+    }
+}
+
+/// The watch's fields' prose (`db::registry::Watch`), and the resync's start
+/// that the answer to a create with `"resync": true` carries.
+fn describe_watch(watch: &mut Object) {
+    if let Some(RefOr::T(Schema::Object(object))) = watch.properties.get_mut("object") {
+        object.description = Some("An exact object, or a prefix ending in '/'.".into());
+    }
+    let mut filters = Object::with_type(Type::Object);
+    filters.description = Some(r#"{"kinds": [...], "match": "<jsonpath>"}"#.into());
+    watch
+        .properties
+        .insert("filters".into(), RefOr::T(Schema::Object(filters)));
+    let mut resync = Ref::from_schema_name("Resync");
+    resync.description =
+        r#"Only in the answer to a create with "resync": true: the resync's start."#.into();
+    watch.properties.insert("resync".into(), RefOr::Ref(resync));
 }
 
 /// Every error of both APIs.

@@ -163,6 +163,7 @@ pub struct WatchPage {
 
 /// A pause or a resume of a watch.
 #[derive(utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
 #[allow(dead_code)] // built as JSON by `set_paused`; described here
 pub struct Paused {
     watch_id: i64,
@@ -173,6 +174,7 @@ pub struct Paused {
 
 /// The delivery a ping queued.
 #[derive(utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
 #[allow(dead_code)] // built as JSON by `ping`; described here
 pub struct DeliveryId {
     delivery_id: i64,

@@ -12,7 +12,9 @@ use sqlx::{PgConnection, PgPool};
 pub struct Kind {
     pub name: String,
     pub description: String,
+    #[schema(value_type = Object)]
     pub schema: Value,
+    #[schema(value_type = Object)]
     pub example: Value,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
