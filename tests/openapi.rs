@@ -51,8 +51,10 @@ fn mounted(source: &str) -> Vec<(String, String)> {
     routes
 }
 
+/// The description as generated from the handlers (`api::openapi::ApiDoc`),
+/// the text the server serves.
 fn spec() -> Value {
-    serde_json::from_str(watchpump::api::openapi::SPEC).expect("docs/openapi.json is JSON")
+    serde_json::from_str(&watchpump::api::openapi::SPEC).expect("the description is JSON")
 }
 
 #[tokio::test]

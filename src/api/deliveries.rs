@@ -20,6 +20,7 @@ use serde_json::{json, Value};
 use sqlx::PgPool;
 
 use crate::api::limits::{self, Write};
+use crate::api::openapi::Error as ErrorBody;
 use crate::api::{auth::Caller, AppState};
 use crate::db::consumer as db;
 pub use crate::db::consumer::Attempt;
@@ -36,8 +37,9 @@ const DEFAULT_PAGE: i64 = 100;
 /// a 400 (tests/consumer_deliveries.rs).
 pub const MAX_PAGE: i64 = 1000;
 
-/// One delivery as its consumer lists it.
-#[derive(Debug, Clone, Serialize)]
+/// One of the caller's deliveries.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+#[schema(as = Delivery)]
 pub struct Entry {
     pub id: i64,
     pub watch_id: i64,
@@ -61,9 +63,11 @@ pub struct Entry {
 /// [`Entry`]'s columns of the page query's `delivery_log` row, aliased `l`
 /// (as [`db::delivery_entry`] reads one entry).
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct ListQuery {
+    /// One watch's deliveries.
     watch_id: Option<i64>,
     /// An exact object, or a prefix ending in '/'.
     object: Option<String>,
@@ -72,11 +76,94 @@ pub struct ListQuery {
     since: Option<DateTime<Utc>>,
     /// The `next_after` of the previous page: entries older than it.
     after: Option<i64>,
+    /// 1 to 1000, default 100.
     limit: Option<i64>,
 }
 
+/// A page of the caller's deliveries, newest first.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)] // built as JSON by `list`; described here
+pub struct DeliveryPage {
+    deliveries: Vec<Entry>,
+    /// Pass as `after` for the next (older) page; null on the last.
+    next_after: Option<i64>,
+    /// Present when the page was read on a standby
+    /// (WATCHPUMP_READ_DATABASE_URL): how many seconds behind the primary
+    /// it is, 0 when it has replayed all it received; what changed since is
+    /// not on the page yet.
+    replica_lag_seconds: Option<f64>,
+}
+
+/// One delivery as `show` answers it: the [`Entry`], its body as sent and
+/// its attempts, which take the place of the entry's count of them (so not
+/// a flattened `Entry`: its `attempts` is a number).
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)] // built as JSON by `show`; described here
+pub struct DeliveryShown {
+    id: i64,
+    watch_id: i64,
+    object: String,
+    kind: String,
+    change_id: i64,
+    sequence: i64,
+    state: DeliveryState,
+    created_at: DateTime<Utc>,
+    next_attempt_at: DateTime<Utc>,
+    finished_at: Option<DateTime<Utc>>,
+    /// The status of the last answer; null before any, or when the last
+    /// attempt got none.
+    last_status: Option<i32>,
+    last_error: Option<String>,
+    superseded_by: Option<i64>,
+    /// The body exactly as the pump sends it (at its last attempt, or as it
+    /// will be sent at its first); null if its change was pruned.
+    body: Option<Body>,
+    attempts: Vec<Attempt>,
+}
+
+/// A delivery's body as the consumer receives it.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)] // what the pump sends (`crate::delivery::Message::body`); described here
+pub struct Body {
+    delivery_id: i64,
+    change_id: i64,
+    watch_id: i64,
+    producer: String,
+    resource: String,
+    object: String,
+    kind: String,
+    sequence: i64,
+    occurred_at: DateTime<Utc>,
+    attempt: i32,
+    /// The change's payload, as the producer emitted it.
+    #[schema(value_type = Object)]
+    payload: Value,
+}
+
+/// A redelivery queued.
+#[derive(utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)] // built as JSON by `redeliver`; described here
+pub struct Redelivered {
+    delivery_id: i64,
+    previous_state: DeliveryState,
+    /// Always "pending".
+    state: DeliveryState,
+}
+
+/// The caller's deliveries, newest first
+///
 /// `{"deliveries": [...], "next_after": <id or null>}`, newest first; pass
 /// `next_after` as `after` for the next (older) page.
+#[utoipa::path(get,
+    operation_id = "deliveries_list", path = "/api/v1/deliveries", tag = "consumer",
+    security(("service_token" = [])),
+    params(ListQuery),
+    responses(
+        (status = 200, description = "a page", body = DeliveryPage),
+        (status = 400, description = "bad filter or limit", body = ErrorBody),
+        (status = 401, description = "no valid token", body = ErrorBody),
+    ))]
 pub async fn list(
     State(state): State<AppState>,
     Caller(service): Caller,
@@ -104,8 +191,19 @@ pub async fn list(
     ))))
 }
 
+/// One delivery: its body as sent and its attempts
+///
 /// The entry, the body as sent (at its last attempt, or as it will be sent
 /// at its first) and its attempts, folded runs shown as such.
+#[utoipa::path(get,
+    operation_id = "deliveries_show", path = "/api/v1/deliveries/{id}", tag = "consumer",
+    security(("service_token" = [])),
+    params(("id" = i64, Path, description = "the delivery's id")),
+    responses(
+        (status = 200, description = "the delivery", body = DeliveryShown),
+        (status = 404, description = "another service's, or none", body = ErrorBody),
+        (status = 401, description = "no valid token", body = ErrorBody),
+    ))]
 pub async fn show(
     State(state): State<AppState>,
     Caller(service): Caller,
@@ -123,9 +221,22 @@ pub async fn show(
     Ok(Json(state.mask_json(shown)))
 }
 
+/// Queue it again under the same id
+///
 /// Queues the delivery again under the same id: 202, 409 where the order
 /// rule forbids it, 429 within a minute of its last redelivery
 /// (`watchpump.redeliver()`) or past the service's bucket ([`limits`]).
+#[utoipa::path(post,
+    operation_id = "deliveries_redeliver", path = "/api/v1/deliveries/{id}/redeliver", tag = "consumer",
+    security(("service_token" = [])),
+    params(("id" = i64, Path, description = "the delivery's id")),
+    responses(
+        (status = 202, description = "queued", body = Redelivered),
+        (status = 404, description = "another service's, or none", body = ErrorBody),
+        (status = 409, description = "newer news of the object was sent or is on its way; or superseded; or still queued", body = ErrorBody),
+        (status = 401, description = "no valid token", body = ErrorBody),
+        (status = 429, description = "the delivery was redelivered less than a minute ago, or this service's self-service writes are over its bucket (60 at once, then 1 a second: watch creation, ping, redeliver, resync, pause and resume together); Retry-After (seconds) says when to ask again", body = ErrorBody, headers(("Retry-After" = u64, description = "seconds to wait before asking again"))),
+    ))]
 pub async fn redeliver(
     State(state): State<AppState>,
     Caller(service): Caller,

@@ -9,6 +9,7 @@ use axum::extract::{Query, State};
 use axum::Json;
 use serde::{Deserialize, Serialize};
 
+use crate::api::openapi::Error;
 use crate::api::{auth::Caller, AppState};
 use crate::http::HttpError;
 use crate::kinds::{self, Kind};
@@ -16,24 +17,40 @@ use crate::kinds::{self, Kind};
 const DEFAULT_PAGE: i64 = 100;
 const MAX_PAGE: i64 = 1000;
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct ListQuery {
+    /// The `next_after` of the previous page: kinds named after it.
     #[serde(default)]
     after: String,
+    /// 1 to 1000, default 100.
     limit: Option<i64>,
 }
 
 /// A page of kinds; a struct rather than a JSON map so that each kind reads
 /// name first, as declared.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[schema(as = KindPage)]
 pub struct Page {
     kinds: Vec<Kind>,
+    /// Pass as `after` for the next page; null on the last.
     next_after: Option<String>,
 }
 
+/// The kinds of change the producer declares
+///
 /// `{"kinds": [...], "next_after": <name or null>}`, by name; pass
 /// `next_after` as `after` for the next page.
+#[utoipa::path(get,
+    operation_id = "kinds_list", path = "/api/v1/kinds", tag = "consumer",
+    security(("service_token" = [])),
+    params(ListQuery),
+    responses(
+        (status = 200, description = "a page", body = Page),
+        (status = 400, description = "bad query", body = Error),
+        (status = 401, description = "no valid token", body = Error),
+    ))]
 pub async fn list(
     State(state): State<AppState>,
     Caller(_): Caller,

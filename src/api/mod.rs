@@ -124,7 +124,13 @@ pub fn app_with(state: AppState, throttle: Arc<Throttle>) -> Router {
         .with_state(state)
 }
 
-/// Liveness and database reachability.
+/// Liveness and database reachability
+#[utoipa::path(get,
+    operation_id = "healthz", path = "/healthz", tag = "consumer",
+    security(()),
+    responses(
+        (status = 200, description = "ok", body = String, content_type = "text/plain"),
+    ))]
 async fn healthz(
     axum::extract::State(state): axum::extract::State<AppState>,
 ) -> Result<&'static str, HttpError> {

@@ -7,17 +7,30 @@ use axum::extract::State;
 use axum::Json;
 use serde::Deserialize;
 
+use crate::api::openapi::Error;
 use crate::api::{auth::Caller, AppState};
 use crate::http::HttpError;
 use crate::services::rate::{self, Rates};
 
-#[derive(Debug, Deserialize)]
+/// The consumer's own rate.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[schema(as = NewRate)]
 #[serde(deny_unknown_fields)]
 pub struct RateBody {
+    /// Deliveries a second, at least 1.
     rate: i64,
 }
 
+/// The caller's rates
+///
 /// `{"rate", "max_rate", "consumer_rate"}`; null is no limit.
+#[utoipa::path(get,
+    operation_id = "rate_show", path = "/api/v1/rate", tag = "consumer",
+    security(("service_token" = [])),
+    responses(
+        (status = 200, description = "rates", body = Rates),
+        (status = 401, description = "no valid token", body = Error),
+    ))]
 pub async fn show(
     State(state): State<AppState>,
     Caller(service): Caller,
@@ -25,8 +38,19 @@ pub async fn show(
     Ok(Json(rate::get(&state.pool, service.id).await?))
 }
 
+/// Lower the caller's own rate
+///
 /// `{"rate": 20}`: the consumer's own rate. 422 for 0, a negative rate,
 /// a non-number, or more than the operator allows; nothing changes then.
+#[utoipa::path(put,
+    operation_id = "rate_set", path = "/api/v1/rate", tag = "consumer",
+    security(("service_token" = [])),
+    request_body = RateBody,
+    responses(
+        (status = 200, description = "rates", body = Rates),
+        (status = 422, description = "not a whole number of at least 1, or above the operator's maximum", body = Error),
+        (status = 401, description = "no valid token", body = Error),
+    ))]
 pub async fn set(
     State(state): State<AppState>,
     Caller(service): Caller,
@@ -39,7 +63,16 @@ pub async fn set(
     ))
 }
 
+/// Drop the caller's own rate
+///
 /// Drops the consumer's own rate: only the operator's holds.
+#[utoipa::path(delete,
+    operation_id = "rate_clear", path = "/api/v1/rate", tag = "consumer",
+    security(("service_token" = [])),
+    responses(
+        (status = 200, description = "rates", body = Rates),
+        (status = 401, description = "no valid token", body = Error),
+    ))]
 pub async fn clear(
     State(state): State<AppState>,
     Caller(service): Caller,

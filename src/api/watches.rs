@@ -9,6 +9,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::api::limits::{self, Write};
+use crate::api::openapi::Error;
 use crate::api::{auth::Caller, AppState};
 use crate::http::HttpError;
 use crate::services::Service;
@@ -17,12 +18,26 @@ use crate::watches::{self, resync, NewWatch, Watch};
 const DEFAULT_PAGE: i64 = 100;
 const MAX_PAGE: i64 = 1000;
 
+/// Create a watch (the identical live one again: 200)
+///
 /// 201 with the new watch, or 200 with the identical one it already has
 /// (which writes nothing and takes no token of the service's bucket,
 /// [`limits`]). With `"resync": true` the watch's resync starts too
 /// ([`resync`]) and the answer carries its start under `"resync"` (429 if
 /// one of the service's runs, or its replay budget is spent: the watch
 /// exists, and asking again is safe).
+#[utoipa::path(post,
+    operation_id = "watches_create", path = "/api/v1/watches", tag = "consumer",
+    security(("service_token" = [])),
+    request_body = NewWatch,
+    responses(
+        (status = 201, description = "created", body = Watch),
+        (status = 200, description = "the identical live watch the service already has: nothing written", body = Watch),
+        (status = 422, description = "invalid watch", body = Error),
+        (status = 400, description = "not JSON", body = Error),
+        (status = 401, description = "no valid token", body = Error),
+        (status = 429, description = "this service's self-service writes are over its bucket (60 at once, then 1 a second: watch creation, ping, redeliver, resync, pause and resume together); with \"resync\": true, also as for the resync call; Retry-After (seconds) says when to ask again", body = Error, headers(("Retry-After" = u64, description = "seconds to wait before asking again"))),
+    ))]
 pub async fn create(
     State(state): State<AppState>,
     Caller(service): Caller,
@@ -53,11 +68,29 @@ pub async fn create(
     Ok((status, Json(answer)))
 }
 
+/// Resync the watch: the newest matching change of every object it covers, replayed
+///
+/// Queues, for every object the watch covers (at most
+/// WATCHPUMP_RESYNC_MAX_OBJECTS), the newest retained change that matches
+/// its filters, as a delivery whose body carries "replay": true with the
+/// change's own change_id and sequence. Answers at once; the replays are
+/// queued in batches after the answer. See docs/protocol.md, "Resync".
+///
 /// Starts a resync of the watch (docs/protocol.md, "Resync"): 202
 /// `{"watch_id", "objects", "truncated", "history_from", "replays_left",
 /// "replays_per_day"}`, and the replays are queued in batches after the
 /// answer. 404 for another service's or a removed watch, 429 while a
 /// resync of the service runs, or when its replay budget is spent.
+#[utoipa::path(post,
+    operation_id = "watches_resync", path = "/api/v1/watches/{id}/resync", tag = "consumer",
+    security(("service_token" = [])),
+    params(("id" = i64, Path, description = "the watch's id")),
+    responses(
+        (status = 202, description = "started", body = resync::ConsumerStarted),
+        (status = 404, description = "another service's, a removed one, or none", body = Error),
+        (status = 429, description = "a resync of one of this service's watches is running (one at a time per service), its daily replay budget is spent, or this service's self-service writes are over its bucket (60 at once, then 1 a second: watch creation, ping, redeliver, resync, pause and resume together); Retry-After (seconds) says when to ask again", body = Error, headers(("Retry-After" = u64, description = "seconds to wait before asking again"))),
+        (status = 401, description = "no valid token", body = Error),
+    ))]
 pub async fn resync(
     State(state): State<AppState>,
     Caller(service): Caller,
@@ -100,18 +133,66 @@ async fn start_resync(
     Ok(started)
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct ListQuery {
+    /// Removed watches too.
     #[serde(default)]
     include_removed: bool,
+    /// The `next_after` of the previous page: watches after it.
     #[serde(default)]
     after: i64,
+    /// 1 to 1000, default 100.
     limit: Option<i64>,
 }
 
+/// A page of the caller's watches.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)] // built as JSON by `list`; described here
+pub struct WatchPage {
+    watches: Vec<Watch>,
+    /// Pass as `after` for the next page; null on the last.
+    next_after: Option<i64>,
+    /// Present when the page was read on a standby
+    /// (WATCHPUMP_READ_DATABASE_URL): how many seconds behind the primary
+    /// it is, 0 when it has replayed all it received; what changed since is
+    /// not on the page yet.
+    replica_lag_seconds: Option<f64>,
+}
+
+/// A pause or a resume of a watch.
+#[derive(utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)] // built as JSON by `set_paused`; described here
+pub struct Paused {
+    watch_id: i64,
+    paused: bool,
+    /// False for a pause of a paused watch, a resume of a running one.
+    changed: bool,
+}
+
+/// The delivery a ping queued.
+#[derive(utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)] // built as JSON by `ping`; described here
+pub struct DeliveryId {
+    delivery_id: i64,
+}
+
+/// The caller's watches, by id
+///
 /// `{"watches": [...], "next_after": <id or null>}`; pass `next_after` as
 /// `after` for the next page.
+#[utoipa::path(get,
+    operation_id = "watches_list", path = "/api/v1/watches", tag = "consumer",
+    security(("service_token" = [])),
+    params(ListQuery),
+    responses(
+        (status = 200, description = "a page", body = WatchPage),
+        (status = 400, description = "bad query", body = Error),
+        (status = 401, description = "no valid token", body = Error),
+    ))]
 pub async fn list(
     State(state): State<AppState>,
     Caller(service): Caller,
@@ -143,6 +224,16 @@ pub async fn list(
     )))
 }
 
+/// One of the caller's watches
+#[utoipa::path(get,
+    operation_id = "watches_show", path = "/api/v1/watches/{id}", tag = "consumer",
+    security(("service_token" = [])),
+    params(("id" = i64, Path, description = "the watch's id")),
+    responses(
+        (status = 200, description = "the watch", body = Watch),
+        (status = 404, description = "another service's, or none", body = Error),
+        (status = 401, description = "no valid token", body = Error),
+    ))]
 pub async fn show(
     State(state): State<AppState>,
     Caller(service): Caller,
@@ -155,6 +246,16 @@ pub async fn show(
         .ok_or_else(|| no_such_watch(id))
 }
 
+/// Remove a watch; its deliveries not sent are dropped
+#[utoipa::path(delete,
+    operation_id = "watches_remove", path = "/api/v1/watches/{id}", tag = "consumer",
+    security(("service_token" = [])),
+    params(("id" = i64, Path, description = "the watch's id")),
+    responses(
+        (status = 204, description = "removed"),
+        (status = 404, description = "another service's, or none", body = Error),
+        (status = 401, description = "no valid token", body = Error),
+    ))]
 pub async fn remove(
     State(state): State<AppState>,
     Caller(service): Caller,
@@ -168,10 +269,22 @@ pub async fn remove(
     }
 }
 
+/// Pause the watch: nothing sent, nothing fails
+///
 /// Pauses the watch: 200 `{"watch_id", "paused": true, "changed"}`;
 /// `changed` is false for a watch that was paused already. While paused
 /// nothing is sent and nothing fails (`crate::watches::pause`). 429 for a
 /// watch resumed less than a minute ago.
+#[utoipa::path(post,
+    operation_id = "watches_pause", path = "/api/v1/watches/{id}/pause", tag = "consumer",
+    security(("service_token" = [])),
+    params(("id" = i64, Path, description = "the watch's id")),
+    responses(
+        (status = 200, description = "paused", body = Paused),
+        (status = 404, description = "another service's, or none", body = Error),
+        (status = 401, description = "no valid token", body = Error),
+        (status = 429, description = "the watch was resumed less than 60 s ago, or this service's self-service writes are over its bucket (60 at once, then 1 a second: watch creation, ping, redeliver, resync, pause and resume together); Retry-After (seconds) says when to ask again", body = Error, headers(("Retry-After" = u64, description = "seconds to wait before asking again"))),
+    ))]
 pub async fn pause(
     State(state): State<AppState>,
     Caller(service): Caller,
@@ -180,8 +293,20 @@ pub async fn pause(
     set_paused(state, service, id, true).await
 }
 
+/// Resume the watch: waiting news sent with a fresh window
+///
 /// Resumes the watch: its waiting news is sent, each with a fresh delivery
 /// window. 200 `{"watch_id", "paused": false, "changed"}`.
+#[utoipa::path(post,
+    operation_id = "watches_resume", path = "/api/v1/watches/{id}/resume", tag = "consumer",
+    security(("service_token" = [])),
+    params(("id" = i64, Path, description = "the watch's id")),
+    responses(
+        (status = 200, description = "resumed", body = Paused),
+        (status = 404, description = "another service's, or none", body = Error),
+        (status = 401, description = "no valid token", body = Error),
+        (status = 429, description = "this service's self-service writes are over its bucket (60 at once, then 1 a second: watch creation, ping, redeliver, resync, pause and resume together); Retry-After (seconds) says when to ask again", body = Error, headers(("Retry-After" = u64, description = "seconds to wait before asking again"))),
+    ))]
 pub async fn resume(
     State(state): State<AppState>,
     Caller(service): Caller,
@@ -218,10 +343,22 @@ async fn set_paused(
 /// it.
 pub const PING_EVERY_SECS: i64 = 10;
 
+/// Send the watch a signed delivery of kind watchpump.ping
+///
 /// Sends the watch a delivery of kind `watchpump.ping`, queued and signed
 /// like any other (`watchpump.ping()`): 202 `{"delivery_id"}`; 404 for a
 /// removed watch or another service's, 429 within [`PING_EVERY_SECS`] of
 /// the watch's previous ping.
+#[utoipa::path(post,
+    operation_id = "watches_ping", path = "/api/v1/watches/{id}/ping", tag = "consumer",
+    security(("service_token" = [])),
+    params(("id" = i64, Path, description = "the watch's id")),
+    responses(
+        (status = 202, description = "queued", body = DeliveryId),
+        (status = 404, description = "another service's, or none", body = Error),
+        (status = 429, description = "pinged less than 10 s ago, or this service's self-service writes are over its bucket (60 at once, then 1 a second: watch creation, ping, redeliver, resync, pause and resume together); Retry-After (seconds) says when to ask again", body = Error, headers(("Retry-After" = u64, description = "seconds to wait before asking again"))),
+        (status = 401, description = "no valid token", body = Error),
+    ))]
 pub async fn ping(
     State(state): State<AppState>,
     Caller(service): Caller,

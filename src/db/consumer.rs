@@ -33,11 +33,15 @@ pub struct Started {
 /// A consumer's resync, started within its service's daily replay budget
 /// ([`consumer_resync_start`]): [`Started`], and what is left of the
 /// budget.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+#[schema(as = Resync)]
 pub struct ConsumerStarted {
     pub watch_id: i64,
+    /// Objects the resync goes through: those the watch covers, at most WATCHPUMP_RESYNC_MAX_OBJECTS and at most the replays left in the service's daily budget.
     pub objects: i32,
+    /// The watch covers more objects than the resync goes through (the bound, or the replay budget); the rest are not replayed.
     pub truncated: bool,
+    /// Where the retained history of changes begins: older changes were pruned.
     pub history_from: Option<DateTime<Utc>>,
     /// Replays the service's resyncs may still queue now, after this one's
     /// objects were taken from its budget.
@@ -225,10 +229,11 @@ pub async fn delivery_entry(
 /// One attempt, or a run of identical failed attempts folded into one row
 /// (`attempt` to `last_attempt`, `repeats` of them, `statuses` counting the
 /// answers: `{"503": 4, "no answer": 2}`).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct Attempt {
     pub attempt: i32,
     pub last_attempt: i32,
+    /// Identical failures in a row folded into this row.
     pub repeats: i32,
     pub started_at: DateTime<Utc>,
     pub last_started_at: Option<DateTime<Utc>>,
@@ -237,6 +242,8 @@ pub struct Attempt {
     pub status: Option<i32>,
     pub error: Option<String>,
     pub response_head: Option<String>,
+    /// The answers counted: {"503": 4, "no answer": 2}.
+    #[schema(value_type = Option<Object>)]
     pub statuses: Option<Value>,
 }
 

@@ -8,11 +8,13 @@ use serde_json::Value;
 use sqlx::{PgConnection, PgPool};
 
 /// A declared kind, as consumers read it.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Kind {
     pub name: String,
     pub description: String,
+    #[schema(value_type = Object)]
     pub schema: Value,
+    #[schema(value_type = Object)]
     pub example: Value,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,

@@ -43,7 +43,7 @@ pub use warnings::{
 };
 
 /// A row of `watchpump.backlog`.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct Backlog {
     pub service_id: i64,
     pub service: String,

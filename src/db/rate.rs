@@ -7,7 +7,7 @@ use serde::Serialize;
 use sqlx::PgPool;
 
 /// A service's rates, in deliveries a second; null is no limit.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct Rates {
     /// The one that holds: the lower of the two.
     pub rate: Option<i32>,

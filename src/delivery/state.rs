@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 /// `watchpump.settled`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "producer", derive(utoipa::ToSchema))]
 pub enum State {
     /// Waiting for its first or next attempt.
     Pending,

@@ -16,6 +16,7 @@ use serde_json::{json, Value};
 
 use crate::replica::with_lag;
 
+use crate::api::openapi::Error;
 use crate::api::BODY_LIMIT;
 use crate::http::{bearer, text, HttpError};
 use crate::operator::store::{self, DeliveryFilter, WatchFilter};
@@ -77,7 +78,26 @@ impl FromRequestParts<OperatorState> for Admin {
     }
 }
 
-async fn backlog(_: Admin, State(state): State<OperatorState>) -> Result<Json<Value>, HttpError> {
+/// What the backlog answers.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)] // built as JSON by `backlog`; described here
+pub(crate) struct BacklogAnswer {
+    services: Vec<store::Backlog>,
+    /// Present when the page was read on a standby (WATCHPUMP_READ_DATABASE_URL): how many seconds behind the primary it is, 0 when it has replayed all it received; what changed since is not on the page yet.
+    replica_lag_seconds: Option<f64>,
+}
+
+/// Per service: what waits, what is on its way, what failed
+#[utoipa::path(get,
+    operation_id = "admin_backlog", path = "/api/v1/admin/backlog", tag = "admin", security(("admin_token" = [])),
+    responses(
+        (status = 200, description = "backlog", body = BacklogAnswer),
+        (status = 401, description = "no valid token", body = Error),
+    ))]
+pub(crate) async fn backlog(
+    _: Admin,
+    State(state): State<OperatorState>,
+) -> Result<Json<Value>, HttpError> {
     let lag = state.reads.lag().await?;
     let services = store::backlog(state.reads.pool()).await?;
     Ok(Json(
@@ -87,9 +107,31 @@ async fn backlog(_: Admin, State(state): State<OperatorState>) -> Result<Json<Va
     ))
 }
 
+/// A page of deliveries, newest first.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)] // built as JSON by `deliveries`; described here
+pub(crate) struct AdminDeliveryPage {
+    deliveries: Vec<store::Delivery>,
+    /// Pass as `before` for the next (older) page; null on the last.
+    next_before: Option<i64>,
+    /// Present when the page was read on a standby (WATCHPUMP_READ_DATABASE_URL): how many seconds behind the primary it is, 0 when it has replayed all it received; what changed since is not on the page yet.
+    replica_lag_seconds: Option<f64>,
+}
+
+/// Deliveries, newest first
+///
 /// `{"deliveries": [...], "next_before": <id or null>}`; pass `next_before`
 /// as `before` for the next (older) page.
-async fn deliveries(
+#[utoipa::path(get,
+    operation_id = "admin_deliveries", path = "/api/v1/admin/deliveries", tag = "admin", security(("admin_token" = [])),
+    params(DeliveryFilter),
+    responses(
+        (status = 200, description = "a page", body = AdminDeliveryPage),
+        (status = 400, description = "bad filter", body = Error),
+        (status = 422, description = "bad filter", body = Error),
+        (status = 401, description = "no valid token", body = Error),
+    ))]
+pub(crate) async fn deliveries(
     _: Admin,
     State(state): State<OperatorState>,
     query: Result<Query<DeliveryFilter>, QueryRejection>,
@@ -113,8 +155,25 @@ async fn deliveries(
     ))))
 }
 
-/// The delivery, its attempts and its history.
-async fn delivery(
+/// A delivery as the admin API shows it.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)] // built as JSON by `delivery`; described here
+pub(crate) struct AdminDeliveryShown {
+    delivery: store::Delivery,
+    attempts: Vec<store::Attempt>,
+    history: Vec<store::Event>,
+}
+
+/// A delivery, its attempts and its history
+#[utoipa::path(get,
+    operation_id = "admin_delivery", path = "/api/v1/admin/deliveries/{id}", tag = "admin", security(("admin_token" = [])),
+    params(("id" = i64, Path, description = "the delivery's id")),
+    responses(
+        (status = 200, description = "the delivery", body = AdminDeliveryShown),
+        (status = 404, description = "no such delivery", body = Error),
+        (status = 401, description = "no valid token", body = Error),
+    ))]
+pub(crate) async fn delivery(
     _: Admin,
     State(state): State<OperatorState>,
     id: Result<Path<i64>, PathRejection>,
@@ -132,7 +191,23 @@ async fn delivery(
     }))))
 }
 
-async fn attempts(
+/// A delivery's attempts, in order.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)] // built as JSON by `attempts`; described here
+pub(crate) struct Attempts {
+    attempts: Vec<store::Attempt>,
+}
+
+/// A delivery's attempts
+#[utoipa::path(get,
+    operation_id = "admin_attempts", path = "/api/v1/admin/deliveries/{id}/attempts", tag = "admin", security(("admin_token" = [])),
+    params(("id" = i64, Path, description = "the delivery's id")),
+    responses(
+        (status = 200, description = "attempts", body = Attempts),
+        (status = 404, description = "no such delivery", body = Error),
+        (status = 401, description = "no valid token", body = Error),
+    ))]
+pub(crate) async fn attempts(
     _: Admin,
     State(state): State<OperatorState>,
     id: Result<Path<i64>, PathRejection>,
@@ -147,9 +222,30 @@ async fn attempts(
     ))
 }
 
+/// A delivery requeued.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)] // built as JSON by `retry`; described here
+pub(crate) struct Requeued {
+    delivery_id: i64,
+    previous_state: String,
+    /// Always "pending".
+    state: String,
+}
+
+/// Requeue a failed or dropped delivery
+///
 /// Requeues a failed or dropped delivery: 200 with its previous state, 404
 /// for an unknown id, 409 for a delivery in another state.
-async fn retry(
+#[utoipa::path(post,
+    operation_id = "admin_retry", path = "/api/v1/admin/deliveries/{id}/retry", tag = "admin", security(("admin_token" = [])),
+    params(("id" = i64, Path, description = "the delivery's id")),
+    responses(
+        (status = 200, description = "requeued", body = Requeued),
+        (status = 404, description = "no such delivery", body = Error),
+        (status = 409, description = "not in a state to retry", body = Error),
+        (status = 401, description = "no valid token", body = Error),
+    ))]
+pub(crate) async fn retry(
     _: Admin,
     State(state): State<OperatorState>,
     id: Result<Path<i64>, PathRejection>,
@@ -163,15 +259,37 @@ async fn retry(
     }))))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct RetryFailed {
+pub(crate) struct RetryFailed {
     /// Failed at or after this time (RFC 3339).
     since: DateTime<Utc>,
 }
 
+/// What `retry_failed` requeued.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)] // built as JSON by `retry_failed`; described here
+pub(crate) struct RequeuedFailures {
+    service: String,
+    since: DateTime<Utc>,
+    /// How many deliveries were requeued.
+    requeued: i64,
+}
+
+/// Requeue a service's failures since a time
+///
 /// Requeues every delivery to the service that failed since `since`.
-async fn retry_failed(
+#[utoipa::path(post,
+    operation_id = "admin_retry_failed", path = "/api/v1/admin/services/{name}/retry-failed", tag = "admin", security(("admin_token" = [])),
+    params(("name" = String, Path, description = "the service's name")),
+    request_body = RetryFailed,
+    responses(
+        (status = 200, description = "requeued", body = RequeuedFailures),
+        (status = 404, description = "no such service", body = Error),
+        (status = 422, description = "bad body", body = Error),
+        (status = 401, description = "no valid token", body = Error),
+    ))]
+pub(crate) async fn retry_failed(
     _: Admin,
     State(state): State<OperatorState>,
     Path(name): Path<String>,
@@ -186,8 +304,29 @@ async fn retry_failed(
     }))))
 }
 
+/// A page of watches, newest first.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)] // built as JSON by `watches`; described here
+pub(crate) struct AdminWatchPage {
+    watches: Vec<Value>,
+    /// Pass as `before` for the next (older) page; null on the last.
+    next_before: Option<i64>,
+    /// Present when the page was read on a standby (WATCHPUMP_READ_DATABASE_URL): how many seconds behind the primary it is, 0 when it has replayed all it received; what changed since is not on the page yet.
+    replica_lag_seconds: Option<f64>,
+}
+
+/// Watches, newest first
+///
 /// `{"watches": [...], "next_before": <id or null>}`, newest first.
-async fn watches(
+#[utoipa::path(get,
+    operation_id = "admin_watches", path = "/api/v1/admin/watches", tag = "admin", security(("admin_token" = [])),
+    params(WatchFilter),
+    responses(
+        (status = 200, description = "a page", body = AdminWatchPage),
+        (status = 422, description = "bad limit", body = Error),
+        (status = 401, description = "no valid token", body = Error),
+    ))]
+pub(crate) async fn watches(
     _: Admin,
     State(state): State<OperatorState>,
     query: Result<Query<WatchFilter>, QueryRejection>,
@@ -211,13 +350,32 @@ async fn watches(
     ))))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
-struct WarningQuery {
+pub(crate) struct WarningQuery {
+    /// One service's warnings.
     service: Option<String>,
 }
 
-async fn warnings(
+/// The warnings the admin API answers.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)] // built as JSON by `warnings`; described here
+pub(crate) struct Warnings {
+    warnings: Vec<Value>,
+    /// Present when the page was read on a standby (WATCHPUMP_READ_DATABASE_URL): how many seconds behind the primary it is, 0 when it has replayed all it received; what changed since is not on the page yet.
+    replica_lag_seconds: Option<f64>,
+}
+
+/// Warnings to notify
+#[utoipa::path(get,
+    operation_id = "admin_warnings", path = "/api/v1/admin/warnings", tag = "admin", security(("admin_token" = [])),
+    params(WarningQuery),
+    responses(
+        (status = 200, description = "warnings", body = Warnings),
+        (status = 401, description = "no valid token", body = Error),
+    ))]
+pub(crate) async fn warnings(
     _: Admin,
     State(state): State<OperatorState>,
     query: Result<Query<WarningQuery>, QueryRejection>,

@@ -9,9 +9,11 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
+use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use crate::api::openapi::Error;
 use crate::http::{text, HttpError};
 use crate::operator::admin::{Admin, ACTOR};
 use crate::operator::OperatorState;
@@ -37,23 +39,62 @@ pub fn routes() -> Router<OperatorState> {
         .layer(axum::middleware::from_fn(text::refuse_unreadable))
 }
 
-async fn list(_: Admin, State(state): State<OperatorState>) -> Result<Json<Value>, HttpError> {
+/// The registered services.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)] // built as JSON by `list`; described here
+pub(crate) struct ServiceList {
+    services: Vec<services::Service>,
+}
+
+/// Registered services
+#[utoipa::path(get,
+    operation_id = "admin_services_list", path = "/api/v1/admin/services", tag = "admin", security(("admin_token" = [])),
+    responses(
+        (status = 200, description = "services", body = ServiceList),
+        (status = 401, description = "no valid token", body = Error),
+    ))]
+pub(crate) async fn list(
+    _: Admin,
+    State(state): State<OperatorState>,
+) -> Result<Json<Value>, HttpError> {
     let services = services::list(&state.pool).await?;
     Ok(Json(
         state.settings.mask_json(json!({ "services": services })),
     ))
 }
 
-#[derive(Debug, Deserialize)]
+/// A service to register.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct NewService {
+pub(crate) struct NewService {
     name: String,
     base_url: String,
 }
 
+/// A service registered, with its credentials.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)] // built as JSON by `add`; described here
+pub(crate) struct Registered {
+    service: services::Service,
+    /// The service's token for the consumer API: shown this once.
+    token: String,
+    /// The secret its deliveries are signed with: shown this once.
+    signing_secret: String,
+}
+
+/// Register a service: its token and signing secret, shown this once
+///
 /// 201 with the service, its token and its signing secret: the only time
 /// either is shown.
-async fn add(
+#[utoipa::path(post,
+    operation_id = "admin_services_add", path = "/api/v1/admin/services", tag = "admin", security(("admin_token" = [])),
+    request_body = NewService,
+    responses(
+        (status = 201, description = "registered", body = Registered),
+        (status = 422, description = "bad name or URL", body = Error),
+        (status = 401, description = "no valid token", body = Error),
+    ))]
+pub(crate) async fn add(
     _: Admin,
     State(state): State<OperatorState>,
     body: Result<Json<NewService>, JsonRejection>,
@@ -72,9 +113,10 @@ async fn add(
     ))
 }
 
-#[derive(Debug, Default, Deserialize)]
+/// How to rotate; the body may be empty.
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct Rotation {
+pub(crate) struct Rotation {
     /// How long the old credential keeps working: 90s, 30m, 24h, 7d.
     overlap: Option<String>,
     /// Rotate even during the last rotation's overlap, retiring the
@@ -100,8 +142,34 @@ fn rotation(body: &[u8]) -> Result<(std::time::Duration, bool), HttpError> {
     Ok((overlap, given.force))
 }
 
+/// A signing secret rotated.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)] // built as JSON by `rotate_secret`; described here
+pub(crate) struct SecretRotated {
+    service: String,
+    /// The new signing secret: shown this once.
+    signing_secret: String,
+    /// Until when the previous secret signs too.
+    previous_secret_signs_until: DateTime<Utc>,
+    /// When a forced rotation retired the secret before the previous one;
+    /// null when nothing was retired early.
+    retired_early: Option<DateTime<Utc>>,
+}
+
+/// A new signing secret; the old one signs for the overlap
+///
 /// 409 during the overlap of the last rotation, unless forced.
-async fn rotate_secret(
+#[utoipa::path(post,
+    operation_id = "admin_services_rotate_secret", path = "/api/v1/admin/services/{name}/rotate-secret", tag = "admin", security(("admin_token" = [])),
+    params(("name" = String, Path, description = "the service's name")),
+    request_body(content = Rotation, description = "optional: no body means the default overlap"),
+    responses(
+        (status = 200, description = "rotated", body = SecretRotated),
+        (status = 404, description = "no such service", body = Error),
+        (status = 409, description = "the last rotation's overlap still runs (its previous secret still works, until the time the message says); force it with \"force\": true", body = Error),
+        (status = 401, description = "no valid token", body = Error),
+    ))]
+pub(crate) async fn rotate_secret(
     _: Admin,
     State(state): State<OperatorState>,
     Path(name): Path<String>,
@@ -118,8 +186,34 @@ async fn rotate_secret(
     })))
 }
 
+/// A token rotated.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)] // built as JSON by `rotate_token`; described here
+pub(crate) struct TokenRotated {
+    service: String,
+    /// The new token: shown this once.
+    token: String,
+    /// Until when the previous token works too.
+    previous_token_works_until: DateTime<Utc>,
+    /// When a forced rotation retired the token before the previous one;
+    /// null when nothing was retired early.
+    retired_early: Option<DateTime<Utc>>,
+}
+
+/// A new token; the old one works for the grace period
+///
 /// 409 during the grace of the last rotation, unless forced.
-async fn rotate_token(
+#[utoipa::path(post,
+    operation_id = "admin_services_rotate_token", path = "/api/v1/admin/services/{name}/rotate-token", tag = "admin", security(("admin_token" = [])),
+    params(("name" = String, Path, description = "the service's name")),
+    request_body(content = Rotation, description = "optional: no body means the default overlap"),
+    responses(
+        (status = 200, description = "rotated", body = TokenRotated),
+        (status = 404, description = "no such service", body = Error),
+        (status = 409, description = "the last rotation's overlap still runs (its previous token still works, until the time the message says); force it with \"force\": true", body = Error),
+        (status = 401, description = "no valid token", body = Error),
+    ))]
+pub(crate) async fn rotate_token(
     _: Admin,
     State(state): State<OperatorState>,
     Path(name): Path<String>,
@@ -136,13 +230,32 @@ async fn rotate_token(
     })))
 }
 
-#[derive(Debug, Deserialize)]
+/// A service's new base URL.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct NewUrl {
+pub(crate) struct NewUrl {
     base_url: String,
 }
 
-async fn set_url(
+/// A service moved.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)] // built as JSON by `set_url`; described here
+pub(crate) struct Moved {
+    service: services::Service,
+}
+
+/// Point a service at a new base URL
+#[utoipa::path(put,
+    operation_id = "admin_services_set_url", path = "/api/v1/admin/services/{name}/url", tag = "admin", security(("admin_token" = [])),
+    params(("name" = String, Path, description = "the service's name")),
+    request_body = NewUrl,
+    responses(
+        (status = 200, description = "moved", body = Moved),
+        (status = 404, description = "no such service", body = Error),
+        (status = 422, description = "bad URL", body = Error),
+        (status = 401, description = "no valid token", body = Error),
+    ))]
+pub(crate) async fn set_url(
     _: Admin,
     State(state): State<OperatorState>,
     Path(name): Path<String>,
@@ -157,17 +270,41 @@ async fn set_url(
     ))
 }
 
-#[derive(Debug, Deserialize)]
+/// A service's most deliveries a second.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[schema(as = ServiceRate)]
 #[serde(deny_unknown_fields)]
-struct NewRate {
+pub(crate) struct NewRate {
     /// Deliveries a second, or null for no limit.
     rate: Option<i64>,
 }
 
+/// The rate set.
+#[derive(utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)] // built as JSON by `set_rate`; described here
+pub(crate) struct RateSet {
+    service: String,
+    /// Deliveries a second; null for no limit.
+    max_rate: Option<i64>,
+}
+
+/// The most deliveries a second the service gets, all pumps together
+///
 /// The most deliveries a second the service gets, all pumps together
 /// (issue 20; `watchpump services set-rate`): `{"rate": 50}`, or
 /// `{"rate": null}` for none. 422 for a rate below 1 or not a number.
-async fn set_rate(
+#[utoipa::path(put,
+    operation_id = "admin_services_set_rate", path = "/api/v1/admin/services/{name}/rate", tag = "admin", security(("admin_token" = [])),
+    params(("name" = String, Path, description = "the service's name")),
+    request_body = NewRate,
+    responses(
+        (status = 200, description = "set", body = RateSet),
+        (status = 404, description = "no such service", body = Error),
+        (status = 422, description = "not a whole number of at least 1", body = Error),
+        (status = 401, description = "no valid token", body = Error),
+    ))]
+pub(crate) async fn set_rate(
     _: Admin,
     State(state): State<OperatorState>,
     Path(name): Path<String>,
@@ -180,8 +317,27 @@ async fn set_rate(
     Ok(Json(json!({ "service": name, "max_rate": rate })))
 }
 
+/// What removing a service took with it.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)] // built as JSON by `remove`; described here
+pub(crate) struct Removed {
+    service: String,
+    watches_removed: i32,
+    deliveries_dropped: i32,
+}
+
+/// Remove a service, its watches and their undelivered deliveries
+///
 /// Removes the service, its watches and their undelivered deliveries.
-async fn remove(
+#[utoipa::path(delete,
+    operation_id = "admin_services_remove", path = "/api/v1/admin/services/{name}", tag = "admin", security(("admin_token" = [])),
+    params(("name" = String, Path, description = "the service's name")),
+    responses(
+        (status = 200, description = "removed", body = Removed),
+        (status = 404, description = "no such service", body = Error),
+        (status = 401, description = "no valid token", body = Error),
+    ))]
+pub(crate) async fn remove(
     _: Admin,
     State(state): State<OperatorState>,
     Path(name): Path<String>,

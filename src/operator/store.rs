@@ -20,7 +20,8 @@ pub const MAX_PAGE: i64 = 500;
 const PAGE_CEILING: i64 = 1000;
 
 /// A row of `watchpump.delivery_log`.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+#[schema(as = AdminDelivery)]
 pub struct Delivery {
     pub delivery_id: i64,
     pub created_at: DateTime<Utc>,
@@ -53,6 +54,8 @@ pub use crate::db::delivery::Sent;
 /// the only filter besides `since`).
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct DeliveryFilter {
     pub state: Option<String>,
     pub service: Option<String>,
@@ -107,6 +110,8 @@ impl DeliveryFilter {
 /// Which watches to list, newest first.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct WatchFilter {
     pub service: Option<String>,
     pub resource: Option<String>,

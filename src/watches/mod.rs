@@ -31,6 +31,7 @@ const MAX_KINDS: usize = 64;
 /// What a consumer asks to follow.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[derive(utoipa::ToSchema)]
 pub struct NewWatch {
     /// The consumer's own resource this watch acts for (an app, a site).
     pub resource: String,
@@ -48,6 +49,7 @@ pub struct NewWatch {
 /// Which changes of the object count.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[derive(utoipa::ToSchema)]
 pub struct Filters {
     /// Change kinds to follow; absent means every kind.
     #[serde(default, skip_serializing_if = "Option::is_none")]

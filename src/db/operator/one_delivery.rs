@@ -31,7 +31,8 @@ pub async fn delivery(pool: &PgPool, id: i64) -> sqlx::Result<Option<DeliveryRow
 }
 
 /// One attempt to send a delivery (`watchpump.attempts`).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+#[schema(as = AdminAttempt)]
 pub struct Attempt {
     /// The first attempt this row stands for.
     pub attempt: i32,
@@ -60,7 +61,7 @@ pub async fn attempts(pool: &PgPool, delivery_id: i64) -> sqlx::Result<Vec<Attem
 }
 
 /// A row of `watchpump.delivery_history`.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct Event {
     pub at: DateTime<Utc>,
     pub event: String,

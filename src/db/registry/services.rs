@@ -8,7 +8,7 @@ use serde::Serialize;
 use sqlx::{PgConnection, PgPool};
 
 /// A consumer service as the producer knows it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct Service {
     pub id: i64,
     pub name: String,

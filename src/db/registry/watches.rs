@@ -9,7 +9,7 @@ use serde_json::Value;
 use sqlx::{PgConnection, PgPool};
 
 /// A watch as the API shows it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct Watch {
     pub id: i64,
     pub resource: String,
