@@ -66,10 +66,10 @@ pub enum Command {
     Kinds(KindsCommand),
     /// Consumers' deliveries: list, show one, retry one.
     #[command(subcommand)]
-    Deliveries(crate::cli_consumer::DeliveriesCommand),
+    Deliveries(crate::cli::DeliveriesCommand),
     /// Consumers' watches: pause and resume one.
     #[command(subcommand)]
-    Watches(crate::cli_consumer::WatchesCommand),
+    Watches(crate::cli::WatchesCommand),
     /// The fan-out budgets: what the watches covering one object may cost
     /// emit(), per top segment of the objects (each service may hold half).
     #[command(subcommand)]

@@ -91,8 +91,8 @@
 //! - [`server`]: `watchpump serve`: pool, migrations, pump, API, shutdown;
 //!   [`pooler`]: what works through a connection pooler, and the check at
 //!   start that refuses transaction pooling for `serve` itself.
-//! - [`cli`]: the `watchpump` command; [`cli_consumer`]: its forms of the
-//!   consumer's own calls (deliveries, pause, resume).
+//! - [`cli`]: the `watchpump` command; `src/cli/consumer.rs`: its forms of
+//!   the consumer's own calls (deliveries, pause, resume).
 //! - [`kit`]: the consumer's side, for services that receive deliveries:
 //!   the events endpoint, an inbox in the consumer's own database, and a
 //!   client for registering watches. Built alone with
@@ -109,8 +109,6 @@
 pub mod api;
 #[cfg(feature = "producer")]
 pub mod cli;
-#[cfg(feature = "producer")]
-pub mod cli_consumer;
 #[cfg(feature = "producer")]
 pub mod config;
 #[cfg(feature = "kit")]

@@ -3,10 +3,11 @@
 //!
 //! This file dispatches; each group of subcommands is a file beside it:
 //! `services.rs` (`watchpump services ...`), `kinds.rs` (`watchpump kinds
-//! ...`), `fanout.rs` (`watchpump fanout ...`), `emit.rs` (`watchpump
-//! emit`: its payload, its statement and its refusals), and `logs.rs`
-//! (the logs and traces every subcommand writes). The consumer's forms
-//! (`watchpump deliveries|watches ...`) are [`crate::cli_consumer`].
+//! ...`), `fanout.rs` (`watchpump fanout ...`), `consumer.rs` (`watchpump
+//! deliveries|watches ...` and `services pause|resume|set-rate`: the
+//! consumer's own calls, in the operator's hands), `emit.rs` (`watchpump
+//! emit`: its payload, its statement and its refusals), and `logs.rs` (the
+//! logs and traces every subcommand writes).
 
 use std::process::ExitCode;
 
@@ -17,11 +18,14 @@ use crate::error::{Error, Result};
 use crate::services::at_rest;
 use crate::{schema, server};
 
+mod consumer;
 mod emit;
 mod fanout;
 mod kinds;
 mod logs;
 mod services;
+
+pub use consumer::{DeliveriesCommand, WatchesCommand};
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -118,12 +122,12 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Watches(command) => {
             let pool = server::connect(&url, 2).await?;
             schema::require(&pool).await?;
-            crate::cli_consumer::run_watches(&pool, command).await?;
+            consumer::run_watches(&pool, command).await?;
         }
         Command::Deliveries(command) => {
             let pool = server::connect(&url, 2).await?;
             schema::require(&pool).await?;
-            crate::cli_consumer::run_deliveries(&pool, command).await?;
+            consumer::run_deliveries(&pool, command).await?;
         }
         Command::Fanout(command) => {
             let pool = server::connect(&url, 2).await?;

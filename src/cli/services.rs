@@ -136,13 +136,13 @@ pub(super) async fn run_services(pool: &sqlx::PgPool, command: ServicesCommand) 
             );
         }
         ServicesCommand::SetRate { name, rate } => {
-            crate::cli_consumer::set_rate(pool, &name, &rate).await?
+            super::consumer::set_rate(pool, &name, &rate).await?
         }
         ServicesCommand::Pause { name } => {
-            crate::cli_consumer::pause_service(pool, &name, true).await?
+            super::consumer::pause_service(pool, &name, true).await?
         }
         ServicesCommand::Resume { name } => {
-            crate::cli_consumer::pause_service(pool, &name, false).await?
+            super::consumer::pause_service(pool, &name, false).await?
         }
         ServicesCommand::Remove { name, yes } => {
             let service = services::find(pool, &name).await?;

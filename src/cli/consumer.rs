@@ -55,7 +55,7 @@ pub enum DeliveriesCommand {
     Retry { id: i64 },
 }
 
-pub async fn run_deliveries(pool: &PgPool, command: DeliveriesCommand) -> Result<()> {
+pub(super) async fn run_deliveries(pool: &PgPool, command: DeliveriesCommand) -> Result<()> {
     match command {
         DeliveriesCommand::List {
             service,
@@ -153,7 +153,7 @@ pub enum WatchesCommand {
     },
 }
 
-pub async fn run_watches(pool: &PgPool, command: WatchesCommand) -> Result<()> {
+pub(super) async fn run_watches(pool: &PgPool, command: WatchesCommand) -> Result<()> {
     let (id, service, paused) = match command {
         WatchesCommand::Pause { id, service } => (id, service, true),
         WatchesCommand::Resume { id, service } => (id, service, false),
@@ -201,7 +201,7 @@ async fn run_resync(pool: &PgPool, id: i64, service: &str, max: u32) -> Result<(
 }
 
 /// `watchpump services pause|resume NAME`.
-pub async fn pause_service(pool: &PgPool, name: &str, paused: bool) -> Result<()> {
+pub(super) async fn pause_service(pool: &PgPool, name: &str, paused: bool) -> Result<()> {
     let service_id = pause::service_id(pool, name).await?;
     let changed = pause::set_service(pool, service_id, paused).await?;
     println!("{}", said("service", name, paused, changed));
@@ -218,7 +218,7 @@ fn said(what: &str, name: &str, paused: bool, changed: bool) -> String {
 }
 
 /// `watchpump services set-rate NAME RATE|none`.
-pub async fn set_rate(pool: &PgPool, name: &str, rate: &str) -> Result<()> {
+pub(super) async fn set_rate(pool: &PgPool, name: &str, rate: &str) -> Result<()> {
     let rate = match rate {
         "none" => None,
         text => {
