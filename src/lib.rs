@@ -25,7 +25,8 @@
 //!
 //! # Layout
 //!
-//! - [`config`]: command line and environment (`--help` documents each knob).
+//! - [`config`]: `serve`'s flags and environment, the pump's knobs and their
+//!   checks (`--help` documents each knob).
 //! - [`db`]: the one seam between Rust and SQL: every statement is a named
 //!   function in the file of the SQL room it calls (`src/db/<room>.rs`),
 //!   compile-checked against the checked-in `.sqlx/`.
@@ -91,8 +92,9 @@
 //! - [`server`]: `watchpump serve`: pool, migrations, pump, API, shutdown;
 //!   [`pooler`]: what works through a connection pooler, and the check at
 //!   start that refuses transaction pooling for `serve` itself.
-//! - [`cli`]: the `watchpump` command; `src/cli/consumer.rs`: its forms of
-//!   the consumer's own calls (deliveries, pause, resume).
+//! - [`cli`]: the `watchpump` command, each group of subcommands' grammar
+//!   beside what runs it; `src/cli/consumer.rs`: its forms of the
+//!   consumer's own calls (deliveries, pause, resume).
 //! - [`kit`]: the consumer's side, for services that receive deliveries:
 //!   the events endpoint, an inbox in the consumer's own database, and a
 //!   client for registering watches. Built alone with

@@ -1,8 +1,32 @@
 //! `watchpump fanout ...`: the fan-out budgets per top segment, and
 //! setting one.
 
-use crate::config::FanoutCommand;
+use clap::Subcommand;
+
 use crate::error::{Error, Result};
+
+#[derive(Debug, Subcommand)]
+pub enum FanoutCommand {
+    /// Each top segment with watches under it (or a budget of its own): its
+    /// budget, each service's share, the object under it whose watches cost
+    /// the most and what they cost, and what each service holds.
+    List {
+        /// One JSON object {"top_segments": [...]} instead.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Set the budget of the objects under one top segment (`acme/`), in
+    /// units: 1 per watch, 25 per unit of filter cost; one change there may
+    /// then make emit() write that many rows. `default` goes back to the
+    /// default (watchpump.settings.fanout_units, else 1200).
+    SetBudget {
+        /// The top segment: up to and including the first '/' (`acme/`),
+        /// or a whole object without one.
+        top_segment: String,
+        /// Units, 1 to 1000000, or `default`.
+        units: String,
+    },
+}
 
 /// `watchpump fanout ...`: the budgets per top segment, and setting one.
 pub(super) async fn run_fanout(pool: &sqlx::PgPool, command: FanoutCommand) -> Result<()> {

@@ -1,9 +1,45 @@
 //! `watchpump kinds ...`: declare kinds (one, or a file of them), list
 //! and remove them.
 
-use crate::config::KindsCommand;
+use clap::Subcommand;
+
 use crate::error::{Error, Result};
 use crate::kinds;
+
+#[derive(Debug, Subcommand)]
+pub enum KindsCommand {
+    /// Declare a kind (or replace its declaration): `kinds add NAME --schema
+    /// FILE --example JSON`, or every kind of a kinds file with `--file`.
+    Add {
+        /// The kind's name, as emit() is given it, e.g. push.
+        #[arg(required_unless_present = "file", conflicts_with = "file")]
+        name: Option<String>,
+        /// The payload's JSON Schema, from a file, or `-` for stdin; within
+        /// the subset strict mode checks (type, required, properties,
+        /// items, enum, additionalProperties: false).
+        #[arg(long, requires = "name", required_unless_present = "file")]
+        schema: Option<String>,
+        /// An example payload, a JSON object that fits the schema.
+        #[arg(long, requires = "name", required_unless_present = "file")]
+        example: Option<String>,
+        /// What a change of this kind means, for consumer teams.
+        #[arg(long, default_value = "", requires = "name")]
+        description: String,
+        /// A kinds file, `{"kinds": [{"name", "description", "schema",
+        /// "example"}, ...]}` (such as kinds/git.json): declares each, or
+        /// none if one is refused.
+        #[arg(long)]
+        file: Option<String>,
+    },
+    /// List the declared kinds: name and description (`--json`: everything).
+    List {
+        /// One JSON object per kind, with its schema and example.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove a kind's declaration (in strict mode emit() then refuses it).
+    Remove { name: String },
+}
 
 /// `watchpump kinds ...`: each prints what it did.
 pub(super) async fn run_kinds(pool: &sqlx::PgPool, command: KindsCommand) -> Result<()> {

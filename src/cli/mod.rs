@@ -8,12 +8,18 @@
 //! consumer's own calls, in the operator's hands), `emit.rs` (`watchpump
 //! emit`: its payload, its statement and its refusals), and `logs.rs` (the
 //! logs and traces every subcommand writes).
+//!
+//! Each group's grammar (its clap `Subcommand` enum, whose doc comments are
+//! what `--help` prints) is declared in its file, beside the function that
+//! matches on it; this file declares the top level ([`Cli`], [`Command`])
+//! and `secrets`, which it runs itself. `serve`'s flags are
+//! [`crate::config::ServeConfig`].
 
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{Parser, Subcommand};
 
-use crate::config::{Cli, Command, SecretsCommand};
+use crate::config::ServeConfig;
 use crate::error::{Error, Result};
 use crate::services::at_rest;
 use crate::{schema, server};
@@ -26,6 +32,98 @@ mod logs;
 mod services;
 
 pub use consumer::{DeliveriesCommand, WatchesCommand};
+pub use fanout::FanoutCommand;
+pub use kinds::KindsCommand;
+pub use services::ServicesCommand;
+
+/// Deliver a producer's committed changes to the services that watch them.
+#[derive(Debug, Parser)]
+#[command(name = "watchpump", version, about)]
+pub struct Cli {
+    /// PostgreSQL connection URL of the producer's database.
+    ///
+    /// PostgreSQL itself, not a pooler in transaction mode, which `serve`
+    /// and `migrate` refuse at start (docs/operator.md, "Connection
+    /// poolers").
+    #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
+    pub database_url: Option<String>,
+
+    /// How logs are written to stderr: `text` for people (coloured on a
+    /// terminal only), `json` (one object per line) for log collectors.
+    #[arg(long, env = "WATCHPUMP_LOG_FORMAT", global = true, default_value = "text",
+          value_parser = ["text", "json"])]
+    pub log_format: String,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Create or update the `watchpump` schema (also done by `serve`).
+    Migrate,
+    /// Run the pump and the watches API until SIGTERM or Ctrl-C.
+    ///
+    /// Traces (OpenTelemetry, OTLP over HTTP/protobuf) are off unless an
+    /// endpoint is set, and are configured only by the standard variables:
+    /// OTEL_EXPORTER_OTLP_ENDPOINT (e.g. http://127.0.0.1:4318) or
+    /// OTEL_EXPORTER_OTLP_TRACES_ENDPOINT (the full URL, .../v1/traces);
+    /// OTEL_SERVICE_NAME (default watchpump); OTEL_RESOURCE_ATTRIBUTES;
+    /// OTEL_TRACES_SAMPLER and OTEL_TRACES_SAMPLER_ARG (default
+    /// parentbased_always_on); OTEL_EXPORTER_OTLP_TIMEOUT and _HEADERS;
+    /// OTEL_BSP_MAX_QUEUE_SIZE (2048 spans; more are dropped and counted in
+    /// watchpump_trace_spans_dropped_total), OTEL_BSP_MAX_EXPORT_BATCH_SIZE
+    /// and OTEL_BSP_SCHEDULE_DELAY; OTEL_SDK_DISABLED=true turns them off.
+    #[command(verbatim_doc_comment)]
+    Serve(Box<ServeConfig>),
+    /// Register and list consumer services.
+    #[command(subcommand)]
+    Services(ServicesCommand),
+    /// Signing secrets at rest (encrypted with WATCHPUMP_SECRET_KEY).
+    #[command(subcommand)]
+    Secrets(SecretsCommand),
+    /// Declare, list and remove the kinds of change the producer emits
+    /// (each with a JSON Schema and an example payload), for consumers to
+    /// read at GET /api/v1/kinds and, in strict mode, for emit() to check.
+    #[command(subcommand)]
+    Kinds(KindsCommand),
+    /// Consumers' deliveries: list, show one, retry one.
+    #[command(subcommand)]
+    Deliveries(DeliveriesCommand),
+    /// Consumers' watches: pause and resume one.
+    #[command(subcommand)]
+    Watches(WatchesCommand),
+    /// The fan-out budgets: what the watches covering one object may cost
+    /// emit(), per top segment of the objects (each service may hold half).
+    #[command(subcommand)]
+    Fanout(FanoutCommand),
+    /// Record a change and fan it out to the matching watches (for trying
+    /// things out; producers call watchpump.emit() in their own transaction).
+    Emit {
+        /// The changed object, e.g. acme/web/refs/heads/main.
+        object: String,
+        /// The kind of change, e.g. push.
+        kind: String,
+        /// The change's payload, a JSON object; `-` reads it from stdin,
+        /// `@FILE` from a file (for payloads too large for an argument).
+        #[arg(default_value = "{}")]
+        payload: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SecretsCommand {
+    /// Encrypt every signing secret again with WATCHPUMP_SECRET_KEY, opening
+    /// those of the previous key with WATCHPUMP_SECRET_KEY_PREVIOUS (a key
+    /// rotation; docs/operator.md). `migrate` does the same. Every `serve`
+    /// needs the new key first: one without it cannot sign for the services
+    /// rekeyed.
+    Rekey {
+        /// Print one JSON object {"key_id", "secrets"} instead.
+        #[arg(long)]
+        json: bool,
+    },
+}
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();

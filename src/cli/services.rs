@@ -2,9 +2,105 @@
 //! move, rate-limit, pause, resume and remove a consumer service, each
 //! printing what it did (as JSON with `--json` where a script reads it).
 
-use crate::config::ServicesCommand;
+use clap::Subcommand;
+
+use crate::destinations::Destinations;
 use crate::error::{Error, Result};
 use crate::services;
+
+#[derive(Debug, Subcommand)]
+pub enum ServicesCommand {
+    /// Register a consumer service; prints its signing secret, and its token
+    /// once, on the last line.
+    Add {
+        /// Service name: a-z, 0-9, '-' and '_'.
+        name: String,
+        /// Where the service listens; deliveries go to
+        /// <base-url>/api/v1/<producer>/events.
+        #[arg(long)]
+        base_url: String,
+        /// Print one JSON object {"name", "token", "signing_secret"} instead
+        /// ({"name", "token", "signing_public_key"} for ed25519).
+        #[arg(long)]
+        json: bool,
+        /// How deliveries are signed: hmac (Standard Webhooks v1, a secret
+        /// both sides hold) or ed25519 (v1a: the consumer holds only a
+        /// public key, whpk_).
+        #[arg(long, default_value = "hmac", value_parser = ["hmac", "ed25519"])]
+        signature: String,
+        /// Where base URLs may point (as for `serve`).
+        #[arg(long, env = "WATCHPUMP_ALLOWED_DESTINATIONS", value_parser = Destinations::parse)]
+        allowed_destinations: Option<Destinations>,
+    },
+    /// List the registered consumer services (never their credentials).
+    List,
+    /// Give a service a new signing secret; the old one keeps signing next
+    /// to it (both signatures are sent: at most two secrets sign at once)
+    /// until the overlap ends. Refused during the overlap of the last
+    /// rotation, unless --force. Prints the new secret on the last line.
+    RotateSecret {
+        name: String,
+        /// How long the old secret keeps signing: 90s, 30m, 24h, 7d.
+        #[arg(long, default_value = crate::services::DEFAULT_OVERLAP)]
+        overlap: String,
+        /// Rotate even during the last rotation's overlap: the secret before
+        /// the current one stops signing at once, and a consumer still on
+        /// it refuses every delivery.
+        #[arg(long)]
+        force: bool,
+        /// Print one JSON object {"service", "signing_secret" (or
+        /// "signing_public_key"), "previous_secret_signs_until",
+        /// "retired_early"} instead.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Give a service a new token; the old one keeps working for the grace
+    /// period. Refused during the grace of the last rotation, unless
+    /// --force. Prints the new token on the last line.
+    RotateToken {
+        name: String,
+        /// How long the old token keeps working: 90s, 30m, 24h, 7d.
+        #[arg(long, default_value = crate::services::DEFAULT_OVERLAP)]
+        grace: String,
+        /// Rotate even during the last rotation's grace: the token before
+        /// the current one stops working at once.
+        #[arg(long)]
+        force: bool,
+        /// Print one JSON object {"service", "token",
+        /// "previous_token_works_until", "retired_early"} instead.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Point a service at a new base URL.
+    SetUrl {
+        name: String,
+        base_url: String,
+        /// Where base URLs may point (as for `serve`).
+        #[arg(long, env = "WATCHPUMP_ALLOWED_DESTINATIONS", value_parser = Destinations::parse)]
+        allowed_destinations: Option<Destinations>,
+    },
+    /// Set the most deliveries a second a service gets, all pumps together
+    /// (`none`: no limit). Deliveries over it wait; none is dropped.
+    SetRate {
+        name: String,
+        /// Deliveries a second (at least 1), or `none`.
+        rate: String,
+    },
+    /// Pause every watch of a service: nothing is sent to it and nothing
+    /// fails until it is resumed.
+    Pause { name: String },
+    /// Resume a paused service: its waiting news is sent, each with a fresh
+    /// delivery window.
+    Resume { name: String },
+    /// Remove a service: its token stops working, its watches are removed
+    /// and their undelivered deliveries dropped.
+    Remove {
+        name: String,
+        /// Confirm: without it nothing is removed.
+        #[arg(long)]
+        yes: bool,
+    },
+}
 
 /// A forced rotation during an overlap stopped a credential early: said on
 /// stderr, whatever the output format, since a consumer may still be on it.
