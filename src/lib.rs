@@ -61,8 +61,10 @@
 //!   [`pump::fence`]: a pump sends only while its lease covers the request.
 //! - [`leader`]: which periodic jobs run once per database, and how a
 //!   leader is chosen and replaced (advisory locks, keepalives).
-//! - [`http`]: what the HTTP front ends share: the one error type, the
-//!   bearer parser, request text checks, the panel's HTML blocks.
+//! - [`http`]: what the HTTP front ends share: the one application state
+//!   every router of the listener takes ([`http::App`]: pool, reads,
+//!   throttle, settings, each held once), the one error type, the bearer
+//!   parser, request text checks, the panel's HTML blocks.
 //! - [`api`]: the watches API consumers call (axum); [`api::limits`]:
 //!   what one service's self-service writes may cost (a token bucket per
 //!   service, and the bounds on what the writes queue).

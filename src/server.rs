@@ -18,9 +18,10 @@ use sqlx::{Connection, PgConnection, PgPool};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::api::{self, AppState};
+use crate::api;
 use crate::config::ServeConfig;
 use crate::error::{Error, Result};
+use crate::http::App;
 use crate::pump::Pump;
 use crate::{edge, metrics, operator, schema, services};
 
@@ -235,29 +236,19 @@ pub async fn serve(
     let stopped = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
     };
-    let throttle = std::sync::Arc::new(cfg.edge.throttle.throttle());
-    let settings = operator::Settings {
-        throttle: throttle.clone(),
-        ..operator::Settings::new(&cfg.operator, &cfg.pump, cfg.listen)
-    };
+    // One application state for every router of the listener.
+    let state = App::new(pool.clone(), &cfg.pump, &cfg.operator, cfg.listen)
+        .with_reads(reads.clone())
+        .with_throttle(std::sync::Arc::new(cfg.edge.throttle.throttle()));
     let worker = operator::Worker::new(
         pool.clone(),
         (*cfg.operator).clone(),
         &cfg.pump,
-        &settings.panel_url,
+        &state.settings.panel_url,
     )?;
     // One application for every audience, traced once as a whole.
-    let app = crate::telemetry::http::traced(
-        api::app_with(
-            AppState::new(pool.clone(), &cfg.pump).with_reads(reads.clone()),
-            throttle,
-        )
-        .merge(operator::router(operator::OperatorState {
-            pool: pool.clone(),
-            reads: reads.clone(),
-            settings: std::sync::Arc::new(settings),
-        })),
-    );
+    let app =
+        crate::telemetry::http::traced(api::app(state.clone()).merge(operator::router(state)));
     let api = tokio::spawn(edge::serve(
         listener,
         app,

@@ -23,9 +23,8 @@ use reqwest::header::{ORIGIN, RETRY_AFTER, SET_COOKIE};
 use reqwest::StatusCode;
 use serde_json::Value;
 use tokio::sync::oneshot;
-use watchpump::api::AppState;
 use watchpump::edge::EdgeLimits;
-use watchpump::operator::{OperatorState, Settings};
+use watchpump::http::App;
 use watchpump::throttle::Throttle;
 
 const FAILURES: u32 = 3;
@@ -45,17 +44,9 @@ impl Server {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let throttle = Arc::new(Throttle::new(FAILURES, WINDOW));
-        let settings = Settings {
-            throttle: throttle.clone(),
-            ..Settings::new(&operator_config(), &pump_config(), addr)
-        };
-        let app =
-            watchpump::api::app_with(AppState::new(db.pool.clone(), &pump_config()), throttle)
-                .merge(watchpump::operator::router(OperatorState {
-                    pool: db.pool.clone(),
-                    reads: watchpump::replica::Reads::primary(db.pool.clone()),
-                    settings: Arc::new(settings),
-                }));
+        let state = App::new(db.pool.clone(), &pump_config(), &operator_config(), addr)
+            .with_throttle(throttle);
+        let app = watchpump::api::app(state.clone()).merge(watchpump::operator::router(state));
         let (stop, stopped) = oneshot::channel::<()>();
         tokio::spawn(watchpump::edge::serve(
             listener,

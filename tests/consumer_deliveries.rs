@@ -40,10 +40,7 @@ impl Setup {
             .await
             .unwrap();
         let (docs_service, docs_token) = db.add_service("docs", &docs.base_url()).await;
-        let app = watchpump::api::app(watchpump::api::AppState::new(
-            db.pool.clone(),
-            &pump_config(),
-        ));
+        let app = watchpump::api::app(api_state(&db.pool, &pump_config()));
         let addr = serve(app).await;
         let pump = RunningPump::start(&db.pool, pump_config());
         Setup {

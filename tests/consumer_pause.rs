@@ -33,10 +33,7 @@ impl Setup {
         let consumer = Receiver::start().await;
         let (deploy, token) = db.add_service("deploy", &consumer.base_url()).await;
         let (_, docs_token) = db.add_service("docs", "http://127.0.0.1:9").await;
-        let app = watchpump::api::app(watchpump::api::AppState::new(
-            db.pool.clone(),
-            &pump_config(),
-        ));
+        let app = watchpump::api::app(api_state(&db.pool, &pump_config()));
         let addr = serve(app).await;
         let mut operator = operator_config();
         operator.operator_interval_ms = 100;

@@ -35,9 +35,9 @@ impl Setup {
         let consumer = Receiver::start().await;
         let (deploy, token) = db.add_service("deploy", &consumer.base_url()).await;
         let (_, docs_token) = db.add_service("docs", "http://127.0.0.1:9").await;
-        let mut state = watchpump::api::AppState::new(db.pool.clone(), &pump_config());
-        state.resync_max_objects = max;
-        let addr = serve(watchpump::api::app(state)).await;
+        let mut pump = pump_config();
+        pump.resync_max_objects = max;
+        let addr = serve(watchpump::api::app(api_state(&db.pool, &pump))).await;
         Setup {
             _pump: RunningPump::start(&db.pool, pump_config()),
             http: reqwest::Client::new(),

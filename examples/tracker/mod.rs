@@ -12,7 +12,6 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::Arc;
 
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -23,7 +22,7 @@ use serde_json::{json, Value};
 use sqlx::PgPool;
 use tokio::sync::watch;
 use watchpump::config::PumpConfig;
-use watchpump::operator::{OperatorConfig, OperatorState, Settings};
+use watchpump::operator::OperatorConfig;
 use watchpump::pump::Pump;
 
 /// The producer's name: deliveries go to `<consumer>/api/v1/tracker/events`.
@@ -73,7 +72,7 @@ pub async fn run(
     operator.admin_token = cfg.admin_token.clone();
     let listener = tokio::net::TcpListener::bind(cfg.listen).await?;
     let addr = listener.local_addr()?;
-    let settings = Settings::new(&operator, &pump_cfg, addr);
+    let state = watchpump::http::App::new(pool.clone(), &pump_cfg, &operator, addr);
 
     // Its own routes, watchpump's consumer API, admin API and panel, each
     // request in a span named by its route (traced once, as a whole).
@@ -82,15 +81,8 @@ pub async fn run(
             .route("/issues/{project}", post(open_issue))
             .route("/issues/{project}/{number}/close", post(close_issue))
             .with_state(Tracker { pool: pool.clone() })
-            .merge(watchpump::api::app(watchpump::api::AppState::new(
-                pool.clone(),
-                &pump_cfg,
-            )))
-            .merge(watchpump::operator::router(OperatorState {
-                pool: pool.clone(),
-                reads: watchpump::replica::Reads::primary(pool.clone()),
-                settings: Arc::new(settings),
-            })),
+            .merge(watchpump::api::app(state.clone()))
+            .merge(watchpump::operator::router(state)),
     );
 
     let (stop, stopped) = watch::channel(false);

@@ -1,15 +1,12 @@
 //! The calling service, from `Authorization: Bearer <service token>`.
 
-use std::sync::Arc;
-
 use axum::extract::FromRequestParts;
 use axum::http::header::AUTHORIZATION;
 use axum::http::request::Parts;
 
-use crate::api::AppState;
-use crate::http::{bearer, HttpError};
+use crate::http::{bearer, App, HttpError};
 use crate::services::{self, Service};
-use crate::throttle::{ClientAddr, Door, Throttle};
+use crate::throttle::{ClientAddr, Door};
 
 /// What a caller without a valid service token is told.
 const TOKEN_REQUIRED: &str = "a valid service token is required: Authorization: Bearer <token>";
@@ -20,21 +17,15 @@ const TOKEN_REQUIRED: &str = "a valid service token is required: Authorization: 
 /// before the token is looked at.
 pub struct Caller(pub Service);
 
-impl FromRequestParts<AppState> for Caller {
+impl FromRequestParts<App> for Caller {
     type Rejection = HttpError;
 
-    async fn from_request_parts(
-        parts: &mut Parts,
-        state: &AppState,
-    ) -> Result<Self, Self::Rejection> {
+    async fn from_request_parts(parts: &mut Parts, state: &App) -> Result<Self, Self::Rejection> {
         let ClientAddr(client) = ClientAddr::of(parts);
-        // Always there: `api::app_with` puts it in every request.
-        let throttle = parts.extensions.get::<Arc<Throttle>>().cloned();
-        if let Some(throttle) = &throttle {
-            throttle
-                .check(Door::Service, client)
-                .map_err(HttpError::Throttled)?;
-        }
+        let throttle = &state.throttle;
+        throttle
+            .check(Door::Service, client)
+            .map_err(HttpError::Throttled)?;
         if !parts.headers.contains_key(AUTHORIZATION) {
             return Err(HttpError::Unauthorized(TOKEN_REQUIRED));
         }
@@ -43,13 +34,11 @@ impl FromRequestParts<AppState> for Caller {
             None => None,
         };
         service.map(Caller).ok_or_else(|| {
-            if let Some(throttle) = &throttle {
-                throttle.fail(
-                    Door::Service,
-                    client,
-                    "wrong service token on the watches API",
-                );
-            }
+            throttle.fail(
+                Door::Service,
+                client,
+                "wrong service token on the watches API",
+            );
             HttpError::Unauthorized(TOKEN_REQUIRED)
         })
     }

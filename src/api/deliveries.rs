@@ -19,13 +19,14 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use sqlx::PgPool;
 
+use crate::api::auth::Caller;
 use crate::api::limits::{self, Write};
 use crate::api::openapi::Error as ErrorBody;
-use crate::api::{auth::Caller, AppState};
 use crate::db::consumer as db;
 pub use crate::db::consumer::Attempt;
 use crate::delivery::State as DeliveryState;
 use crate::error::{Error, Result};
+use crate::http::App;
 use crate::http::HttpError;
 use crate::operator::store;
 use crate::replica::with_lag;
@@ -165,7 +166,7 @@ pub struct Redelivered {
         (status = 401, description = "no valid token", body = ErrorBody),
     ))]
 pub async fn list(
-    State(state): State<AppState>,
+    State(state): State<App>,
     Caller(service): Caller,
     query: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Json<Value>, HttpError> {
@@ -185,7 +186,7 @@ pub async fn list(
     let more = page.len() as i64 > limit;
     page.truncate(limit as usize);
     let next_after = more.then(|| page.last().map(|d| d.id)).flatten();
-    Ok(Json(state.mask_json(with_lag(
+    Ok(Json(state.settings.mask_json(with_lag(
         json!({ "deliveries": page, "next_after": next_after }),
         lag,
     ))))
@@ -205,7 +206,7 @@ pub async fn list(
         (status = 401, description = "no valid token", body = ErrorBody),
     ))]
 pub async fn show(
-    State(state): State<AppState>,
+    State(state): State<App>,
     Caller(service): Caller,
     id: Result<Path<i64>, PathRejection>,
 ) -> Result<Json<Value>, HttpError> {
@@ -213,12 +214,12 @@ pub async fn show(
     let entry = entry(&state.pool, service.id, id)
         .await?
         .ok_or_else(|| no_such_delivery(id))?;
-    let body = sent_body(&state.pool, id, &state.producer).await?;
+    let body = sent_body(&state.pool, id, &state.settings.producer).await?;
     let attempts = db::attempts(&state.pool, id).await?;
     let mut shown = serde_json::to_value(&entry).map_err(|e| Error::Invalid(e.to_string()))?;
     shown["body"] = body;
     shown["attempts"] = json!(attempts);
-    Ok(Json(state.mask_json(shown)))
+    Ok(Json(state.settings.mask_json(shown)))
 }
 
 /// Queue it again under the same id
@@ -238,7 +239,7 @@ pub async fn show(
         (status = 429, description = "the delivery was redelivered less than a minute ago, or this service's self-service writes are over its bucket (60 at once, then 1 a second: watch creation, ping, redeliver, resync, pause and resume together); Retry-After (seconds) says when to ask again", body = ErrorBody, headers(("Retry-After" = u64, description = "seconds to wait before asking again"))),
     ))]
 pub async fn redeliver(
-    State(state): State<AppState>,
+    State(state): State<App>,
     Caller(service): Caller,
     id: Result<Path<i64>, PathRejection>,
 ) -> Result<(StatusCode, Json<Value>), HttpError> {

@@ -9,8 +9,9 @@ use axum::extract::{Query, State};
 use axum::Json;
 use serde::{Deserialize, Serialize};
 
+use crate::api::auth::Caller;
 use crate::api::openapi::Error;
-use crate::api::{auth::Caller, AppState};
+use crate::http::App;
 use crate::http::HttpError;
 use crate::kinds::{self, Kind};
 
@@ -52,7 +53,7 @@ pub struct Page {
         (status = 401, description = "no valid token", body = Error),
     ))]
 pub async fn list(
-    State(state): State<AppState>,
+    State(state): State<App>,
     Caller(_): Caller,
     query: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Json<Page>, HttpError> {

@@ -13,86 +13,19 @@ pub mod openapi;
 pub mod rate;
 pub mod watches;
 
-use std::sync::Arc;
-
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use axum::Router;
-use sqlx::PgPool;
 
-use crate::http::{text, HttpError};
-use crate::throttle::Throttle;
+use crate::http::{text, App, HttpError};
 
 /// Largest request body the API reads.
 pub const BODY_LIMIT: usize = 64 * 1024;
 
-/// What every handler can reach.
-#[derive(Clone)]
-pub struct AppState {
-    pub pool: PgPool,
-    /// Where the listing pages read: `pool`, or a standby
-    /// (`WATCHPUMP_READ_DATABASE_URL`, [`crate::replica`]).
-    pub reads: crate::replica::Reads,
-    /// The producer's name: a delivery's body, shown to its consumer as
-    /// sent, carries it.
-    pub producer: String,
-    /// The producer's token, masked in whatever is shown (a consumer's
-    /// answer may echo it).
-    producer_token: String,
-    /// WATCHPUMP_RESYNC_MAX_OBJECTS: the objects one resync goes through
-    /// at most.
-    pub resync_max_objects: u32,
-}
-
-impl AppState {
-    /// The state for the pump configured by `pump` (its producer's name and
-    /// token).
-    pub fn new(pool: PgPool, pump: &crate::config::PumpConfig) -> AppState {
-        AppState {
-            reads: crate::replica::Reads::primary(pool.clone()),
-            pool,
-            producer: pump.producer.clone(),
-            producer_token: pump.producer_token.clone(),
-            resync_max_objects: pump.resync_max_objects,
-        }
-    }
-
-    /// The state with its listing pages read through `reads`.
-    pub fn with_reads(self, reads: crate::replica::Reads) -> AppState {
-        AppState { reads, ..self }
-    }
-
-    /// `value` with every string masked ([`crate::redact::mask`]): the
-    /// producer's token and anything that looks like a credential.
-    pub fn mask_json(&self, value: serde_json::Value) -> serde_json::Value {
-        use serde_json::Value;
-        match value {
-            Value::String(s) => Value::String(crate::redact::mask(&s, &[&self.producer_token])),
-            Value::Array(items) => {
-                Value::Array(items.into_iter().map(|v| self.mask_json(v)).collect())
-            }
-            Value::Object(fields) => Value::Object(
-                fields
-                    .into_iter()
-                    .map(|(k, v)| (k, self.mask_json(v)))
-                    .collect(),
-            ),
-            other => other,
-        }
-    }
-}
-
-/// The API as a router, for `serve`, embedding and tests, with the default
-/// throttle of failed service-token authentications (10 a minute per
-/// client address).
-pub fn app(state: AppState) -> Router {
-    app_with(state, Arc::new(Throttle::default()))
-}
-
-/// [`app`] with a throttle of one's own (`watchpump serve` shares its
-/// configured one with the panel and the admin API); the handlers find it
-/// in the request's extensions.
-pub fn app_with(state: AppState, throttle: Arc<Throttle>) -> Router {
+/// The API as a router, for `serve`, embedding and tests; it takes the one
+/// application state ([`App`]), whose throttle counts failed service-token
+/// authentications.
+pub fn app(state: App) -> Router {
     Router::new()
         .route("/api/v1/watches", get(watches::list).post(watches::create))
         .route(
@@ -120,7 +53,6 @@ pub fn app_with(state: AppState, throttle: Arc<Throttle>) -> Router {
         .method_not_allowed_fallback(|| async { HttpError::MethodNotAllowed })
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .layer(axum::middleware::from_fn(text::refuse_unreadable))
-        .layer(axum::Extension(throttle))
         .with_state(state)
 }
 
@@ -132,7 +64,7 @@ pub fn app_with(state: AppState, throttle: Arc<Throttle>) -> Router {
         (status = 200, description = "ok", body = String, content_type = "text/plain"),
     ))]
 async fn healthz(
-    axum::extract::State(state): axum::extract::State<AppState>,
+    axum::extract::State(state): axum::extract::State<App>,
 ) -> Result<&'static str, HttpError> {
     crate::db::consumer::ping_database(&state.pool).await?;
     Ok("ok")

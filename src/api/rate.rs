@@ -7,8 +7,9 @@ use axum::extract::State;
 use axum::Json;
 use serde::Deserialize;
 
+use crate::api::auth::Caller;
 use crate::api::openapi::Error;
-use crate::api::{auth::Caller, AppState};
+use crate::http::App;
 use crate::http::HttpError;
 use crate::services::rate::{self, Rates};
 
@@ -32,7 +33,7 @@ pub struct RateBody {
         (status = 401, description = "no valid token", body = Error),
     ))]
 pub async fn show(
-    State(state): State<AppState>,
+    State(state): State<App>,
     Caller(service): Caller,
 ) -> Result<Json<Rates>, HttpError> {
     Ok(Json(rate::get(&state.pool, service.id).await?))
@@ -52,7 +53,7 @@ pub async fn show(
         (status = 401, description = "no valid token", body = Error),
     ))]
 pub async fn set(
-    State(state): State<AppState>,
+    State(state): State<App>,
     Caller(service): Caller,
     body: Result<Json<RateBody>, JsonRejection>,
 ) -> Result<Json<Rates>, HttpError> {
@@ -74,7 +75,7 @@ pub async fn set(
         (status = 401, description = "no valid token", body = Error),
     ))]
 pub async fn clear(
-    State(state): State<AppState>,
+    State(state): State<App>,
     Caller(service): Caller,
 ) -> Result<Json<Rates>, HttpError> {
     Ok(Json(

@@ -8,9 +8,10 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use crate::api::auth::Caller;
 use crate::api::limits::{self, Write};
 use crate::api::openapi::Error;
-use crate::api::{auth::Caller, AppState};
+use crate::http::App;
 use crate::http::HttpError;
 use crate::services::Service;
 use crate::watches::{self, resync, NewWatch, Watch};
@@ -39,7 +40,7 @@ const MAX_PAGE: i64 = 1000;
         (status = 429, description = "this service's self-service writes are over its bucket (60 at once, then 1 a second: watch creation, ping, redeliver, resync, pause and resume together); with \"resync\": true, also as for the resync call; Retry-After (seconds) says when to ask again", body = Error, headers(("Retry-After" = u64, description = "seconds to wait before asking again"))),
     ))]
 pub async fn create(
-    State(state): State<AppState>,
+    State(state): State<App>,
     Caller(service): Caller,
     body: Result<Json<NewWatch>, JsonRejection>,
 ) -> Result<(StatusCode, Json<Value>), HttpError> {
@@ -92,7 +93,7 @@ pub async fn create(
         (status = 401, description = "no valid token", body = Error),
     ))]
 pub async fn resync(
-    State(state): State<AppState>,
+    State(state): State<App>,
     Caller(service): Caller,
     id: Result<Path<i64>, axum::extract::rejection::PathRejection>,
 ) -> Result<(StatusCode, Json<Value>), HttpError> {
@@ -105,12 +106,12 @@ pub async fn resync(
 }
 
 async fn start_resync(
-    state: &AppState,
+    state: &App,
     service: &Service,
     watch_id: i64,
 ) -> Result<resync::ConsumerStarted, HttpError> {
     limits::take(&state.pool, service, Write::Resync).await?;
-    let max = state.resync_max_objects;
+    let max = state.settings.resync_max_objects;
     let started = resync::start_for_consumer(&state.pool, service.id, watch_id, max)
         .await
         .map_err(|e| match e {
@@ -194,7 +195,7 @@ pub struct DeliveryId {
         (status = 401, description = "no valid token", body = Error),
     ))]
 pub async fn list(
-    State(state): State<AppState>,
+    State(state): State<App>,
     Caller(service): Caller,
     query: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Json<Value>, HttpError> {
@@ -235,7 +236,7 @@ pub async fn list(
         (status = 401, description = "no valid token", body = Error),
     ))]
 pub async fn show(
-    State(state): State<AppState>,
+    State(state): State<App>,
     Caller(service): Caller,
     id: Result<Path<i64>, axum::extract::rejection::PathRejection>,
 ) -> Result<Json<Watch>, HttpError> {
@@ -257,7 +258,7 @@ pub async fn show(
         (status = 401, description = "no valid token", body = Error),
     ))]
 pub async fn remove(
-    State(state): State<AppState>,
+    State(state): State<App>,
     Caller(service): Caller,
     id: Result<Path<i64>, axum::extract::rejection::PathRejection>,
 ) -> Result<StatusCode, HttpError> {
@@ -286,7 +287,7 @@ pub async fn remove(
         (status = 429, description = "the watch was resumed less than 60 s ago, or this service's self-service writes are over its bucket (60 at once, then 1 a second: watch creation, ping, redeliver, resync, pause and resume together); Retry-After (seconds) says when to ask again", body = Error, headers(("Retry-After" = u64, description = "seconds to wait before asking again"))),
     ))]
 pub async fn pause(
-    State(state): State<AppState>,
+    State(state): State<App>,
     Caller(service): Caller,
     id: Result<Path<i64>, axum::extract::rejection::PathRejection>,
 ) -> Result<Json<Value>, HttpError> {
@@ -308,7 +309,7 @@ pub async fn pause(
         (status = 429, description = "this service's self-service writes are over its bucket (60 at once, then 1 a second: watch creation, ping, redeliver, resync, pause and resume together); Retry-After (seconds) says when to ask again", body = Error, headers(("Retry-After" = u64, description = "seconds to wait before asking again"))),
     ))]
 pub async fn resume(
-    State(state): State<AppState>,
+    State(state): State<App>,
     Caller(service): Caller,
     id: Result<Path<i64>, axum::extract::rejection::PathRejection>,
 ) -> Result<Json<Value>, HttpError> {
@@ -316,7 +317,7 @@ pub async fn resume(
 }
 
 async fn set_paused(
-    state: AppState,
+    state: App,
     service: Service,
     id: Result<Path<i64>, axum::extract::rejection::PathRejection>,
     paused: bool,
@@ -360,7 +361,7 @@ pub const PING_EVERY_SECS: i64 = 10;
         (status = 401, description = "no valid token", body = Error),
     ))]
 pub async fn ping(
-    State(state): State<AppState>,
+    State(state): State<App>,
     Caller(service): Caller,
     id: Result<Path<i64>, axum::extract::rejection::PathRejection>,
 ) -> Result<(StatusCode, Json<Value>), HttpError> {

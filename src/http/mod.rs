@@ -2,11 +2,15 @@
 //! every handler answers with, as JSON (the watches API, the admin API) or
 //! as a page (the panel) ([`error`]); the one reading of `Authorization:
 //! Bearer` ([`bearer()`](fn@bearer)); request text PostgreSQL cannot take ([`text`]);
-//! and the HTML building blocks of the panel's pages ([`html`]).
+//! and the HTML building blocks of the panel's pages ([`html`]); and the
+//! one application state every router of `serve`'s listener takes
+//! ([`app`]).
 //!
 //! [`crate::edge`] is the layer below: connections, timeouts and caps,
 //! before a request reaches a router.
 
+#[cfg(feature = "producer")]
+pub mod app;
 pub mod bearer;
 #[cfg(feature = "producer")]
 pub mod error;
@@ -15,6 +19,8 @@ pub mod html;
 #[cfg(feature = "producer")]
 pub mod text;
 
+#[cfg(feature = "producer")]
+pub use app::App;
 pub use bearer::bearer;
 #[cfg(feature = "producer")]
 pub use error::{AsHtml, HttpError};

@@ -1,7 +1,7 @@
 //! `/api/v1/admin`: the operator's JSON API, with the admin token as
 //! `Authorization: Bearer`. Same errors and validation as the watches
 //! API ([`HttpError`]); everything here also works from psql. Every answer
-//! goes through [`crate::operator::Settings::mask_json`]: consumers' answers
+//! goes through [`crate::http::app::Settings::mask_json`]: consumers' answers
 //! stored before masking existed, or echoing something new, show no token.
 
 use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
@@ -18,15 +18,16 @@ use crate::replica::with_lag;
 
 use crate::api::openapi::Error;
 use crate::api::BODY_LIMIT;
+use crate::http::App;
 use crate::http::{bearer, text, HttpError};
+use crate::operator::auth;
 use crate::operator::store::{self, DeliveryFilter, WatchFilter};
-use crate::operator::{auth, OperatorState};
 use crate::throttle::{ClientAddr, Door};
 
 /// How admin API actions appear in a delivery's history.
 pub const ACTOR: &str = "admin-api";
 
-pub fn routes() -> Router<OperatorState> {
+pub fn routes() -> Router<App> {
     Router::new()
         .route("/api/v1/admin/backlog", get(backlog))
         .route("/api/v1/admin/deliveries", get(deliveries))
@@ -50,18 +51,15 @@ pub struct Admin;
 const TOKEN_REQUIRED: &str =
     "the admin token is required: Authorization: Bearer <WATCHPUMP_ADMIN_TOKEN>";
 
-impl FromRequestParts<OperatorState> for Admin {
+impl FromRequestParts<App> for Admin {
     type Rejection = HttpError;
 
-    async fn from_request_parts(
-        parts: &mut Parts,
-        state: &OperatorState,
-    ) -> Result<Self, Self::Rejection> {
+    async fn from_request_parts(parts: &mut Parts, state: &App) -> Result<Self, Self::Rejection> {
         let configured = state.settings.admin_token.as_deref().ok_or(HttpError::Off(
             "the admin API is off: WATCHPUMP_ADMIN_TOKEN is not set",
         ))?;
         let ClientAddr(client) = ClientAddr::of(parts);
-        let throttle = &state.settings.throttle;
+        let throttle = &state.throttle;
         throttle
             .check(Door::Admin, client)
             .map_err(HttpError::Throttled)?;
@@ -94,10 +92,7 @@ pub(crate) struct BacklogAnswer {
         (status = 200, description = "backlog", body = BacklogAnswer),
         (status = 401, description = "no valid token", body = Error),
     ))]
-pub(crate) async fn backlog(
-    _: Admin,
-    State(state): State<OperatorState>,
-) -> Result<Json<Value>, HttpError> {
+pub(crate) async fn backlog(_: Admin, State(state): State<App>) -> Result<Json<Value>, HttpError> {
     let lag = state.reads.lag().await?;
     let services = store::backlog(state.reads.pool()).await?;
     Ok(Json(
@@ -133,7 +128,7 @@ pub(crate) struct AdminDeliveryPage {
     ))]
 pub(crate) async fn deliveries(
     _: Admin,
-    State(state): State<OperatorState>,
+    State(state): State<App>,
     query: Result<Query<DeliveryFilter>, QueryRejection>,
 ) -> Result<Json<Value>, HttpError> {
     let Query(filter) = query?;
@@ -175,7 +170,7 @@ pub(crate) struct AdminDeliveryShown {
     ))]
 pub(crate) async fn delivery(
     _: Admin,
-    State(state): State<OperatorState>,
+    State(state): State<App>,
     id: Result<Path<i64>, PathRejection>,
 ) -> Result<Json<Value>, HttpError> {
     let id = delivery_id(id)?;
@@ -209,7 +204,7 @@ pub(crate) struct Attempts {
     ))]
 pub(crate) async fn attempts(
     _: Admin,
-    State(state): State<OperatorState>,
+    State(state): State<App>,
     id: Result<Path<i64>, PathRejection>,
 ) -> Result<Json<Value>, HttpError> {
     let id = delivery_id(id)?;
@@ -247,7 +242,7 @@ pub(crate) struct Requeued {
     ))]
 pub(crate) async fn retry(
     _: Admin,
-    State(state): State<OperatorState>,
+    State(state): State<App>,
     id: Result<Path<i64>, PathRejection>,
 ) -> Result<Json<Value>, HttpError> {
     let id = delivery_id(id)?;
@@ -291,7 +286,7 @@ pub(crate) struct RequeuedFailures {
     ))]
 pub(crate) async fn retry_failed(
     _: Admin,
-    State(state): State<OperatorState>,
+    State(state): State<App>,
     Path(name): Path<String>,
     body: Result<Json<RetryFailed>, JsonRejection>,
 ) -> Result<Json<Value>, HttpError> {
@@ -328,7 +323,7 @@ pub(crate) struct AdminWatchPage {
     ))]
 pub(crate) async fn watches(
     _: Admin,
-    State(state): State<OperatorState>,
+    State(state): State<App>,
     query: Result<Query<WatchFilter>, QueryRejection>,
 ) -> Result<Json<Value>, HttpError> {
     let Query(filter) = query?;
@@ -377,7 +372,7 @@ pub(crate) struct Warnings {
     ))]
 pub(crate) async fn warnings(
     _: Admin,
-    State(state): State<OperatorState>,
+    State(state): State<App>,
     query: Result<Query<WarningQuery>, QueryRejection>,
 ) -> Result<Json<Value>, HttpError> {
     let Query(q) = query?;

@@ -14,12 +14,12 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::api::openapi::Error;
+use crate::http::App;
 use crate::http::{text, HttpError};
 use crate::operator::admin::{Admin, ACTOR};
-use crate::operator::OperatorState;
 use crate::services;
 
-pub fn routes() -> Router<OperatorState> {
+pub fn routes() -> Router<App> {
     Router::new()
         .route("/api/v1/admin/services", get(list).post(add))
         .route(
@@ -53,10 +53,7 @@ pub(crate) struct ServiceList {
         (status = 200, description = "services", body = ServiceList),
         (status = 401, description = "no valid token", body = Error),
     ))]
-pub(crate) async fn list(
-    _: Admin,
-    State(state): State<OperatorState>,
-) -> Result<Json<Value>, HttpError> {
+pub(crate) async fn list(_: Admin, State(state): State<App>) -> Result<Json<Value>, HttpError> {
     let services = services::list(&state.pool).await?;
     Ok(Json(
         state.settings.mask_json(json!({ "services": services })),
@@ -96,7 +93,7 @@ pub(crate) struct Registered {
     ))]
 pub(crate) async fn add(
     _: Admin,
-    State(state): State<OperatorState>,
+    State(state): State<App>,
     body: Result<Json<NewService>, JsonRejection>,
 ) -> Result<(StatusCode, Json<Value>), HttpError> {
     let Json(new) = body?;
@@ -171,7 +168,7 @@ pub(crate) struct SecretRotated {
     ))]
 pub(crate) async fn rotate_secret(
     _: Admin,
-    State(state): State<OperatorState>,
+    State(state): State<App>,
     Path(name): Path<String>,
     body: axum::body::Bytes,
 ) -> Result<Json<Value>, HttpError> {
@@ -215,7 +212,7 @@ pub(crate) struct TokenRotated {
     ))]
 pub(crate) async fn rotate_token(
     _: Admin,
-    State(state): State<OperatorState>,
+    State(state): State<App>,
     Path(name): Path<String>,
     body: axum::body::Bytes,
 ) -> Result<Json<Value>, HttpError> {
@@ -257,7 +254,7 @@ pub(crate) struct Moved {
     ))]
 pub(crate) async fn set_url(
     _: Admin,
-    State(state): State<OperatorState>,
+    State(state): State<App>,
     Path(name): Path<String>,
     body: Result<Json<NewUrl>, JsonRejection>,
 ) -> Result<Json<Value>, HttpError> {
@@ -306,7 +303,7 @@ pub(crate) struct RateSet {
     ))]
 pub(crate) async fn set_rate(
     _: Admin,
-    State(state): State<OperatorState>,
+    State(state): State<App>,
     Path(name): Path<String>,
     body: Result<Json<NewRate>, JsonRejection>,
 ) -> Result<Json<Value>, HttpError> {
@@ -339,7 +336,7 @@ pub(crate) struct Removed {
     ))]
 pub(crate) async fn remove(
     _: Admin,
-    State(state): State<OperatorState>,
+    State(state): State<App>,
     Path(name): Path<String>,
 ) -> Result<Json<Value>, HttpError> {
     let removal = services::remove(&state.pool, &name, ACTOR).await?;

@@ -4,7 +4,6 @@
 //! ways in (the admin token, a panel session).
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 
 use axum::Router;
 use sqlx::PgPool;
@@ -75,6 +74,15 @@ pub async fn serve(app: Router) -> SocketAddr {
     addr
 }
 
+/// The one application state for `pump`, the panel and the admin API off
+/// (so the address it is told, for the panel's URL, is of no use): what the
+/// watches API alone is served with.
+pub fn api_state(pool: &PgPool, pump: &watchpump::config::PumpConfig) -> watchpump::http::App {
+    let operator = watchpump::operator::OperatorConfig::new();
+    let unused: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    watchpump::http::App::new(pool.clone(), pump, &operator, unused)
+}
+
 /// The watches API alone (`watchpump::api::app`) on loopback, on a fresh
 /// database with two consumer services registered, `deploy` and `docs`;
 /// served for as long as the test runs. A test file adds the calls it makes
@@ -94,10 +102,7 @@ impl WatchesApi {
         let db = TestDb::new().await;
         let (deploy, deploy_token) = db.add_service("deploy", "http://127.0.0.1:9").await;
         let (docs, docs_token) = db.add_service("docs", "http://127.0.0.1:9").await;
-        let app = watchpump::api::app(watchpump::api::AppState::new(
-            db.pool.clone(),
-            &pump_config(),
-        ));
+        let app = watchpump::api::app(api_state(&db.pool, &pump_config()));
         let addr = serve(app).await;
         WatchesApi {
             db,
@@ -133,15 +138,8 @@ impl AppServer {
     pub async fn start(pool: &PgPool, operator: &watchpump::operator::OperatorConfig) -> AppServer {
         let listener = loopback().await;
         let addr = listener.local_addr().unwrap();
-        let settings = watchpump::operator::Settings::new(operator, &pump_config(), addr);
-        let app = watchpump::api::app(watchpump::api::AppState::new(pool.clone(), &pump_config()))
-            .merge(watchpump::operator::router(
-                watchpump::operator::OperatorState {
-                    pool: pool.clone(),
-                    reads: watchpump::replica::Reads::primary(pool.clone()),
-                    settings: Arc::new(settings),
-                },
-            ));
+        let state = watchpump::http::App::new(pool.clone(), &pump_config(), operator, addr);
+        let app = watchpump::api::app(state.clone()).merge(watchpump::operator::router(state));
         AppServer {
             addr,
             _server: Served::start(listener, app).await,

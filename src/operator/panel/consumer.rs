@@ -9,8 +9,8 @@ use axum::response::{IntoResponse, Redirect, Response};
 
 use super::{SameOrigin, Session};
 use crate::http::html::{self, esc};
+use crate::http::App;
 use crate::http::{AsHtml, HttpError};
-use crate::operator::OperatorState;
 use crate::watches::{pause, resync};
 
 /// The service page's "Deliveries" forms: pause or resume the whole
@@ -48,7 +48,7 @@ fn back_to(service: &str, done: &str, n: Option<i64>) -> Response {
     Redirect::to(&format!("/panel/services/{service}{}", html::query(&query))).into_response()
 }
 
-async fn set_service(state: &OperatorState, name: &str, paused: bool) -> Result<Response, AsHtml> {
+async fn set_service(state: &App, name: &str, paused: bool) -> Result<Response, AsHtml> {
     let service_id = pause::service_id(&state.pool, name).await?;
     pause::set_service(&state.pool, service_id, paused).await?;
     tracing::info!(service = %name, paused, "service paused or resumed from the panel");
@@ -62,7 +62,7 @@ async fn set_service(state: &OperatorState, name: &str, paused: bool) -> Result<
 pub async fn pause_service(
     _: Session,
     _: SameOrigin,
-    State(state): State<OperatorState>,
+    State(state): State<App>,
     Path(name): Path<String>,
 ) -> Result<Response, AsHtml> {
     set_service(&state, &name, true).await
@@ -71,21 +71,21 @@ pub async fn pause_service(
 pub async fn resume_service(
     _: Session,
     _: SameOrigin,
-    State(state): State<OperatorState>,
+    State(state): State<App>,
     Path(name): Path<String>,
 ) -> Result<Response, AsHtml> {
     set_service(&state, &name, false).await
 }
 
 /// The live watch's service: its id and name.
-async fn owner(state: &OperatorState, watch_id: i64) -> Result<(i64, String), AsHtml> {
+async fn owner(state: &App, watch_id: i64) -> Result<(i64, String), AsHtml> {
     let found = crate::db::operator::live_watch_owner(&state.pool, watch_id)
         .await
         .map_err(HttpError::from)?;
     Ok(found.ok_or_else(|| HttpError::NotFound(format!("There is no live watch {watch_id}.")))?)
 }
 
-async fn set_watch(state: &OperatorState, watch_id: i64, paused: bool) -> Result<Response, AsHtml> {
+async fn set_watch(state: &App, watch_id: i64, paused: bool) -> Result<Response, AsHtml> {
     let (service_id, name) = owner(state, watch_id).await?;
     pause::set_watch(&state.pool, service_id, watch_id, paused).await?;
     tracing::info!(watch_id, paused, "watch paused or resumed from the panel");
@@ -103,7 +103,7 @@ async fn set_watch(state: &OperatorState, watch_id: i64, paused: bool) -> Result
 pub async fn pause_watch(
     _: Session,
     _: SameOrigin,
-    State(state): State<OperatorState>,
+    State(state): State<App>,
     Path(watch_id): Path<i64>,
 ) -> Result<Response, AsHtml> {
     set_watch(&state, watch_id, true).await
@@ -112,7 +112,7 @@ pub async fn pause_watch(
 pub async fn resume_watch(
     _: Session,
     _: SameOrigin,
-    State(state): State<OperatorState>,
+    State(state): State<App>,
     Path(watch_id): Path<i64>,
 ) -> Result<Response, AsHtml> {
     set_watch(&state, watch_id, false).await
@@ -125,7 +125,7 @@ pub async fn resume_watch(
 pub async fn resync_watch(
     _: Session,
     _: SameOrigin,
-    State(state): State<OperatorState>,
+    State(state): State<App>,
     Path(watch_id): Path<i64>,
 ) -> Result<Response, AsHtml> {
     let (service_id, name) = owner(&state, watch_id).await?;

@@ -15,8 +15,8 @@ use serde::Deserialize;
 
 use super::{SameOrigin, Session, ACTOR};
 use crate::http::html::{self, esc};
+use crate::http::App;
 use crate::http::{AsHtml, HttpError};
-use crate::operator::OperatorState;
 use crate::services::{self, Credential};
 
 /// The forms of the service page's "Lifecycle" section.
@@ -82,7 +82,7 @@ fn shown_once(name: &str, what: &str, value: &str, old_until: DateTime<Utc>) -> 
 /// rotation's overlap, a 409 page that says until when, unless the form's
 /// `force` box is ticked.
 async fn rotate(
-    state: &OperatorState,
+    state: &App,
     name: &str,
     given: Result<Form<OverlapForm>, FormRejection>,
     credential: Credential,
@@ -107,7 +107,7 @@ async fn rotate(
 pub async fn rotate_secret(
     _: Session,
     _: SameOrigin,
-    State(state): State<OperatorState>,
+    State(state): State<App>,
     Path(name): Path<String>,
     given: Result<Form<OverlapForm>, FormRejection>,
 ) -> Result<Response, AsHtml> {
@@ -117,7 +117,7 @@ pub async fn rotate_secret(
 pub async fn rotate_token(
     _: Session,
     _: SameOrigin,
-    State(state): State<OperatorState>,
+    State(state): State<App>,
     Path(name): Path<String>,
     given: Result<Form<OverlapForm>, FormRejection>,
 ) -> Result<Response, AsHtml> {
@@ -133,7 +133,7 @@ pub struct UrlForm {
 pub async fn set_url(
     _: Session,
     _: SameOrigin,
-    State(state): State<OperatorState>,
+    State(state): State<App>,
     Path(name): Path<String>,
     given: Result<Form<UrlForm>, FormRejection>,
 ) -> Result<Response, AsHtml> {
@@ -159,7 +159,7 @@ pub struct RateForm {
 pub async fn set_rate(
     _: Session,
     _: SameOrigin,
-    State(state): State<OperatorState>,
+    State(state): State<App>,
     Path(name): Path<String>,
     given: Result<Form<RateForm>, FormRejection>,
 ) -> Result<Response, AsHtml> {
@@ -193,7 +193,7 @@ pub struct RemoveForm {
 pub async fn remove(
     _: Session,
     _: SameOrigin,
-    State(state): State<OperatorState>,
+    State(state): State<App>,
     Path(name): Path<String>,
     given: Result<Form<RemoveForm>, FormRejection>,
 ) -> Result<Response, AsHtml> {

@@ -21,8 +21,9 @@ use axum::{Form, Router};
 use serde::Deserialize;
 
 use crate::http::html::{self, esc};
+use crate::http::App;
 use crate::http::{text, AsHtml, HttpError};
-use crate::operator::{auth, OperatorState};
+use crate::operator::auth;
 use crate::throttle::{self, ClientAddr, Door};
 
 /// Forms are a few fields; nothing bigger is read.
@@ -31,7 +32,7 @@ const FORM_LIMIT: usize = 16 * 1024;
 /// How panel actions appear in a delivery's history.
 pub const ACTOR: &str = "panel";
 
-pub fn routes() -> Router<OperatorState> {
+pub fn routes() -> Router<App> {
     Router::new()
         .route("/panel", get(pages::overview))
         .route("/panel/", get(|| async { Redirect::to("/panel") }))
@@ -93,13 +94,10 @@ async fn refuse_unreadable(
 /// the login form, and any other request is refused with nothing changed.
 pub struct Session;
 
-impl FromRequestParts<OperatorState> for Session {
+impl FromRequestParts<App> for Session {
     type Rejection = Response;
 
-    async fn from_request_parts(
-        parts: &mut Parts,
-        state: &OperatorState,
-    ) -> Result<Self, Self::Rejection> {
+    async fn from_request_parts(parts: &mut Parts, state: &App) -> Result<Self, Self::Rejection> {
         let Some(token) = state.settings.admin_token.as_deref() else {
             return Err(panel_off());
         };
@@ -125,13 +123,10 @@ impl FromRequestParts<OperatorState> for Session {
 /// A state-changing request that came from the panel's own pages.
 pub struct SameOrigin;
 
-impl FromRequestParts<OperatorState> for SameOrigin {
+impl FromRequestParts<App> for SameOrigin {
     type Rejection = Response;
 
-    async fn from_request_parts(
-        parts: &mut Parts,
-        state: &OperatorState,
-    ) -> Result<Self, Self::Rejection> {
+    async fn from_request_parts(parts: &mut Parts, state: &App) -> Result<Self, Self::Rejection> {
         if auth::same_origin(&parts.headers, &state.settings.panel_origin) {
             Ok(SameOrigin)
         } else {
@@ -172,7 +167,7 @@ fn login_page(status: StatusCode, message: Option<&str>) -> Response {
     html::page(status, "Log in", &body, false)
 }
 
-async fn login_form(State(state): State<OperatorState>, headers: HeaderMap) -> Response {
+async fn login_form(State(state): State<App>, headers: HeaderMap) -> Response {
     let Some(token) = state.settings.admin_token.as_deref() else {
         return panel_off();
     };
@@ -205,7 +200,7 @@ fn locked_out(wait: std::time::Duration) -> Response {
 }
 
 async fn login(
-    State(state): State<OperatorState>,
+    State(state): State<App>,
     _: SameOrigin,
     ClientAddr(client): ClientAddr,
     form: Result<Form<Login>, axum::extract::rejection::FormRejection>,
@@ -213,7 +208,7 @@ async fn login(
     let Some(token) = state.settings.admin_token.as_deref() else {
         return Ok(panel_off());
     };
-    let throttle = &state.settings.throttle;
+    let throttle = &state.throttle;
     if let Err(wait) = throttle.check(Door::Admin, client) {
         return Ok(locked_out(wait));
     }
@@ -237,7 +232,7 @@ async fn login(
 }
 
 async fn logout(
-    State(state): State<OperatorState>,
+    State(state): State<App>,
     _: SameOrigin,
     headers: HeaderMap,
 ) -> Result<Response, AsHtml> {

@@ -10,14 +10,14 @@ use serde::Deserialize;
 use super::deliveries::deliveries_table;
 use super::lifecycle;
 use super::Session;
+use crate::http::app::{App, Settings};
 use crate::http::html::{self, esc};
 use crate::http::{AsHtml, HttpError};
 use crate::operator::store::{self, Backlog, DeliveryFilter, Warning, WatchFilter};
-use crate::operator::{OperatorState, Settings};
 use crate::replica;
 use crate::services;
 
-pub async fn overview(_: Session, State(state): State<OperatorState>) -> Result<Response, AsHtml> {
+pub async fn overview(_: Session, State(state): State<App>) -> Result<Response, AsHtml> {
     let lag = state.reads.lag().await?;
     let backlog = store::backlog(state.reads.pool()).await?;
     let failures = store::newest_failures(state.reads.pool(), 10).await?;
@@ -114,7 +114,7 @@ pub struct Notice {
 
 pub async fn service(
     _: Session,
-    State(state): State<OperatorState>,
+    State(state): State<App>,
     Path(name): Path<String>,
     notice: Result<Query<Notice>, QueryRejection>,
 ) -> Result<Response, AsHtml> {
@@ -223,7 +223,7 @@ pub async fn service(
     ))
 }
 
-pub async fn warnings(_: Session, State(state): State<OperatorState>) -> Result<Response, AsHtml> {
+pub async fn warnings(_: Session, State(state): State<App>) -> Result<Response, AsHtml> {
     let lag = state.reads.lag().await?;
     let rows = store::warnings(state.reads.pool(), None, 200).await?;
     let body = format!(
@@ -236,7 +236,7 @@ pub async fn warnings(_: Session, State(state): State<OperatorState>) -> Result<
 
 pub async fn watches(
     _: Session,
-    State(state): State<OperatorState>,
+    State(state): State<App>,
     query: Result<Query<WatchFilter>, QueryRejection>,
 ) -> Result<Response, AsHtml> {
     let Query(filter) = query.map_err(|e| HttpError::Invalid(e.body_text()))?;

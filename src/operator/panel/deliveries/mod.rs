@@ -13,10 +13,10 @@ use serde::Deserialize;
 
 use super::{SameOrigin, Session, ACTOR};
 use crate::delivery::State as DeliveryState;
+use crate::http::app::{App, Settings};
 use crate::http::html::{self, esc};
 use crate::http::{AsHtml, HttpError};
 use crate::operator::store::{self, Delivery, DeliveryFilter};
-use crate::operator::{OperatorState, Settings};
 
 mod show;
 
@@ -119,7 +119,7 @@ pub(super) fn deliveries_table(rows: &[Delivery], s: &Settings) -> String {
 
 pub async fn list(
     _: Session,
-    State(state): State<OperatorState>,
+    State(state): State<App>,
     query: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Response, AsHtml> {
     let Query(q) = query.map_err(|e| HttpError::Invalid(e.body_text()))?;
@@ -169,7 +169,7 @@ pub async fn list(
 pub async fn retry(
     _: Session,
     _: SameOrigin,
-    State(state): State<OperatorState>,
+    State(state): State<App>,
     id: Result<Path<i64>, PathRejection>,
 ) -> Result<Response, AsHtml> {
     let id = delivery_id(id)?;
@@ -185,7 +185,7 @@ pub struct RetryFailed {
 pub async fn retry_failed(
     _: Session,
     _: SameOrigin,
-    State(state): State<OperatorState>,
+    State(state): State<App>,
     Path(name): Path<String>,
     form: Result<Form<RetryFailed>, FormRejection>,
 ) -> Result<Response, AsHtml> {

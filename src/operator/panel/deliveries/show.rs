@@ -11,11 +11,12 @@ use serde::Deserialize;
 use super::{delivery_id, no_such_delivery};
 use crate::delivery::request;
 use crate::delivery::State as DeliveryState;
+use crate::http::app::{App, Settings};
 use crate::http::html::{self, esc};
 use crate::http::AsHtml;
 use crate::operator::panel::Session;
 use crate::operator::store::{self, Delivery};
-use crate::operator::{OperatorState, Settings, MASK};
+use crate::operator::MASK;
 use crate::telemetry::context::TraceParent;
 
 #[derive(Debug, Deserialize)]
@@ -25,7 +26,7 @@ pub struct ShowQuery {
 
 pub async fn show(
     _: Session,
-    State(state): State<OperatorState>,
+    State(state): State<App>,
     id: Result<Path<i64>, PathRejection>,
     done: Result<Query<ShowQuery>, QueryRejection>,
 ) -> Result<Response, AsHtml> {
