@@ -12,10 +12,6 @@ use clap::{Args, Parser};
 use crate::destinations::{Destinations, Lookup};
 use crate::retry::RetryPolicy;
 
-// Named here too, where the command line was declared before, for the tests
-// (src/server.rs's, tests/operator.rs) that parse a `serve` line.
-pub use crate::cli::{Cli, Command};
-
 /// `watchpump serve`: the pump plus the HTTP listeners.
 #[derive(Debug, Clone, Args)]
 pub struct ServeConfig {

@@ -464,8 +464,8 @@ mod tests {
     #[test]
     fn the_outbound_reserve_is_the_in_flight_cap_and_an_idle_pool() {
         use clap::Parser;
-        let cli = crate::config::Cli::parse_from(["watchpump", "serve"]);
-        let crate::config::Command::Serve(cfg) = cli.command else {
+        let cli = crate::cli::Cli::parse_from(["watchpump", "serve"]);
+        let crate::cli::Command::Serve(cfg) = cli.command else {
             unreachable!()
         };
         // 8 + 1 pool, 4 pump, 1 backlog; 512 in flight; 128 idle; notify.
@@ -480,14 +480,14 @@ mod tests {
     #[test]
     fn a_standby_to_read_adds_its_pool_to_the_reserve() {
         use clap::Parser;
-        let plain = crate::config::Cli::parse_from(["watchpump", "serve"]);
-        let standby = crate::config::Cli::parse_from([
+        let plain = crate::cli::Cli::parse_from(["watchpump", "serve"]);
+        let standby = crate::cli::Cli::parse_from([
             "watchpump",
             "serve",
             "--read-database-url",
             "postgres://standby/db",
         ]);
-        let (crate::config::Command::Serve(plain), crate::config::Command::Serve(standby)) =
+        let (crate::cli::Command::Serve(plain), crate::cli::Command::Serve(standby)) =
             (plain.command, standby.command)
         else {
             unreachable!()

@@ -916,7 +916,7 @@ async fn serve_wires_the_panel_the_admin_api_and_the_operator_task() {
     let db = TestDb::new().await;
     let port = free_port();
     let listen = format!("127.0.0.1:{port}");
-    let cli = watchpump::config::Cli::parse_from([
+    let cli = watchpump::cli::Cli::parse_from([
         "watchpump",
         "serve",
         "--listen",
@@ -932,7 +932,7 @@ async fn serve_wires_the_panel_the_admin_api_and_the_operator_task() {
         "--operator-interval-ms",
         "100",
     ]);
-    let watchpump::config::Command::Serve(cfg) = cli.command else {
+    let watchpump::cli::Command::Serve(cfg) = cli.command else {
         unreachable!()
     };
     // serve() runs in this task, next to the checks: it is not spawned.
