@@ -58,22 +58,10 @@ const CHECK_LOOKUP_TIMEOUT: Duration = Duration::from_secs(5);
 /// services of AWS, GCP and Azure answer), Alibaba's metadata address, and
 /// AWS's IPv6 metadata address.
 const FORBIDDEN: [Net; 4] = [
-    Net {
-        addr: IpAddr::V4(Ipv4Addr::new(169, 254, 0, 0)),
-        prefix: 16,
-    },
-    Net {
-        addr: IpAddr::V6(Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 0)),
-        prefix: 10,
-    },
-    Net {
-        addr: IpAddr::V4(Ipv4Addr::new(100, 100, 100, 200)),
-        prefix: 32,
-    },
-    Net {
-        addr: IpAddr::V6(Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254)),
-        prefix: 128,
-    },
+    v4(169, 254, 0, 0, 16),
+    v6([0xfe80, 0, 0, 0, 0, 0, 0, 0], 10),
+    v4(100, 100, 100, 200, 32),
+    v6([0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254], 128),
 ];
 
 const fn v4(a: u8, b: u8, c: u8, d: u8, prefix: u8) -> Net {

@@ -215,7 +215,7 @@ impl<H: Handler> Inbox<H> {
                     "gone: the handler answered 410 to delivery {}",
                     d.delivery_id
                 );
-                store::forget_watch(&self.pool, &d.producer, d.watch_id, &reason)
+                crate::db::inbox::forget_watch(&self.pool, &d.producer, d.watch_id, &reason)
                     .await
                     .map_err(|e| internal(d, &e))?;
                 tracing::info!(producer = %d.producer, watch_id = d.watch_id, resource = %d.resource, "resource gone: watch forgotten, answering 410");

@@ -33,28 +33,6 @@ pub(crate) async fn receive(tx: &mut PgConnection, d: &Delivery) -> Result<Recei
     }
 }
 
-/// Records a watch the producer returned for this consumer.
-pub(crate) async fn remember_watch(
-    pool: &PgPool,
-    producer: &str,
-    watch_id: i64,
-    resource: &str,
-    object: &str,
-    filters: &serde_json::Value,
-) -> Result<()> {
-    Ok(db::remember_watch(pool, producer, watch_id, resource, object, filters).await?)
-}
-
-/// Marks a watch removed; deliveries for it are answered 410 from now on.
-pub(crate) async fn forget_watch(
-    pool: &PgPool,
-    producer: &str,
-    watch_id: i64,
-    reason: &str,
-) -> Result<bool> {
-    Ok(db::forget_watch(pool, producer, watch_id, reason).await?)
-}
-
 pub use crate::db::inbox::KnownWatch;
 
 /// The watches this consumer registered at `producer`, live and removed,

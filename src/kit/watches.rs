@@ -20,8 +20,8 @@ use hyper_util::rt::TokioExecutor;
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 
+use crate::db::inbox;
 use crate::kit::error::{Error, Result};
-use crate::kit::store;
 
 /// How long one call to the producer may take.
 const TIMEOUT: Duration = Duration::from_secs(10);
@@ -127,7 +127,7 @@ impl WatchClient {
         }
         let registered: RegisteredWatch =
             serde_json::from_slice(&answer).map_err(|e| self.garbled(&e))?;
-        store::remember_watch(
+        inbox::remember_watch(
             &self.pool,
             &self.producer,
             registered.id,
@@ -146,7 +146,7 @@ impl WatchClient {
         if !(status.is_success() || status == StatusCode::NOT_FOUND) {
             return Err(refused(status, &answer));
         }
-        store::forget_watch(&self.pool, &self.producer, id, "removed by this consumer").await?;
+        inbox::forget_watch(&self.pool, &self.producer, id, "removed by this consumer").await?;
         Ok(())
     }
 

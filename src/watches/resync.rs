@@ -41,19 +41,8 @@ pub struct Done {
 /// error with SQLSTATE 54000 (the API's 429; [`is_running`]).
 pub async fn start(pool: &PgPool, service_id: i64, watch_id: i64, max: u32) -> Result<Started> {
     let max = i32::try_from(max).unwrap_or(i32::MAX);
-    let started = db::resync_start(pool, service_id, watch_id, max)
-        .await
-        .map_err(Error::raised);
-    let outcome = match &started {
-        Ok(s) if s.truncated => Some("truncated"),
-        Ok(_) => Some("started"),
-        Err(e) if is_running(e) => Some("refused"),
-        Err(_) => None,
-    };
-    if let Some(outcome) = outcome {
-        metrics::counter!(crate::metrics::RESYNCS, "outcome" => outcome).increment(1);
-    }
-    started
+    let started = db::resync_start(pool, service_id, watch_id, max).await;
+    counted(started.map_err(Error::raised), |s| s.truncated)
 }
 
 /// [`start`] for a consumer, through the API: one resync per service at a
@@ -69,11 +58,15 @@ pub async fn start_for_consumer(
     max: u32,
 ) -> Result<ConsumerStarted> {
     let max = i32::try_from(max).unwrap_or(i32::MAX);
-    let started = db::consumer_resync_start(pool, service_id, watch_id, max)
-        .await
-        .map_err(Error::raised);
+    let started = db::consumer_resync_start(pool, service_id, watch_id, max).await;
+    counted(started.map_err(Error::raised), |s| s.truncated)
+}
+
+/// A start counted in `watchpump_resyncs_total` by its outcome (truncated,
+/// started, or refused while another runs); other errors are not counted.
+fn counted<T>(started: Result<T>, truncated: impl Fn(&T) -> bool) -> Result<T> {
     let outcome = match &started {
-        Ok(s) if s.truncated => Some("truncated"),
+        Ok(s) if truncated(s) => Some("truncated"),
         Ok(_) => Some("started"),
         Err(e) if is_running(e) => Some("refused"),
         Err(_) => None,
@@ -151,15 +144,7 @@ pub fn spawn_for_consumer(pool: PgPool, service_id: i64, watch_id: i64, objects:
                 tracing::warn!(watch_id, error = %e, "cannot give unused replays back");
             }
         }
-        match finish(&pool, watch_id, done).await {
-            Ok(done) => tracing::info!(
-                watch_id,
-                objects = done.objects,
-                queued = done.queued,
-                "resync done"
-            ),
-            Err(e) => tracing::warn!(watch_id, error = %e, "resync failed; it may be asked again"),
-        }
+        logged(watch_id, finish(&pool, watch_id, done).await);
     });
 }
 
@@ -167,14 +152,20 @@ pub fn spawn_for_consumer(pool: PgPool, service_id: i64, watch_id: i64, objects:
 /// logged.
 pub fn spawn(pool: PgPool, watch_id: i64, max: u32) {
     tokio::spawn(async move {
-        match run(&pool, watch_id, max).await {
-            Ok(done) => tracing::info!(
-                watch_id,
-                objects = done.objects,
-                queued = done.queued,
-                "resync done"
-            ),
-            Err(e) => tracing::warn!(watch_id, error = %e, "resync failed; it may be asked again"),
-        }
+        logged(watch_id, run(&pool, watch_id, max).await);
     });
+}
+
+/// A resync task's end, in the log: the objects it went through and the
+/// replays it queued, or why it failed.
+fn logged(watch_id: i64, outcome: Result<Done>) {
+    match outcome {
+        Ok(done) => tracing::info!(
+            watch_id,
+            objects = done.objects,
+            queued = done.queued,
+            "resync done"
+        ),
+        Err(e) => tracing::warn!(watch_id, error = %e, "resync failed; it may be asked again"),
+    }
 }

@@ -5,10 +5,10 @@
 //! ([`SameOrigin`]) that answers with the service's page and a notice.
 
 use axum::extract::{Path, State};
-use axum::response::{IntoResponse, Redirect, Response};
+use axum::response::Response;
 
-use super::{SameOrigin, Session};
-use crate::http::html::{self, esc};
+use super::{back_to, Change};
+use crate::http::html::esc;
 use crate::http::App;
 use crate::http::{AsHtml, HttpError};
 use crate::watches::{pause, resync};
@@ -40,14 +40,6 @@ pub fn watch_forms(watch_id: i64) -> String {
     .join(" ")
 }
 
-fn back_to(service: &str, done: &str, n: Option<i64>) -> Response {
-    let mut query = vec![("done", done.to_string())];
-    if let Some(n) = n {
-        query.push(("n", n.to_string()));
-    }
-    Redirect::to(&format!("/panel/services/{service}{}", html::query(&query))).into_response()
-}
-
 async fn set_service(state: &App, name: &str, paused: bool) -> Result<Response, AsHtml> {
     let service_id = pause::service_id(&state.pool, name).await?;
     pause::set_service(&state.pool, service_id, paused).await?;
@@ -60,8 +52,7 @@ async fn set_service(state: &App, name: &str, paused: bool) -> Result<Response, 
 }
 
 pub async fn pause_service(
-    _: Session,
-    _: SameOrigin,
+    _: Change,
     State(state): State<App>,
     Path(name): Path<String>,
 ) -> Result<Response, AsHtml> {
@@ -69,8 +60,7 @@ pub async fn pause_service(
 }
 
 pub async fn resume_service(
-    _: Session,
-    _: SameOrigin,
+    _: Change,
     State(state): State<App>,
     Path(name): Path<String>,
 ) -> Result<Response, AsHtml> {
@@ -101,8 +91,7 @@ async fn set_watch(state: &App, watch_id: i64, paused: bool) -> Result<Response,
 }
 
 pub async fn pause_watch(
-    _: Session,
-    _: SameOrigin,
+    _: Change,
     State(state): State<App>,
     Path(watch_id): Path<i64>,
 ) -> Result<Response, AsHtml> {
@@ -110,8 +99,7 @@ pub async fn pause_watch(
 }
 
 pub async fn resume_watch(
-    _: Session,
-    _: SameOrigin,
+    _: Change,
     State(state): State<App>,
     Path(watch_id): Path<i64>,
 ) -> Result<Response, AsHtml> {
@@ -123,8 +111,7 @@ pub async fn resume_watch(
 /// not out of the service's replay budget); its replays are queued in
 /// batches after the answer.
 pub async fn resync_watch(
-    _: Session,
-    _: SameOrigin,
+    _: Change,
     State(state): State<App>,
     Path(watch_id): Path<i64>,
 ) -> Result<Response, AsHtml> {

@@ -8,12 +8,12 @@
 use axum::extract::rejection::FormRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use axum::response::{IntoResponse, Redirect, Response};
+use axum::response::Response;
 use axum::Form;
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
 
-use super::{SameOrigin, Session, ACTOR};
+use super::{back_to, Change, ACTOR};
 use crate::http::html::{self, esc};
 use crate::http::App;
 use crate::http::{AsHtml, HttpError};
@@ -105,8 +105,7 @@ async fn rotate(
 }
 
 pub async fn rotate_secret(
-    _: Session,
-    _: SameOrigin,
+    _: Change,
     State(state): State<App>,
     Path(name): Path<String>,
     given: Result<Form<OverlapForm>, FormRejection>,
@@ -115,8 +114,7 @@ pub async fn rotate_secret(
 }
 
 pub async fn rotate_token(
-    _: Session,
-    _: SameOrigin,
+    _: Change,
     State(state): State<App>,
     Path(name): Path<String>,
     given: Result<Form<OverlapForm>, FormRejection>,
@@ -131,8 +129,7 @@ pub struct UrlForm {
 }
 
 pub async fn set_url(
-    _: Session,
-    _: SameOrigin,
+    _: Change,
     State(state): State<App>,
     Path(name): Path<String>,
     given: Result<Form<UrlForm>, FormRejection>,
@@ -141,11 +138,7 @@ pub async fn set_url(
     let allowed = &state.settings.destinations;
     let service = services::set_url_within(&state.pool, &name, &new.base_url, allowed).await?;
     tracing::info!(service = %name, base_url = %service.base_url, "service moved from the panel");
-    let to = format!(
-        "/panel/services/{name}{}",
-        html::query(&[("done", "moved".into())])
-    );
-    Ok(Redirect::to(&to).into_response())
+    Ok(back_to(&name, "moved", None))
 }
 
 #[derive(Debug, Deserialize)]
@@ -157,8 +150,7 @@ pub struct RateForm {
 /// The most deliveries a second the service gets (issue 20), as
 /// `watchpump services set-rate`; an empty field lifts the limit.
 pub async fn set_rate(
-    _: Session,
-    _: SameOrigin,
+    _: Change,
     State(state): State<App>,
     Path(name): Path<String>,
     given: Result<Form<RateForm>, FormRejection>,
@@ -177,11 +169,7 @@ pub async fn set_rate(
     };
     services::rate::set_max(&state.pool, &name, rate).await?;
     tracing::info!(service = %name, rate = ?rate, "service rate set from the panel");
-    let to = format!(
-        "/panel/services/{name}{}",
-        html::query(&[("done", "rate".into())])
-    );
-    Ok(Redirect::to(&to).into_response())
+    Ok(back_to(&name, "rate", None))
 }
 
 #[derive(Debug, Deserialize)]
@@ -191,8 +179,7 @@ pub struct RemoveForm {
 }
 
 pub async fn remove(
-    _: Session,
-    _: SameOrigin,
+    _: Change,
     State(state): State<App>,
     Path(name): Path<String>,
     given: Result<Form<RemoveForm>, FormRejection>,

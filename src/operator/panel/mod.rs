@@ -140,6 +140,30 @@ impl FromRequestParts<App> for SameOrigin {
     }
 }
 
+/// A state-changing request of a logged-in operator, from the panel's own
+/// pages: [`Session`], then [`SameOrigin`], each refusing as it does alone.
+pub struct Change;
+
+impl FromRequestParts<App> for Change {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &App) -> Result<Self, Self::Rejection> {
+        Session::from_request_parts(parts, state).await?;
+        SameOrigin::from_request_parts(parts, state).await?;
+        Ok(Change)
+    }
+}
+
+/// Back to the service's page after a change, saying what was `done` (and
+/// to how many, `n`) in its query.
+fn back_to(service: &str, done: &str, n: Option<i64>) -> Response {
+    let mut query = vec![("done", done.to_string())];
+    if let Some(n) = n {
+        query.push(("n", n.to_string()));
+    }
+    Redirect::to(&format!("/panel/services/{service}{}", html::query(&query))).into_response()
+}
+
 fn panel_off() -> Response {
     html::page(
         StatusCode::SERVICE_UNAVAILABLE,

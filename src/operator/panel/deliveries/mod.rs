@@ -11,7 +11,7 @@ use axum::Form;
 use chrono::{DateTime, NaiveDateTime, Utc};
 use serde::Deserialize;
 
-use super::{SameOrigin, Session, ACTOR};
+use super::{back_to, Change, Session, ACTOR};
 use crate::delivery::State as DeliveryState;
 use crate::http::app::{App, Settings};
 use crate::http::html::{self, esc};
@@ -167,8 +167,7 @@ pub async fn list(
 }
 
 pub async fn retry(
-    _: Session,
-    _: SameOrigin,
+    _: Change,
     State(state): State<App>,
     id: Result<Path<i64>, PathRejection>,
 ) -> Result<Response, AsHtml> {
@@ -183,8 +182,7 @@ pub struct RetryFailed {
 }
 
 pub async fn retry_failed(
-    _: Session,
-    _: SameOrigin,
+    _: Change,
     State(state): State<App>,
     Path(name): Path<String>,
     form: Result<Form<RetryFailed>, FormRejection>,
@@ -193,12 +191,7 @@ pub async fn retry_failed(
     let since = parse_time("since", Some(&form.since))?
         .ok_or_else(|| HttpError::Invalid("since is required".into()))?;
     let n = store::retry_failed(&state.pool, &name, since, ACTOR).await?;
-    let to = format!(
-        "/panel/services/{}{}",
-        name,
-        html::query(&[("done", "requeued".into()), ("n", n.to_string())])
-    );
-    Ok(Redirect::to(&to).into_response())
+    Ok(back_to(&name, "requeued", Some(n)))
 }
 
 fn delivery_id(id: Result<Path<i64>, PathRejection>) -> Result<i64, HttpError> {
