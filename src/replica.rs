@@ -140,15 +140,6 @@ async fn standby_lag(pool: &PgPool) -> Result<f64> {
     }
 }
 
-/// `page` (a JSON object) with `replica_lag_seconds` added when it was read
-/// on a standby.
-pub fn with_lag(mut page: serde_json::Value, lag: Option<f64>) -> serde_json::Value {
-    if let (Some(lag), Some(fields)) = (lag, page.as_object_mut()) {
-        fields.insert("replica_lag_seconds".into(), lag.into());
-    }
-    page
-}
-
 /// The panel's line for a page read on a standby; empty on the primary.
 pub fn panel_line(lag: Option<f64>) -> String {
     match lag {

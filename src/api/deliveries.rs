@@ -21,15 +21,14 @@ use sqlx::PgPool;
 
 use crate::api::auth::Caller;
 use crate::api::limits::{self, Write};
-use crate::api::openapi::Error as ErrorBody;
+use crate::api::openapi::{Error as ErrorBody, NoValidToken, NotTheCallers};
 use crate::db::consumer as db;
 pub use crate::db::consumer::Attempt;
 use crate::delivery::State as DeliveryState;
 use crate::error::{Error, Result};
 use crate::http::App;
-use crate::http::HttpError;
+use crate::http::{page, HttpError};
 use crate::operator::store;
-use crate::replica::with_lag;
 
 /// Entries on a page when `limit` is not given.
 const DEFAULT_PAGE: i64 = 100;
@@ -38,28 +37,9 @@ const DEFAULT_PAGE: i64 = 100;
 /// a 400 (tests/consumer_deliveries.rs).
 pub const MAX_PAGE: i64 = 1000;
 
-/// One of the caller's deliveries.
-#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
-#[schema(as = Delivery)]
-pub struct Entry {
-    pub id: i64,
-    pub watch_id: i64,
-    pub object: String,
-    pub kind: String,
-    pub change_id: i64,
-    pub sequence: i64,
-    pub state: DeliveryState,
-    /// Attempts made so far (a claim counts the attempt it starts).
-    pub attempts: i32,
-    pub created_at: DateTime<Utc>,
-    pub next_attempt_at: DateTime<Utc>,
-    pub finished_at: Option<DateTime<Utc>>,
-    /// The status of the last answer; null before any, or when the last
-    /// attempt got none.
-    pub last_status: Option<i32>,
-    pub last_error: Option<String>,
-    pub superseded_by: Option<i64>,
-}
+/// One of the caller's deliveries: a row of `delivery_log` as
+/// [`db::delivery_entry`] reads it.
+pub use crate::db::consumer::DeliveryEntry as Entry;
 
 /// [`Entry`]'s columns of the page query's `delivery_log` row, aliased `l`
 /// (as [`db::delivery_entry`] reads one entry).
@@ -82,8 +62,7 @@ pub struct ListQuery {
 }
 
 /// A page of the caller's deliveries, newest first.
-#[derive(utoipa::ToSchema)]
-#[allow(dead_code)] // built as JSON by `list`; described here
+#[derive(Serialize, utoipa::ToSchema)]
 pub struct DeliveryPage {
     deliveries: Vec<Entry>,
     /// Pass as `after` for the next (older) page; null on the last.
@@ -92,6 +71,7 @@ pub struct DeliveryPage {
     /// (WATCHPUMP_READ_DATABASE_URL): how many seconds behind the primary
     /// it is, 0 when it has replayed all it received; what changed since is
     /// not on the page yet.
+    #[serde(skip_serializing_if = "Option::is_none")]
     replica_lag_seconds: Option<f64>,
 }
 
@@ -142,12 +122,12 @@ pub struct Body {
 }
 
 /// A redelivery queued.
-#[derive(utoipa::ToSchema)]
+#[derive(Serialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-#[allow(dead_code)] // built as JSON by `redeliver`; described here
 pub struct Redelivered {
     delivery_id: i64,
-    previous_state: DeliveryState,
+    #[schema(value_type = DeliveryState)]
+    previous_state: String,
     /// Always "pending".
     state: DeliveryState,
 }
@@ -163,7 +143,7 @@ pub struct Redelivered {
     responses(
         (status = 200, description = "a page", body = DeliveryPage),
         (status = 400, description = "bad filter or limit", body = ErrorBody),
-        (status = 401, description = "no valid token", body = ErrorBody),
+        NoValidToken,
     ))]
 pub async fn list(
     State(state): State<App>,
@@ -171,25 +151,18 @@ pub async fn list(
     query: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Json<Value>, HttpError> {
     let Query(q) = query?;
-    let limit = q.limit.unwrap_or(DEFAULT_PAGE);
-    if !(1..=MAX_PAGE).contains(&limit) {
-        return Err(HttpError::BadRequest(format!(
-            "limit must be 1 to {MAX_PAGE}"
-        )));
-    }
+    let limit = page::size(q.limit, DEFAULT_PAGE, MAX_PAGE).map_err(HttpError::BadRequest)?;
     if let Some(object) = &q.object {
         crate::watches::check_object(object).map_err(HttpError::from)?;
     }
-    // One more than asked for: a cursor only when something follows.
     let lag = state.reads.lag().await?;
-    let mut page = entries(state.reads.pool(), service.id, &q, limit + 1).await?;
-    let more = page.len() as i64 > limit;
-    page.truncate(limit as usize);
-    let next_after = more.then(|| page.last().map(|d| d.id)).flatten();
-    Ok(Json(state.settings.mask_json(with_lag(
-        json!({ "deliveries": page, "next_after": next_after }),
-        lag,
-    ))))
+    let rows = entries(state.reads.pool(), service.id, &q, page::ahead(limit)).await?;
+    let (rows, next_after) = page::cut(rows, limit, |d| d.id);
+    state.settings.masked(&DeliveryPage {
+        deliveries: rows,
+        next_after,
+        replica_lag_seconds: lag,
+    })
 }
 
 /// One delivery: its body as sent and its attempts
@@ -202,8 +175,8 @@ pub async fn list(
     params(("id" = i64, Path, description = "the delivery's id")),
     responses(
         (status = 200, description = "the delivery", body = DeliveryShown),
-        (status = 404, description = "another service's, or none", body = ErrorBody),
-        (status = 401, description = "no valid token", body = ErrorBody),
+        NotTheCallers,
+        NoValidToken,
     ))]
 pub async fn show(
     State(state): State<App>,
@@ -233,16 +206,16 @@ pub async fn show(
     params(("id" = i64, Path, description = "the delivery's id")),
     responses(
         (status = 202, description = "queued", body = Redelivered),
-        (status = 404, description = "another service's, or none", body = ErrorBody),
+        NotTheCallers,
         (status = 409, description = "newer news of the object was sent or is on its way; or superseded; or still queued", body = ErrorBody),
-        (status = 401, description = "no valid token", body = ErrorBody),
+        NoValidToken,
         (status = 429, description = "the delivery was redelivered less than a minute ago, or this service's self-service writes are over its bucket (60 at once, then 1 a second: watch creation, ping, redeliver, resync, pause and resume together); Retry-After (seconds) says when to ask again", body = ErrorBody, headers(("Retry-After" = u64, description = "seconds to wait before asking again"))),
     ))]
 pub async fn redeliver(
     State(state): State<App>,
     Caller(service): Caller,
     id: Result<Path<i64>, PathRejection>,
-) -> Result<(StatusCode, Json<Value>), HttpError> {
+) -> Result<(StatusCode, Json<Redelivered>), HttpError> {
     let id = delivery_id(id)?;
     limits::take(&state.pool, &service, Write::Redeliver).await?;
     let actor = format!("consumer {}", service.name);
@@ -251,7 +224,11 @@ pub async fn redeliver(
         .map_err(|e| limits::too_many_or_raised(e, &service.name, "redeliver"))?;
     Ok((
         StatusCode::ACCEPTED,
-        Json(json!({"delivery_id": id, "previous_state": previous, "state": "pending"})),
+        Json(Redelivered {
+            delivery_id: id,
+            previous_state: previous,
+            state: DeliveryState::Pending,
+        }),
     ))
 }
 
@@ -278,10 +255,7 @@ async fn entries(pool: &PgPool, service_id: i64, q: &ListQuery, limit: i64) -> R
 }
 
 async fn entry(pool: &PgPool, service_id: i64, id: i64) -> Result<Option<Entry>> {
-    db::delivery_entry(pool, service_id, id)
-        .await?
-        .map(Entry::try_from)
-        .transpose()
+    Ok(db::delivery_entry(pool, service_id, id).await?)
 }
 
 /// The consumer's view of a row of the operator's page: its own service's
@@ -305,30 +279,6 @@ impl From<store::Delivery> for Entry {
             last_error: d.last_error,
             superseded_by: d.superseded_by,
         }
-    }
-}
-
-impl TryFrom<db::DeliveryEntry> for Entry {
-    type Error = Error;
-
-    fn try_from(row: db::DeliveryEntry) -> Result<Entry> {
-        Ok(Entry {
-            id: row.id,
-            watch_id: row.watch_id,
-            object: row.object,
-            kind: row.kind,
-            change_id: row.change_id,
-            sequence: row.sequence,
-            state: DeliveryState::try_from(row.state)
-                .map_err(|e| Error::Database(sqlx::Error::Decode(e.into())))?,
-            attempts: row.attempts,
-            created_at: row.created_at,
-            next_attempt_at: row.next_attempt_at,
-            finished_at: row.finished_at,
-            last_status: row.last_status,
-            last_error: row.last_error,
-            superseded_by: row.superseded_by,
-        })
     }
 }
 

@@ -10,9 +10,9 @@ use axum::Json;
 use serde::{Deserialize, Serialize};
 
 use crate::api::auth::Caller;
-use crate::api::openapi::Error;
+use crate::api::openapi::{Error, NoValidToken};
 use crate::http::App;
-use crate::http::HttpError;
+use crate::http::{page, HttpError};
 use crate::kinds::{self, Kind};
 
 const DEFAULT_PAGE: i64 = 100;
@@ -50,7 +50,7 @@ pub struct Page {
     responses(
         (status = 200, description = "a page", body = Page),
         (status = 400, description = "bad query", body = Error),
-        (status = 401, description = "no valid token", body = Error),
+        NoValidToken,
     ))]
 pub async fn list(
     State(state): State<App>,
@@ -58,19 +58,8 @@ pub async fn list(
     query: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Json<Page>, HttpError> {
     let Query(q) = query?;
-    let limit = q.limit.unwrap_or(DEFAULT_PAGE);
-    if !(1..=MAX_PAGE).contains(&limit) {
-        return Err(HttpError::BadRequest(format!(
-            "limit must be 1 to {MAX_PAGE}"
-        )));
-    }
-    // One more than asked for: a cursor only when something follows.
-    let mut page = kinds::list(&state.pool, &q.after, limit + 1).await?;
-    let more = page.len() as i64 > limit;
-    page.truncate(limit as usize);
-    let next_after = more.then(|| page.last().map(|k| k.name.clone())).flatten();
-    Ok(Json(Page {
-        kinds: page,
-        next_after,
-    }))
+    let limit = page::size(q.limit, DEFAULT_PAGE, MAX_PAGE).map_err(HttpError::BadRequest)?;
+    let rows = kinds::list(&state.pool, &q.after, page::ahead(limit)).await?;
+    let (kinds, next_after) = page::cut(rows, limit, |k| k.name.clone());
+    Ok(Json(Page { kinds, next_after }))
 }

@@ -168,6 +168,30 @@ fn describe_watch(watch: &mut Object) {
     watch.properties.insert("resync".into(), RefOr::Ref(resync));
 }
 
+/// The 401 of every route that takes a token.
+#[derive(utoipa::IntoResponses)]
+#[response(status = 401, description = "no valid token")]
+#[allow(dead_code)] // a description only
+pub struct NoValidToken(Error);
+
+/// The consumer API's 404 for an id not among the caller's own.
+#[derive(utoipa::IntoResponses)]
+#[response(status = 404, description = "another service's, or none")]
+#[allow(dead_code)] // a description only
+pub struct NotTheCallers(Error);
+
+/// The admin API's 404 for a service name.
+#[derive(utoipa::IntoResponses)]
+#[response(status = 404, description = "no such service")]
+#[allow(dead_code)] // a description only
+pub struct NoSuchService(Error);
+
+/// The admin API's 404 for a delivery id.
+#[derive(utoipa::IntoResponses)]
+#[response(status = 404, description = "no such delivery")]
+#[allow(dead_code)] // a description only
+pub struct NoSuchDelivery(Error);
+
 /// Every error of both APIs.
 #[derive(ToSchema)]
 #[serde(deny_unknown_fields)]

@@ -8,7 +8,7 @@ use axum::Json;
 use serde::Deserialize;
 
 use crate::api::auth::Caller;
-use crate::api::openapi::Error;
+use crate::api::openapi::{Error, NoValidToken};
 use crate::http::App;
 use crate::http::HttpError;
 use crate::services::rate::{self, Rates};
@@ -30,7 +30,7 @@ pub struct RateBody {
     security(("service_token" = [])),
     responses(
         (status = 200, description = "rates", body = Rates),
-        (status = 401, description = "no valid token", body = Error),
+        NoValidToken,
     ))]
 pub async fn show(
     State(state): State<App>,
@@ -50,7 +50,7 @@ pub async fn show(
     responses(
         (status = 200, description = "rates", body = Rates),
         (status = 422, description = "not a whole number of at least 1, or above the operator's maximum", body = Error),
-        (status = 401, description = "no valid token", body = Error),
+        NoValidToken,
     ))]
 pub async fn set(
     State(state): State<App>,
@@ -72,7 +72,7 @@ pub async fn set(
     security(("service_token" = [])),
     responses(
         (status = 200, description = "rates", body = Rates),
-        (status = 401, description = "no valid token", body = Error),
+        NoValidToken,
     ))]
 pub async fn clear(
     State(state): State<App>,

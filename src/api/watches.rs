@@ -5,14 +5,14 @@ use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::Json;
-use serde::Deserialize;
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use crate::api::auth::Caller;
 use crate::api::limits::{self, Write};
-use crate::api::openapi::Error;
+use crate::api::openapi::{Error, NoValidToken, NotTheCallers};
 use crate::http::App;
-use crate::http::HttpError;
+use crate::http::{page, HttpError};
 use crate::services::Service;
 use crate::watches::{self, resync, NewWatch, Watch};
 
@@ -36,7 +36,7 @@ const MAX_PAGE: i64 = 1000;
         (status = 200, description = "the identical live watch the service already has: nothing written", body = Watch),
         (status = 422, description = "invalid watch", body = Error),
         (status = 400, description = "not JSON", body = Error),
-        (status = 401, description = "no valid token", body = Error),
+        NoValidToken,
         (status = 429, description = "this service's self-service writes are over its bucket (60 at once, then 1 a second: watch creation, ping, redeliver, resync, pause and resume together); with \"resync\": true, also as for the resync call; Retry-After (seconds) says when to ask again", body = Error, headers(("Retry-After" = u64, description = "seconds to wait before asking again"))),
     ))]
 pub async fn create(
@@ -90,7 +90,7 @@ pub async fn create(
         (status = 202, description = "started", body = resync::ConsumerStarted),
         (status = 404, description = "another service's, a removed one, or none", body = Error),
         (status = 429, description = "a resync of one of this service's watches is running (one at a time per service), its daily replay budget is spent, or this service's self-service writes are over its bucket (60 at once, then 1 a second: watch creation, ping, redeliver, resync, pause and resume together); Retry-After (seconds) says when to ask again", body = Error, headers(("Retry-After" = u64, description = "seconds to wait before asking again"))),
-        (status = 401, description = "no valid token", body = Error),
+        NoValidToken,
     ))]
 pub async fn resync(
     State(state): State<App>,
@@ -149,8 +149,7 @@ pub struct ListQuery {
 }
 
 /// A page of the caller's watches.
-#[derive(utoipa::ToSchema)]
-#[allow(dead_code)] // built as JSON by `list`; described here
+#[derive(Serialize, utoipa::ToSchema)]
 pub struct WatchPage {
     watches: Vec<Watch>,
     /// Pass as `after` for the next page; null on the last.
@@ -159,13 +158,13 @@ pub struct WatchPage {
     /// (WATCHPUMP_READ_DATABASE_URL): how many seconds behind the primary
     /// it is, 0 when it has replayed all it received; what changed since is
     /// not on the page yet.
+    #[serde(skip_serializing_if = "Option::is_none")]
     replica_lag_seconds: Option<f64>,
 }
 
 /// A pause or a resume of a watch.
-#[derive(utoipa::ToSchema)]
+#[derive(Serialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-#[allow(dead_code)] // built as JSON by `set_paused`; described here
 pub struct Paused {
     watch_id: i64,
     paused: bool,
@@ -174,9 +173,8 @@ pub struct Paused {
 }
 
 /// The delivery a ping queued.
-#[derive(utoipa::ToSchema)]
+#[derive(Serialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-#[allow(dead_code)] // built as JSON by `ping`; described here
 pub struct DeliveryId {
     delivery_id: i64,
 }
@@ -192,37 +190,31 @@ pub struct DeliveryId {
     responses(
         (status = 200, description = "a page", body = WatchPage),
         (status = 400, description = "bad query", body = Error),
-        (status = 401, description = "no valid token", body = Error),
+        NoValidToken,
     ))]
 pub async fn list(
     State(state): State<App>,
     Caller(service): Caller,
     query: Result<Query<ListQuery>, QueryRejection>,
-) -> Result<Json<Value>, HttpError> {
+) -> Result<Json<WatchPage>, HttpError> {
     let Query(q) = query?;
-    let limit = q.limit.unwrap_or(DEFAULT_PAGE);
-    if !(1..=MAX_PAGE).contains(&limit) {
-        return Err(HttpError::BadRequest(format!(
-            "limit must be 1 to {MAX_PAGE}"
-        )));
-    }
-    // One more than asked for: a cursor only when something follows.
+    let limit = page::size(q.limit, DEFAULT_PAGE, MAX_PAGE).map_err(HttpError::BadRequest)?;
     let lag = state.reads.lag().await?;
-    let mut page = watches::list(
-        state.reads.pool(),
+    let pool = state.reads.pool();
+    let rows = watches::list(
+        pool,
         service.id,
         q.include_removed,
         q.after,
-        limit + 1,
+        page::ahead(limit),
     )
     .await?;
-    let more = page.len() as i64 > limit;
-    page.truncate(limit as usize);
-    let next_after = more.then(|| page.last().map(|w| w.id)).flatten();
-    Ok(Json(crate::replica::with_lag(
-        json!({ "watches": page, "next_after": next_after }),
-        lag,
-    )))
+    let (rows, next_after) = page::cut(rows, limit, |w| w.id);
+    Ok(Json(WatchPage {
+        watches: rows,
+        next_after,
+        replica_lag_seconds: lag,
+    }))
 }
 
 /// One of the caller's watches
@@ -232,8 +224,8 @@ pub async fn list(
     params(("id" = i64, Path, description = "the watch's id")),
     responses(
         (status = 200, description = "the watch", body = Watch),
-        (status = 404, description = "another service's, or none", body = Error),
-        (status = 401, description = "no valid token", body = Error),
+        NotTheCallers,
+        NoValidToken,
     ))]
 pub async fn show(
     State(state): State<App>,
@@ -254,8 +246,8 @@ pub async fn show(
     params(("id" = i64, Path, description = "the watch's id")),
     responses(
         (status = 204, description = "removed"),
-        (status = 404, description = "another service's, or none", body = Error),
-        (status = 401, description = "no valid token", body = Error),
+        NotTheCallers,
+        NoValidToken,
     ))]
 pub async fn remove(
     State(state): State<App>,
@@ -282,15 +274,15 @@ pub async fn remove(
     params(("id" = i64, Path, description = "the watch's id")),
     responses(
         (status = 200, description = "paused", body = Paused),
-        (status = 404, description = "another service's, or none", body = Error),
-        (status = 401, description = "no valid token", body = Error),
+        NotTheCallers,
+        NoValidToken,
         (status = 429, description = "the watch was resumed less than 60 s ago, or this service's self-service writes are over its bucket (60 at once, then 1 a second: watch creation, ping, redeliver, resync, pause and resume together); Retry-After (seconds) says when to ask again", body = Error, headers(("Retry-After" = u64, description = "seconds to wait before asking again"))),
     ))]
 pub async fn pause(
     State(state): State<App>,
     Caller(service): Caller,
     id: Result<Path<i64>, axum::extract::rejection::PathRejection>,
-) -> Result<Json<Value>, HttpError> {
+) -> Result<Json<Paused>, HttpError> {
     set_paused(state, service, id, true).await
 }
 
@@ -304,15 +296,15 @@ pub async fn pause(
     params(("id" = i64, Path, description = "the watch's id")),
     responses(
         (status = 200, description = "resumed", body = Paused),
-        (status = 404, description = "another service's, or none", body = Error),
-        (status = 401, description = "no valid token", body = Error),
+        NotTheCallers,
+        NoValidToken,
         (status = 429, description = "this service's self-service writes are over its bucket (60 at once, then 1 a second: watch creation, ping, redeliver, resync, pause and resume together); Retry-After (seconds) says when to ask again", body = Error, headers(("Retry-After" = u64, description = "seconds to wait before asking again"))),
     ))]
 pub async fn resume(
     State(state): State<App>,
     Caller(service): Caller,
     id: Result<Path<i64>, axum::extract::rejection::PathRejection>,
-) -> Result<Json<Value>, HttpError> {
+) -> Result<Json<Paused>, HttpError> {
     set_paused(state, service, id, false).await
 }
 
@@ -321,7 +313,7 @@ async fn set_paused(
     service: Service,
     id: Result<Path<i64>, axum::extract::rejection::PathRejection>,
     paused: bool,
-) -> Result<Json<Value>, HttpError> {
+) -> Result<Json<Paused>, HttpError> {
     let id = watch_id(id)?;
     let what = if paused { Write::Pause } else { Write::Resume };
     limits::take(&state.pool, &service, what).await?;
@@ -331,9 +323,11 @@ async fn set_paused(
             crate::Error::Database(e) => limits::too_many_or_raised(e, &service.name, "repause"),
             e => e.into(),
         })?;
-    Ok(Json(
-        json!({ "watch_id": id, "paused": paused, "changed": changed }),
-    ))
+    Ok(Json(Paused {
+        watch_id: id,
+        paused,
+        changed,
+    }))
 }
 
 /// How often one watch may be pinged: each ping is a change and a
@@ -356,25 +350,22 @@ pub const PING_EVERY_SECS: i64 = 10;
     params(("id" = i64, Path, description = "the watch's id")),
     responses(
         (status = 202, description = "queued", body = DeliveryId),
-        (status = 404, description = "another service's, or none", body = Error),
+        NotTheCallers,
         (status = 429, description = "pinged less than 10 s ago, or this service's self-service writes are over its bucket (60 at once, then 1 a second: watch creation, ping, redeliver, resync, pause and resume together); Retry-After (seconds) says when to ask again", body = Error, headers(("Retry-After" = u64, description = "seconds to wait before asking again"))),
-        (status = 401, description = "no valid token", body = Error),
+        NoValidToken,
     ))]
 pub async fn ping(
     State(state): State<App>,
     Caller(service): Caller,
     id: Result<Path<i64>, axum::extract::rejection::PathRejection>,
-) -> Result<(StatusCode, Json<Value>), HttpError> {
+) -> Result<(StatusCode, Json<DeliveryId>), HttpError> {
     let id = watch_id(id)?;
     limits::take(&state.pool, &service, Write::Ping).await?;
     let delivery_id =
         crate::db::consumer::ping(&state.pool, service.id, id, PING_EVERY_SECS as f64)
             .await
             .map_err(|e| limits::too_many_or_raised(e, &service.name, "ping"))?;
-    Ok((
-        StatusCode::ACCEPTED,
-        Json(json!({ "delivery_id": delivery_id })),
-    ))
+    Ok((StatusCode::ACCEPTED, Json(DeliveryId { delivery_id })))
 }
 
 fn watch_id(

@@ -8,6 +8,8 @@ use serde::Serialize;
 use serde_json::Value;
 use sqlx::PgPool;
 
+use crate::delivery::State;
+
 /// Whether the database answers: the API's `/healthz`.
 pub async fn ping_database(pool: &PgPool) -> sqlx::Result<()> {
     sqlx::query_scalar!(r#"select 1 as "one""#)
@@ -185,8 +187,11 @@ pub async fn ping(
 
 // --- A service's deliveries -----------------------------------------------
 
-/// One delivery as `watchpump.delivery_log` shows it to its consumer;
-/// `state` is the word ([`crate::delivery::State`] reads it).
+// One delivery as `watchpump.delivery_log` shows it to its consumer: the
+// consumer API's `Delivery` (`crate::api::deliveries::Entry`).
+/// One of the caller's deliveries.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+#[schema(as = Delivery)]
 pub struct DeliveryEntry {
     pub id: i64,
     pub watch_id: i64,
@@ -194,11 +199,14 @@ pub struct DeliveryEntry {
     pub kind: String,
     pub change_id: i64,
     pub sequence: i64,
-    pub state: String,
+    pub state: State,
+    /// Attempts made so far (a claim counts the attempt it starts).
     pub attempts: i32,
     pub created_at: DateTime<Utc>,
     pub next_attempt_at: DateTime<Utc>,
     pub finished_at: Option<DateTime<Utc>>,
+    /// The status of the last answer; null before any, or when the last
+    /// attempt got none.
     pub last_status: Option<i32>,
     pub last_error: Option<String>,
     pub superseded_by: Option<i64>,
@@ -214,7 +222,7 @@ pub async fn delivery_entry(
         DeliveryEntry,
         r#"select delivery_id as "id!", watch_id as "watch_id!", object as "object!",
                   kind as "kind!", change_id as "change_id!", sequence as "sequence!",
-                  state as "state!", attempts as "attempts!", created_at as "created_at!",
+                  state as "state!: State", attempts as "attempts!", created_at as "created_at!",
                   next_attempt_at as "next_attempt_at!", finished_at, last_status, last_error,
                   superseded_by
            from watchpump.delivery_log

@@ -134,6 +134,25 @@ pub struct AttemptReport {
     pub next_attempt_at: DateTime<Utc>,
 }
 
+/// A `state` column read as the [`State`] it spells (`"state!: State"` in
+/// a statement): a word [`State`] does not know fails the row, as a column
+/// that does not decode.
+impl sqlx::Type<sqlx::Postgres> for State {
+    fn type_info() -> sqlx::postgres::PgTypeInfo {
+        <String as sqlx::Type<sqlx::Postgres>>::type_info()
+    }
+
+    fn compatible(ty: &sqlx::postgres::PgTypeInfo) -> bool {
+        <String as sqlx::Type<sqlx::Postgres>>::compatible(ty)
+    }
+}
+
+impl<'r> sqlx::Decode<'r, sqlx::Postgres> for State {
+    fn decode(value: sqlx::postgres::PgValueRef<'r>) -> Result<State, sqlx::error::BoxDynError> {
+        Ok(<&str as sqlx::Decode<'r, sqlx::Postgres>>::decode(value)?.parse()?)
+    }
+}
+
 /// Where a delivery stands after the pump reported an attempt: a row of
 /// `watchpump.complete()`.
 #[derive(Debug, Clone)]

@@ -129,6 +129,16 @@ impl Settings {
             .collect()
     }
 
+    /// An API's answer as the JSON it sends, masked ([`Settings::mask_json`]).
+    pub fn masked<T: serde::Serialize>(
+        &self,
+        answer: &T,
+    ) -> Result<axum::Json<serde_json::Value>, crate::http::HttpError> {
+        let value = serde_json::to_value(answer)
+            .map_err(|e| crate::http::HttpError::Internal(crate::Error::Invalid(e.to_string())))?;
+        Ok(axum::Json(self.mask_json(value)))
+    }
+
     /// `value` with [`Settings::mask`] applied to every string in it.
     pub fn mask_json(&self, value: serde_json::Value) -> serde_json::Value {
         use serde_json::Value;

@@ -2,7 +2,8 @@
 //! every handler answers with, as JSON (the watches API, the admin API) or
 //! as a page (the panel) ([`error`]); the one reading of `Authorization:
 //! Bearer` ([`bearer()`](fn@bearer)); request text PostgreSQL cannot take ([`text`]);
-//! and the HTML building blocks of the panel's pages ([`html`]); and the
+//! the HTML building blocks of the panel's pages ([`html`]); one
+//! convention for a page of a listing ([`page`]); and the
 //! one application state every router of `serve`'s listener takes
 //! ([`app`]).
 //!
@@ -16,6 +17,8 @@ pub mod bearer;
 pub mod error;
 #[cfg(feature = "producer")]
 pub mod html;
+#[cfg(feature = "producer")]
+pub mod page;
 #[cfg(feature = "producer")]
 pub mod text;
 

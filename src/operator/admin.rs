@@ -11,15 +11,13 @@ use axum::http::request::Parts;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use chrono::{DateTime, Utc};
-use serde::Deserialize;
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
-use crate::replica::with_lag;
-
-use crate::api::openapi::Error;
+use crate::api::openapi::{Error, NoSuchDelivery, NoSuchService, NoValidToken};
 use crate::api::BODY_LIMIT;
 use crate::http::App;
-use crate::http::{bearer, text, HttpError};
+use crate::http::{bearer, page, text, HttpError};
 use crate::operator::auth;
 use crate::operator::store::{self, DeliveryFilter, WatchFilter};
 use crate::throttle::{ClientAddr, Door};
@@ -77,11 +75,11 @@ impl FromRequestParts<App> for Admin {
 }
 
 /// What the backlog answers.
-#[derive(utoipa::ToSchema)]
-#[allow(dead_code)] // built as JSON by `backlog`; described here
+#[derive(Serialize, utoipa::ToSchema)]
 pub(crate) struct BacklogAnswer {
     services: Vec<store::Backlog>,
     /// Present when the page was read on a standby (WATCHPUMP_READ_DATABASE_URL): how many seconds behind the primary it is, 0 when it has replayed all it received; what changed since is not on the page yet.
+    #[serde(skip_serializing_if = "Option::is_none")]
     replica_lag_seconds: Option<f64>,
 }
 
@@ -90,26 +88,25 @@ pub(crate) struct BacklogAnswer {
     operation_id = "admin_backlog", path = "/api/v1/admin/backlog", tag = "admin", security(("admin_token" = [])),
     responses(
         (status = 200, description = "backlog", body = BacklogAnswer),
-        (status = 401, description = "no valid token", body = Error),
+        NoValidToken,
     ))]
 pub(crate) async fn backlog(_: Admin, State(state): State<App>) -> Result<Json<Value>, HttpError> {
     let lag = state.reads.lag().await?;
     let services = store::backlog(state.reads.pool()).await?;
-    Ok(Json(
-        state
-            .settings
-            .mask_json(with_lag(json!({ "services": services }), lag)),
-    ))
+    state.settings.masked(&BacklogAnswer {
+        services,
+        replica_lag_seconds: lag,
+    })
 }
 
 /// A page of deliveries, newest first.
-#[derive(utoipa::ToSchema)]
-#[allow(dead_code)] // built as JSON by `deliveries`; described here
+#[derive(Serialize, utoipa::ToSchema)]
 pub(crate) struct AdminDeliveryPage {
     deliveries: Vec<store::Delivery>,
     /// Pass as `before` for the next (older) page; null on the last.
     next_before: Option<i64>,
     /// Present when the page was read on a standby (WATCHPUMP_READ_DATABASE_URL): how many seconds behind the primary it is, 0 when it has replayed all it received; what changed since is not on the page yet.
+    #[serde(skip_serializing_if = "Option::is_none")]
     replica_lag_seconds: Option<f64>,
 }
 
@@ -124,7 +121,7 @@ pub(crate) struct AdminDeliveryPage {
         (status = 200, description = "a page", body = AdminDeliveryPage),
         (status = 400, description = "bad filter", body = Error),
         (status = 422, description = "bad filter", body = Error),
-        (status = 401, description = "no valid token", body = Error),
+        NoValidToken,
     ))]
 pub(crate) async fn deliveries(
     _: Admin,
@@ -141,18 +138,16 @@ pub(crate) async fn deliveries(
     };
     let lag = state.reads.lag().await?;
     let page = store::deliveries(state.reads.pool(), &filter).await?;
-    let next_before = (page.len() as i64 == limit)
-        .then(|| page.last().map(|d| d.delivery_id))
-        .flatten();
-    Ok(Json(state.settings.mask_json(with_lag(
-        json!({ "deliveries": page, "next_before": next_before }),
-        lag,
-    ))))
+    let next_before = page::cursor_if_full(&page, limit, |d| d.delivery_id);
+    state.settings.masked(&AdminDeliveryPage {
+        deliveries: page,
+        next_before,
+        replica_lag_seconds: lag,
+    })
 }
 
 /// A delivery as the admin API shows it.
-#[derive(utoipa::ToSchema)]
-#[allow(dead_code)] // built as JSON by `delivery`; described here
+#[derive(Serialize, utoipa::ToSchema)]
 pub(crate) struct AdminDeliveryShown {
     delivery: store::Delivery,
     attempts: Vec<store::Attempt>,
@@ -165,8 +160,8 @@ pub(crate) struct AdminDeliveryShown {
     params(("id" = i64, Path, description = "the delivery's id")),
     responses(
         (status = 200, description = "the delivery", body = AdminDeliveryShown),
-        (status = 404, description = "no such delivery", body = Error),
-        (status = 401, description = "no valid token", body = Error),
+        NoSuchDelivery,
+        NoValidToken,
     ))]
 pub(crate) async fn delivery(
     _: Admin,
@@ -179,16 +174,15 @@ pub(crate) async fn delivery(
         .ok_or_else(|| no_such_delivery(id))?;
     let attempts = store::attempts(&state.pool, id).await?;
     let history = store::history(&state.pool, id).await?;
-    Ok(Json(state.settings.mask_json(json!({
-        "delivery": delivery,
-        "attempts": attempts,
-        "history": history,
-    }))))
+    state.settings.masked(&AdminDeliveryShown {
+        delivery,
+        attempts,
+        history,
+    })
 }
 
 /// A delivery's attempts, in order.
-#[derive(utoipa::ToSchema)]
-#[allow(dead_code)] // built as JSON by `attempts`; described here
+#[derive(Serialize, utoipa::ToSchema)]
 pub(crate) struct Attempts {
     attempts: Vec<store::Attempt>,
 }
@@ -199,8 +193,8 @@ pub(crate) struct Attempts {
     params(("id" = i64, Path, description = "the delivery's id")),
     responses(
         (status = 200, description = "attempts", body = Attempts),
-        (status = 404, description = "no such delivery", body = Error),
-        (status = 401, description = "no valid token", body = Error),
+        NoSuchDelivery,
+        NoValidToken,
     ))]
 pub(crate) async fn attempts(
     _: Admin,
@@ -212,14 +206,11 @@ pub(crate) async fn attempts(
         return Err(no_such_delivery(id));
     }
     let attempts = store::attempts(&state.pool, id).await?;
-    Ok(Json(
-        state.settings.mask_json(json!({ "attempts": attempts })),
-    ))
+    state.settings.masked(&Attempts { attempts })
 }
 
 /// A delivery requeued.
-#[derive(utoipa::ToSchema)]
-#[allow(dead_code)] // built as JSON by `retry`; described here
+#[derive(Serialize, utoipa::ToSchema)]
 pub(crate) struct Requeued {
     delivery_id: i64,
     previous_state: String,
@@ -236,9 +227,9 @@ pub(crate) struct Requeued {
     params(("id" = i64, Path, description = "the delivery's id")),
     responses(
         (status = 200, description = "requeued", body = Requeued),
-        (status = 404, description = "no such delivery", body = Error),
+        NoSuchDelivery,
         (status = 409, description = "not in a state to retry", body = Error),
-        (status = 401, description = "no valid token", body = Error),
+        NoValidToken,
     ))]
 pub(crate) async fn retry(
     _: Admin,
@@ -247,11 +238,11 @@ pub(crate) async fn retry(
 ) -> Result<Json<Value>, HttpError> {
     let id = delivery_id(id)?;
     let previous = store::retry(&state.pool, id, ACTOR).await?;
-    Ok(Json(state.settings.mask_json(json!({
-        "delivery_id": id,
-        "previous_state": previous,
-        "state": "pending",
-    }))))
+    state.settings.masked(&Requeued {
+        delivery_id: id,
+        previous_state: previous,
+        state: "pending".into(),
+    })
 }
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
@@ -262,8 +253,7 @@ pub(crate) struct RetryFailed {
 }
 
 /// What `retry_failed` requeued.
-#[derive(utoipa::ToSchema)]
-#[allow(dead_code)] // built as JSON by `retry_failed`; described here
+#[derive(Serialize, utoipa::ToSchema)]
 pub(crate) struct RequeuedFailures {
     service: String,
     since: DateTime<Utc>,
@@ -280,9 +270,9 @@ pub(crate) struct RequeuedFailures {
     request_body = RetryFailed,
     responses(
         (status = 200, description = "requeued", body = RequeuedFailures),
-        (status = 404, description = "no such service", body = Error),
+        NoSuchService,
         (status = 422, description = "bad body", body = Error),
-        (status = 401, description = "no valid token", body = Error),
+        NoValidToken,
     ))]
 pub(crate) async fn retry_failed(
     _: Admin,
@@ -292,21 +282,22 @@ pub(crate) async fn retry_failed(
 ) -> Result<Json<Value>, HttpError> {
     let Json(body) = body?;
     let requeued = store::retry_failed(&state.pool, &name, body.since, ACTOR).await?;
-    Ok(Json(state.settings.mask_json(json!({
-        "service": name,
-        "since": body.since,
-        "requeued": requeued,
-    }))))
+    state.settings.masked(&RequeuedFailures {
+        service: name,
+        since: body.since,
+        requeued,
+    })
 }
 
 /// A page of watches, newest first.
-#[derive(utoipa::ToSchema)]
-#[allow(dead_code)] // built as JSON by `watches`; described here
+#[derive(Serialize, utoipa::ToSchema)]
 pub(crate) struct AdminWatchPage {
-    watches: Vec<Value>,
+    #[schema(value_type = Vec<Value>)]
+    watches: Vec<store::WatchRow>,
     /// Pass as `before` for the next (older) page; null on the last.
     next_before: Option<i64>,
     /// Present when the page was read on a standby (WATCHPUMP_READ_DATABASE_URL): how many seconds behind the primary it is, 0 when it has replayed all it received; what changed since is not on the page yet.
+    #[serde(skip_serializing_if = "Option::is_none")]
     replica_lag_seconds: Option<f64>,
 }
 
@@ -319,7 +310,7 @@ pub(crate) struct AdminWatchPage {
     responses(
         (status = 200, description = "a page", body = AdminWatchPage),
         (status = 422, description = "bad limit", body = Error),
-        (status = 401, description = "no valid token", body = Error),
+        NoValidToken,
     ))]
 pub(crate) async fn watches(
     _: Admin,
@@ -327,22 +318,15 @@ pub(crate) async fn watches(
     query: Result<Query<WatchFilter>, QueryRejection>,
 ) -> Result<Json<Value>, HttpError> {
     let Query(filter) = query?;
-    let limit = filter.limit.unwrap_or(100);
-    if !(1..=store::MAX_PAGE).contains(&limit) {
-        return Err(HttpError::Invalid(format!(
-            "limit must be 1 to {}",
-            store::MAX_PAGE
-        )));
-    }
+    let limit = page::size(filter.limit, 100, store::MAX_PAGE).map_err(HttpError::Invalid)?;
     let lag = state.reads.lag().await?;
     let page = store::watches(state.reads.pool(), &filter).await?;
-    let next_before = (page.len() as i64 == limit)
-        .then(|| page.last().map(|w| w.watch_id))
-        .flatten();
-    Ok(Json(state.settings.mask_json(with_lag(
-        json!({ "watches": page, "next_before": next_before }),
-        lag,
-    ))))
+    let next_before = page::cursor_if_full(&page, limit, |w| w.watch_id);
+    state.settings.masked(&AdminWatchPage {
+        watches: page,
+        next_before,
+        replica_lag_seconds: lag,
+    })
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
@@ -354,11 +338,12 @@ pub(crate) struct WarningQuery {
 }
 
 /// The warnings the admin API answers.
-#[derive(utoipa::ToSchema)]
-#[allow(dead_code)] // built as JSON by `warnings`; described here
+#[derive(Serialize, utoipa::ToSchema)]
 pub(crate) struct Warnings {
-    warnings: Vec<Value>,
+    #[schema(value_type = Vec<Value>)]
+    warnings: Vec<store::Warning>,
     /// Present when the page was read on a standby (WATCHPUMP_READ_DATABASE_URL): how many seconds behind the primary it is, 0 when it has replayed all it received; what changed since is not on the page yet.
+    #[serde(skip_serializing_if = "Option::is_none")]
     replica_lag_seconds: Option<f64>,
 }
 
@@ -368,7 +353,7 @@ pub(crate) struct Warnings {
     params(WarningQuery),
     responses(
         (status = 200, description = "warnings", body = Warnings),
-        (status = 401, description = "no valid token", body = Error),
+        NoValidToken,
     ))]
 pub(crate) async fn warnings(
     _: Admin,
@@ -378,11 +363,10 @@ pub(crate) async fn warnings(
     let Query(q) = query?;
     let lag = state.reads.lag().await?;
     let warnings = store::warnings(state.reads.pool(), q.service.as_deref(), 100).await?;
-    Ok(Json(
-        state
-            .settings
-            .mask_json(with_lag(json!({ "warnings": warnings }), lag)),
-    ))
+    state.settings.masked(&Warnings {
+        warnings,
+        replica_lag_seconds: lag,
+    })
 }
 
 fn delivery_id(id: Result<Path<i64>, PathRejection>) -> Result<i64, HttpError> {

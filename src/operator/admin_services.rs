@@ -10,10 +10,10 @@ use axum::http::StatusCode;
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use chrono::{DateTime, Utc};
-use serde::Deserialize;
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
-use crate::api::openapi::Error;
+use crate::api::openapi::{Error, NoSuchService, NoValidToken};
 use crate::http::App;
 use crate::http::{text, HttpError};
 use crate::operator::admin::{Admin, ACTOR};
@@ -40,8 +40,7 @@ pub fn routes() -> Router<App> {
 }
 
 /// The registered services.
-#[derive(utoipa::ToSchema)]
-#[allow(dead_code)] // built as JSON by `list`; described here
+#[derive(Serialize, utoipa::ToSchema)]
 pub(crate) struct ServiceList {
     services: Vec<services::Service>,
 }
@@ -51,13 +50,11 @@ pub(crate) struct ServiceList {
     operation_id = "admin_services_list", path = "/api/v1/admin/services", tag = "admin", security(("admin_token" = [])),
     responses(
         (status = 200, description = "services", body = ServiceList),
-        (status = 401, description = "no valid token", body = Error),
+        NoValidToken,
     ))]
 pub(crate) async fn list(_: Admin, State(state): State<App>) -> Result<Json<Value>, HttpError> {
     let services = services::list(&state.pool).await?;
-    Ok(Json(
-        state.settings.mask_json(json!({ "services": services })),
-    ))
+    state.settings.masked(&ServiceList { services })
 }
 
 /// A service to register.
@@ -69,8 +66,7 @@ pub(crate) struct NewService {
 }
 
 /// A service registered, with its credentials.
-#[derive(utoipa::ToSchema)]
-#[allow(dead_code)] // built as JSON by `add`; described here
+#[derive(Serialize, utoipa::ToSchema)]
 pub(crate) struct Registered {
     service: services::Service,
     /// The service's token for the consumer API: shown this once.
@@ -89,24 +85,24 @@ pub(crate) struct Registered {
     responses(
         (status = 201, description = "registered", body = Registered),
         (status = 422, description = "bad name or URL", body = Error),
-        (status = 401, description = "no valid token", body = Error),
+        NoValidToken,
     ))]
 pub(crate) async fn add(
     _: Admin,
     State(state): State<App>,
     body: Result<Json<NewService>, JsonRejection>,
-) -> Result<(StatusCode, Json<Value>), HttpError> {
+) -> Result<(StatusCode, Json<Registered>), HttpError> {
     let Json(new) = body?;
     let allowed = &state.settings.destinations;
     let registered = services::add_within(&state.pool, &new.name, &new.base_url, allowed).await?;
     tracing::info!(service = %registered.service.name, "service registered through the admin API");
     Ok((
         StatusCode::CREATED,
-        Json(json!({
-            "service": registered.service,
-            "token": registered.token,
-            "signing_secret": registered.signing_secret,
-        })),
+        Json(Registered {
+            service: registered.service,
+            token: registered.token,
+            signing_secret: registered.signing_secret,
+        }),
     ))
 }
 
@@ -140,8 +136,7 @@ fn rotation(body: &[u8]) -> Result<(std::time::Duration, bool), HttpError> {
 }
 
 /// A signing secret rotated.
-#[derive(utoipa::ToSchema)]
-#[allow(dead_code)] // built as JSON by `rotate_secret`; described here
+#[derive(Serialize, utoipa::ToSchema)]
 pub(crate) struct SecretRotated {
     service: String,
     /// The new signing secret: shown this once.
@@ -162,30 +157,29 @@ pub(crate) struct SecretRotated {
     request_body(content = Rotation, description = "optional: no body means the default overlap"),
     responses(
         (status = 200, description = "rotated", body = SecretRotated),
-        (status = 404, description = "no such service", body = Error),
+        NoSuchService,
         (status = 409, description = "the last rotation's overlap still runs (its previous secret still works, until the time the message says); force it with \"force\": true", body = Error),
-        (status = 401, description = "no valid token", body = Error),
+        NoValidToken,
     ))]
 pub(crate) async fn rotate_secret(
     _: Admin,
     State(state): State<App>,
     Path(name): Path<String>,
     body: axum::body::Bytes,
-) -> Result<Json<Value>, HttpError> {
+) -> Result<Json<SecretRotated>, HttpError> {
     let (overlap, force) = rotation(&body)?;
     let rotated = services::rotate_secret(&state.pool, &name, overlap, force).await?;
     tracing::info!(service = %name, retired_early = ?rotated.retired_early, "signing secret rotated through the admin API");
-    Ok(Json(json!({
-        "service": name,
-        "signing_secret": rotated.new,
-        "previous_secret_signs_until": rotated.previous_until,
-        "retired_early": rotated.retired_early,
-    })))
+    Ok(Json(SecretRotated {
+        service: name,
+        signing_secret: rotated.new,
+        previous_secret_signs_until: rotated.previous_until,
+        retired_early: rotated.retired_early,
+    }))
 }
 
 /// A token rotated.
-#[derive(utoipa::ToSchema)]
-#[allow(dead_code)] // built as JSON by `rotate_token`; described here
+#[derive(Serialize, utoipa::ToSchema)]
 pub(crate) struct TokenRotated {
     service: String,
     /// The new token: shown this once.
@@ -206,25 +200,25 @@ pub(crate) struct TokenRotated {
     request_body(content = Rotation, description = "optional: no body means the default overlap"),
     responses(
         (status = 200, description = "rotated", body = TokenRotated),
-        (status = 404, description = "no such service", body = Error),
+        NoSuchService,
         (status = 409, description = "the last rotation's overlap still runs (its previous token still works, until the time the message says); force it with \"force\": true", body = Error),
-        (status = 401, description = "no valid token", body = Error),
+        NoValidToken,
     ))]
 pub(crate) async fn rotate_token(
     _: Admin,
     State(state): State<App>,
     Path(name): Path<String>,
     body: axum::body::Bytes,
-) -> Result<Json<Value>, HttpError> {
+) -> Result<Json<TokenRotated>, HttpError> {
     let (grace, force) = rotation(&body)?;
     let rotated = services::rotate_token(&state.pool, &name, grace, force).await?;
     tracing::info!(service = %name, retired_early = ?rotated.retired_early, "token rotated through the admin API");
-    Ok(Json(json!({
-        "service": name,
-        "token": rotated.new,
-        "previous_token_works_until": rotated.previous_until,
-        "retired_early": rotated.retired_early,
-    })))
+    Ok(Json(TokenRotated {
+        service: name,
+        token: rotated.new,
+        previous_token_works_until: rotated.previous_until,
+        retired_early: rotated.retired_early,
+    }))
 }
 
 /// A service's new base URL.
@@ -235,8 +229,7 @@ pub(crate) struct NewUrl {
 }
 
 /// A service moved.
-#[derive(utoipa::ToSchema)]
-#[allow(dead_code)] // built as JSON by `set_url`; described here
+#[derive(Serialize, utoipa::ToSchema)]
 pub(crate) struct Moved {
     service: services::Service,
 }
@@ -248,9 +241,9 @@ pub(crate) struct Moved {
     request_body = NewUrl,
     responses(
         (status = 200, description = "moved", body = Moved),
-        (status = 404, description = "no such service", body = Error),
+        NoSuchService,
         (status = 422, description = "bad URL", body = Error),
-        (status = 401, description = "no valid token", body = Error),
+        NoValidToken,
     ))]
 pub(crate) async fn set_url(
     _: Admin,
@@ -262,9 +255,7 @@ pub(crate) async fn set_url(
     let allowed = &state.settings.destinations;
     let service = services::set_url_within(&state.pool, &name, &new.base_url, allowed).await?;
     tracing::info!(service = %name, base_url = %service.base_url, "service moved through the admin API");
-    Ok(Json(
-        state.settings.mask_json(json!({ "service": service })),
-    ))
+    state.settings.masked(&Moved { service })
 }
 
 /// A service's most deliveries a second.
@@ -277,9 +268,8 @@ pub(crate) struct NewRate {
 }
 
 /// The rate set.
-#[derive(utoipa::ToSchema)]
+#[derive(Serialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-#[allow(dead_code)] // built as JSON by `set_rate`; described here
 pub(crate) struct RateSet {
     service: String,
     /// Deliveries a second; null for no limit.
@@ -297,26 +287,28 @@ pub(crate) struct RateSet {
     request_body = NewRate,
     responses(
         (status = 200, description = "set", body = RateSet),
-        (status = 404, description = "no such service", body = Error),
+        NoSuchService,
         (status = 422, description = "not a whole number of at least 1", body = Error),
-        (status = 401, description = "no valid token", body = Error),
+        NoValidToken,
     ))]
 pub(crate) async fn set_rate(
     _: Admin,
     State(state): State<App>,
     Path(name): Path<String>,
     body: Result<Json<NewRate>, JsonRejection>,
-) -> Result<Json<Value>, HttpError> {
+) -> Result<Json<RateSet>, HttpError> {
     let Json(new) = body?;
     let rate = new.rate.map(services::rate::check).transpose()?;
     services::rate::set_max(&state.pool, &name, rate).await?;
     tracing::info!(service = %name, rate = ?rate, "service rate set through the admin API");
-    Ok(Json(json!({ "service": name, "max_rate": rate })))
+    Ok(Json(RateSet {
+        service: name,
+        max_rate: rate.map(i64::from),
+    }))
 }
 
 /// What removing a service took with it.
-#[derive(utoipa::ToSchema)]
-#[allow(dead_code)] // built as JSON by `remove`; described here
+#[derive(Serialize, utoipa::ToSchema)]
 pub(crate) struct Removed {
     service: String,
     watches_removed: i32,
@@ -331,19 +323,19 @@ pub(crate) struct Removed {
     params(("name" = String, Path, description = "the service's name")),
     responses(
         (status = 200, description = "removed", body = Removed),
-        (status = 404, description = "no such service", body = Error),
-        (status = 401, description = "no valid token", body = Error),
+        NoSuchService,
+        NoValidToken,
     ))]
 pub(crate) async fn remove(
     _: Admin,
     State(state): State<App>,
     Path(name): Path<String>,
-) -> Result<Json<Value>, HttpError> {
+) -> Result<Json<Removed>, HttpError> {
     let removal = services::remove(&state.pool, &name, ACTOR).await?;
     tracing::info!(service = %name, watches = removal.watches, dropped = removal.deliveries, "service removed through the admin API");
-    Ok(Json(json!({
-        "service": name,
-        "watches_removed": removal.watches,
-        "deliveries_dropped": removal.deliveries,
-    })))
+    Ok(Json(Removed {
+        service: name,
+        watches_removed: removal.watches,
+        deliveries_dropped: removal.deliveries,
+    }))
 }

@@ -3,10 +3,10 @@
 //! these, so they show the same rows and raise the same errors.
 
 use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use sqlx::PgPool;
 
-use crate::db::operator::{self as db, DeliveryRow, Explained, Page};
+use crate::db::operator::{self as db, Explained, Page};
 use crate::delivery::State;
 use crate::error::{Error, Result};
 
@@ -19,30 +19,8 @@ pub const MAX_PAGE: i64 = 500;
 /// API allows 1,000 a page).
 const PAGE_CEILING: i64 = 1000;
 
-/// A row of `watchpump.delivery_log`.
-#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
-#[schema(as = AdminDelivery)]
-pub struct Delivery {
-    pub delivery_id: i64,
-    pub created_at: DateTime<Utc>,
-    pub service: String,
-    pub watch_id: i64,
-    pub resource: String,
-    pub watch_object: String,
-    pub object: String,
-    pub kind: String,
-    pub change_id: i64,
-    pub sequence: i64,
-    pub state: State,
-    pub attempts: i32,
-    pub next_attempt_at: DateTime<Utc>,
-    pub deadline: DateTime<Utc>,
-    pub finished_at: Option<DateTime<Utc>>,
-    pub last_status: Option<i32>,
-    pub last_error: Option<String>,
-    pub superseded_by: Option<i64>,
-    pub last_action: Option<String>,
-}
+/// A row of `watchpump.delivery_log`, its state typed.
+pub use crate::db::operator::DeliveryRow as Delivery;
 
 /// A delivery's message as the pump sends it, and its service's base URL:
 /// what the panel needs to show the request as sent.
@@ -126,42 +104,6 @@ pub async fn backlog(pool: &PgPool) -> Result<Vec<Backlog>> {
     Ok(db::backlog(pool).await?)
 }
 
-impl TryFrom<DeliveryRow> for Delivery {
-    type Error = Error;
-
-    fn try_from(r: DeliveryRow) -> Result<Self> {
-        let state = r
-            .state
-            .parse()
-            .map_err(|e| Error::Database(sqlx::Error::Decode(Box::new(e))))?;
-        Ok(Delivery {
-            delivery_id: r.delivery_id,
-            created_at: r.created_at,
-            service: r.service,
-            watch_id: r.watch_id,
-            resource: r.resource,
-            watch_object: r.watch_object,
-            object: r.object,
-            kind: r.kind,
-            change_id: r.change_id,
-            sequence: r.sequence,
-            state,
-            attempts: r.attempts,
-            next_attempt_at: r.next_attempt_at,
-            deadline: r.deadline,
-            finished_at: r.finished_at,
-            last_status: r.last_status,
-            last_error: r.last_error,
-            superseded_by: r.superseded_by,
-            last_action: r.last_action,
-        })
-    }
-}
-
-fn typed(rows: Vec<DeliveryRow>) -> Result<Vec<Delivery>> {
-    rows.into_iter().map(Delivery::try_from).collect()
-}
-
 /// One page of deliveries, newest first ([`page`]), of the service the
 /// filter names (none if there is no such service).
 pub async fn deliveries(pool: &PgPool, filter: &DeliveryFilter) -> Result<Vec<Delivery>> {
@@ -190,7 +132,7 @@ pub async fn page(
         (PageOrder::CreatedAt, Some(until)) => db::page_by_time(pool, until, &p).await?,
         _ => db::page_by_id(pool, &p).await?,
     };
-    typed(rows)
+    Ok(rows)
 }
 
 /// The plan of [`page`]'s statement, as `explain` (e.g. `"explain (costs
@@ -277,10 +219,7 @@ impl PageOrder {
 }
 
 pub async fn delivery(pool: &PgPool, id: i64) -> Result<Option<Delivery>> {
-    db::delivery(pool, id)
-        .await?
-        .map(Delivery::try_from)
-        .transpose()
+    Ok(db::delivery(pool, id).await?)
 }
 
 /// `watchpump.message()`: the delivery as the pump sends it.
@@ -298,7 +237,7 @@ pub async fn history(pool: &PgPool, delivery_id: i64) -> Result<Vec<Event>> {
 
 /// The most recent failures, across services.
 pub async fn newest_failures(pool: &PgPool, limit: i64) -> Result<Vec<Delivery>> {
-    typed(db::newest_failures(pool, limit.clamp(1, MAX_PAGE)).await?)
+    Ok(db::newest_failures(pool, limit.clamp(1, MAX_PAGE)).await?)
 }
 
 /// The plan of [`newest_failures`]'s statement (tests check it).

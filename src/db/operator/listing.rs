@@ -13,9 +13,13 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::PgPool;
 
-/// A row of `watchpump.delivery_log`, its state as the database writes it
-/// (`crate::operator::store::Delivery` is this with a typed state).
-#[derive(Debug, Clone)]
+use crate::delivery::State;
+
+// What the operator's front ends show of a delivery
+// (`crate::operator::store::Delivery`, the admin API's `AdminDelivery`).
+/// A row of `watchpump.delivery_log`.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+#[schema(as = AdminDelivery)]
 pub struct DeliveryRow {
     pub delivery_id: i64,
     pub created_at: DateTime<Utc>,
@@ -27,7 +31,7 @@ pub struct DeliveryRow {
     pub kind: String,
     pub change_id: i64,
     pub sequence: i64,
-    pub state: String,
+    pub state: State,
     pub attempts: i32,
     pub next_attempt_at: DateTime<Utc>,
     pub deadline: DateTime<Utc>,

@@ -10,6 +10,7 @@ use serde::Serialize;
 use sqlx::PgPool;
 
 use super::DeliveryRow;
+use crate::delivery::State;
 
 /// One delivery, in any state.
 pub async fn delivery(pool: &PgPool, id: i64) -> sqlx::Result<Option<DeliveryRow>> {
@@ -18,7 +19,7 @@ pub async fn delivery(pool: &PgPool, id: i64) -> sqlx::Result<Option<DeliveryRow
         r#"select delivery_id as "delivery_id!", created_at as "created_at!", service as "service!",
                   watch_id as "watch_id!", resource as "resource!", watch_object as "watch_object!",
                   object as "object!", kind as "kind!", change_id as "change_id!",
-                  sequence as "sequence!", state as "state!", attempts as "attempts!",
+                  sequence as "sequence!", state as "state!: State", attempts as "attempts!",
                   next_attempt_at as "next_attempt_at!", deadline as "deadline!",
                   finished_at as "finished_at?", last_status as "last_status?",
                   last_error as "last_error?", superseded_by as "superseded_by?",

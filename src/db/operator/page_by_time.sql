@@ -38,7 +38,7 @@ page as (
 select l.delivery_id as "delivery_id!", l.created_at as "created_at!", l.service as "service!",
        l.watch_id as "watch_id!", l.resource as "resource!", l.watch_object as "watch_object!",
        l.object as "object!", l.kind as "kind!", l.change_id as "change_id!",
-       l.sequence as "sequence!", l.state as "state!", l.attempts as "attempts!",
+       l.sequence as "sequence!", l.state as "state!: State", l.attempts as "attempts!",
        l.next_attempt_at as "next_attempt_at!", l.deadline as "deadline!",
        l.finished_at as "finished_at?", l.last_status as "last_status?",
        l.last_error as "last_error?", l.superseded_by as "superseded_by?",

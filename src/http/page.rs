@@ -1,0 +1,77 @@
+//! One convention for a page of a listing, whichever audience asks: the
+//! size a query may ask for, and where the next page starts.
+//!
+//! The consumer API reads one row more than it shows, so that a cursor
+//! (`next_after`) comes only when something follows ([`cut`]). The admin
+//! API's older pages (`next_before`) give a cursor whenever a page is full
+//! ([`cursor_if_full`]); its clients already page that way, so it stays.
+
+/// The page size `given` asks for (`default` when it asks for none), when
+/// it lies in 1 to `max`; otherwise the message that says so, which each
+/// API answers with its own status (the consumer API's 400, the admin
+/// API's 422).
+pub fn size(given: Option<i64>, default: i64, max: i64) -> Result<i64, String> {
+    let size = given.unwrap_or(default);
+    if (1..=max).contains(&size) {
+        Ok(size)
+    } else {
+        Err(format!("limit must be 1 to {max}"))
+    }
+}
+
+/// How many rows to read for a page of `size`: one more, to learn whether
+/// another page follows without counting.
+pub fn ahead(size: i64) -> i64 {
+    size + 1
+}
+
+/// Rows read [`ahead`] of a page of `size`: the page, and the cursor of
+/// its last row when more follow.
+pub fn cut<T, C>(mut rows: Vec<T>, size: i64, cursor: impl FnOnce(&T) -> C) -> (Vec<T>, Option<C>) {
+    let more = rows.len() as i64 > size;
+    rows.truncate(size as usize);
+    let next = if more { rows.last().map(cursor) } else { None };
+    (rows, next)
+}
+
+/// The admin API's cursor: the last row's, whenever the page is full.
+pub fn cursor_if_full<T, C>(rows: &[T], size: i64, cursor: impl FnOnce(&T) -> C) -> Option<C> {
+    if rows.len() as i64 == size {
+        rows.last().map(cursor)
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_size_outside_its_bounds_is_refused_with_them() {
+        assert_eq!(size(None, 100, 1000), Ok(100));
+        assert_eq!(size(Some(1000), 100, 1000), Ok(1000));
+        assert_eq!(
+            size(Some(0), 100, 1000),
+            Err("limit must be 1 to 1000".into())
+        );
+        assert_eq!(
+            size(Some(1001), 100, 1000),
+            Err("limit must be 1 to 1000".into())
+        );
+    }
+
+    #[test]
+    fn a_cursor_only_when_a_row_follows_the_page() {
+        let (page, next) = cut(vec![9, 8, 7], 2, |r| *r);
+        assert_eq!((page, next), (vec![9, 8], Some(8)));
+        let (page, next) = cut(vec![9, 8], 2, |r| *r);
+        assert_eq!((page, next), (vec![9, 8], None));
+    }
+
+    #[test]
+    fn the_admin_cursor_comes_with_every_full_page() {
+        assert_eq!(cursor_if_full(&[9, 8], 2, |r| *r), Some(8));
+        assert_eq!(cursor_if_full(&[9], 2, |r| *r), None);
+    }
+}
