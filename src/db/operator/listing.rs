@@ -11,7 +11,7 @@
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 
 use crate::delivery::State;
 
@@ -65,24 +65,24 @@ pub struct Page<'a> {
 /// `operator/page_by_id.sql`: a page by id, newest first; the next page is
 /// `id < before`.
 pub async fn page_by_id(pool: &PgPool, p: &Page<'_>) -> sqlx::Result<Vec<DeliveryRow>> {
-    let mut tx = custom_plans(pool).await?;
-    let rows = sqlx::query_file_as!(
-        DeliveryRow,
-        "src/db/operator/page_by_id.sql",
-        p.state,
-        p.service_id,
-        p.watch_id,
-        p.object,
-        p.object_prefix,
-        p.since,
-        p.until,
-        p.before,
-        p.limit,
-    )
-    .fetch_all(&mut *tx)
-    .await?;
-    tx.commit().await?;
-    Ok(rows)
+    custom_plans(pool, async |c| {
+        sqlx::query_file_as!(
+            DeliveryRow,
+            "src/db/operator/page_by_id.sql",
+            p.state,
+            p.service_id,
+            p.watch_id,
+            p.object,
+            p.object_prefix,
+            p.since,
+            p.until,
+            p.before,
+            p.limit,
+        )
+        .fetch_all(c)
+        .await
+    })
+    .await
 }
 
 /// `operator/page_by_time.sql`: a time window's page in creation order,
@@ -93,45 +93,51 @@ pub async fn page_by_time(
     until: DateTime<Utc>,
     p: &Page<'_>,
 ) -> sqlx::Result<Vec<DeliveryRow>> {
-    let mut tx = custom_plans(pool).await?;
-    let rows = sqlx::query_file_as!(
-        DeliveryRow,
-        "src/db/operator/page_by_time.sql",
-        p.since,
-        until,
-        p.before,
-        p.limit,
-    )
-    .fetch_all(&mut *tx)
-    .await?;
-    tx.commit().await?;
-    Ok(rows)
+    custom_plans(pool, async |c| {
+        sqlx::query_file_as!(
+            DeliveryRow,
+            "src/db/operator/page_by_time.sql",
+            p.since,
+            until,
+            p.before,
+            p.limit,
+        )
+        .fetch_all(c)
+        .await
+    })
+    .await
 }
 
 /// `operator/newest_failures.sql`: the most recent failures, across
 /// services.
 pub async fn newest_failures(pool: &PgPool, limit: i64) -> sqlx::Result<Vec<DeliveryRow>> {
-    let mut tx = custom_plans(pool).await?;
-    let rows = sqlx::query_file_as!(DeliveryRow, "src/db/operator/newest_failures.sql", limit)
-        .fetch_all(&mut *tx)
-        .await?;
-    tx.commit().await?;
-    Ok(rows)
+    custom_plans(pool, async |c| {
+        sqlx::query_file_as!(DeliveryRow, "src/db/operator/newest_failures.sql", limit)
+            .fetch_all(c)
+            .await
+    })
+    .await
 }
 
-/// A transaction whose statements are planned with their values each time
-/// they run (a custom plan), never with the generic plan PostgreSQL may
-/// settle on after five runs of a prepared statement: the pages' optional
+/// `statement` in a transaction whose statements are planned with their
+/// values each time they run (a custom plan), never with the generic plan
+/// PostgreSQL may settle on after five runs of a prepared statement: the
+/// pages' optional
 /// conditions (`$n is null or ...`) then fold away or into constants, and
 /// the planner sees which partial index fits, how rare a service is and
 /// the limit, as if they were written in. A generic plan would keep one
 /// index for every filter (`tests/listing.rs` checks that none is made).
-async fn custom_plans(pool: &PgPool) -> sqlx::Result<sqlx::Transaction<'static, sqlx::Postgres>> {
+async fn custom_plans<T>(
+    pool: &PgPool,
+    statement: impl AsyncFnOnce(&mut PgConnection) -> sqlx::Result<T>,
+) -> sqlx::Result<T> {
     let mut tx = pool.begin().await?;
     sqlx::query!("set local plan_cache_mode = force_custom_plan")
         .execute(&mut *tx)
         .await?;
-    Ok(tx)
+    let answer = statement(&mut *tx).await?;
+    tx.commit().await?;
+    Ok(answer)
 }
 
 /// A statement of this file whose plan tests read.
@@ -207,29 +213,29 @@ pub struct Watches<'a> {
 /// A page of watches, newest first, planned with its values
 /// ([`custom_plans`]).
 pub async fn watches(pool: &PgPool, w: &Watches<'_>) -> sqlx::Result<Vec<WatchRow>> {
-    let mut tx = custom_plans(pool).await?;
-    let rows = sqlx::query_as!(
-        WatchRow,
-        r#"select watch_id as "watch_id!", service as "service!", resource as "resource!",
-                  object as "object!", filters as "filters!", created_at as "created_at!",
-                  removed_at as "removed_at?", removed_reason as "removed_reason?"
-           from watchpump.watch_list
-           where ($1::text is null or service = $1)
-             and ($2::text is null or resource = $2)
-             and ($3::text is null or object = $3)
-             and ($4::boolean is null or live = $4)
-             and ($5::bigint is null or watch_id < $5)
-           order by watch_id desc
-           limit $6"#,
-        w.service,
-        w.resource,
-        w.object,
-        w.live,
-        w.before,
-        w.limit,
-    )
-    .fetch_all(&mut *tx)
-    .await?;
-    tx.commit().await?;
-    Ok(rows)
+    custom_plans(pool, async |c| {
+        sqlx::query_as!(
+            WatchRow,
+            r#"select watch_id as "watch_id!", service as "service!", resource as "resource!",
+                      object as "object!", filters as "filters!", created_at as "created_at!",
+                      removed_at as "removed_at?", removed_reason as "removed_reason?"
+               from watchpump.watch_list
+               where ($1::text is null or service = $1)
+                 and ($2::text is null or resource = $2)
+                 and ($3::text is null or object = $3)
+                 and ($4::boolean is null or live = $4)
+                 and ($5::bigint is null or watch_id < $5)
+               order by watch_id desc
+               limit $6"#,
+            w.service,
+            w.resource,
+            w.object,
+            w.live,
+            w.before,
+            w.limit,
+        )
+        .fetch_all(c)
+        .await
+    })
+    .await
 }
