@@ -21,11 +21,11 @@ use sqlx::PgPool;
 
 use crate::api::auth::Caller;
 use crate::api::limits::{self, Write};
-use crate::api::openapi::{Error as ErrorBody, NoValidToken, NotTheCallers};
 use crate::db::consumer as db;
 pub use crate::db::consumer::Attempt;
 use crate::delivery::State as DeliveryState;
 use crate::error::{Error, Result};
+use crate::http::error::{Error as ErrorBody, NoValidToken, NotTheCallers};
 use crate::http::App;
 use crate::http::{page, HttpError};
 use crate::operator::store;

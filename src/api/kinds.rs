@@ -10,7 +10,7 @@ use axum::Json;
 use serde::{Deserialize, Serialize};
 
 use crate::api::auth::Caller;
-use crate::api::openapi::{Error, NoValidToken};
+use crate::http::error::{Error, NoValidToken};
 use crate::http::App;
 use crate::http::{page, HttpError};
 use crate::kinds::{self, Kind};

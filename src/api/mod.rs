@@ -19,8 +19,7 @@ use axum::Router;
 
 use crate::http::{text, App, HttpError};
 
-/// Largest request body the API reads.
-pub const BODY_LIMIT: usize = 64 * 1024;
+pub use crate::http::BODY_LIMIT;
 
 /// The API as a router, for `serve`, embedding and tests; it takes the one
 /// application state ([`App`]), whose throttle counts failed service-token

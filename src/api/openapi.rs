@@ -13,9 +13,10 @@ use axum::response::IntoResponse;
 use utoipa::openapi::schema::{AdditionalProperties, Object, Schema, Type};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{Ref, RefOr};
-use utoipa::{Modify, OpenApi, ToSchema};
+use utoipa::{Modify, OpenApi};
 
 use crate::api;
+use crate::http::error::Error;
 use crate::operator::{admin, admin_services};
 
 /// The description: both APIs, as `watchpump serve` mounts them.
@@ -166,48 +167,6 @@ fn describe_watch(watch: &mut Object) {
     resync.description =
         r#"Only in the answer to a create with "resync": true: the resync's start."#.into();
     watch.properties.insert("resync".into(), RefOr::Ref(resync));
-}
-
-/// The 401 of every route that takes a token.
-#[derive(utoipa::IntoResponses)]
-#[response(status = 401, description = "no valid token")]
-#[allow(dead_code)] // a description only
-pub struct NoValidToken(Error);
-
-/// The consumer API's 404 for an id not among the caller's own.
-#[derive(utoipa::IntoResponses)]
-#[response(status = 404, description = "another service's, or none")]
-#[allow(dead_code)] // a description only
-pub struct NotTheCallers(Error);
-
-/// The admin API's 404 for a service name.
-#[derive(utoipa::IntoResponses)]
-#[response(status = 404, description = "no such service")]
-#[allow(dead_code)] // a description only
-pub struct NoSuchService(Error);
-
-/// The admin API's 404 for a delivery id.
-#[derive(utoipa::IntoResponses)]
-#[response(status = 404, description = "no such delivery")]
-#[allow(dead_code)] // a description only
-pub struct NoSuchDelivery(Error);
-
-/// Every error of both APIs.
-#[derive(ToSchema)]
-#[serde(deny_unknown_fields)]
-#[allow(dead_code)] // rendered as JSON by `HttpError`'s `IntoResponse`; described here
-pub struct Error {
-    #[schema(inline)]
-    error: ErrorDetail,
-}
-
-#[derive(ToSchema)]
-#[serde(deny_unknown_fields)]
-#[allow(dead_code)]
-struct ErrorDetail {
-    /// Stable, e.g. not_found, invalid, conflict, too_many_requests.
-    code: String,
-    message: String,
 }
 
 /// The description, as served: generated once, on the first request. The

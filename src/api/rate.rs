@@ -8,7 +8,7 @@ use axum::Json;
 use serde::Deserialize;
 
 use crate::api::auth::Caller;
-use crate::api::openapi::{Error, NoValidToken};
+use crate::http::error::{Error, NoValidToken};
 use crate::http::App;
 use crate::http::HttpError;
 use crate::services::rate::{self, Rates};

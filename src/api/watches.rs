@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use crate::api::auth::Caller;
 use crate::api::limits::{self, Write};
-use crate::api::openapi::{Error, NoValidToken, NotTheCallers};
+use crate::http::error::{Error, NoValidToken, NotTheCallers};
 use crate::http::App;
 use crate::http::{page, HttpError};
 use crate::services::Service;

@@ -3,7 +3,9 @@
 //! (`{"error": {"code": "...", "message": "..."}}`, [`HttpError`]'s own
 //! `IntoResponse`) and as a page for the panel ([`AsHtml`]): same statuses,
 //! same messages. Internals never reach the caller: a database error is a
-//! bare 500, its detail logged.
+//! bare 500, its detail logged. The JSON is described here too, for the
+//! OpenAPI description: [`Error`], and the refusals every route repeats
+//! ([`NoValidToken`] and the 404s).
 
 use std::time::Duration;
 
@@ -195,4 +197,47 @@ impl IntoResponse for AsHtml {
         let page = html::page(status, e.title(), &body, false);
         e.answer(page, "panel")
     }
+}
+
+/// The 401 of every route that takes a token.
+#[derive(utoipa::IntoResponses)]
+#[response(status = 401, description = "no valid token")]
+#[allow(dead_code)] // a description only
+pub struct NoValidToken(Error);
+
+/// The consumer API's 404 for an id not among the caller's own.
+#[derive(utoipa::IntoResponses)]
+#[response(status = 404, description = "another service's, or none")]
+#[allow(dead_code)] // a description only
+pub struct NotTheCallers(Error);
+
+/// The admin API's 404 for a service name.
+#[derive(utoipa::IntoResponses)]
+#[response(status = 404, description = "no such service")]
+#[allow(dead_code)] // a description only
+pub struct NoSuchService(Error);
+
+/// The admin API's 404 for a delivery id.
+#[derive(utoipa::IntoResponses)]
+#[response(status = 404, description = "no such delivery")]
+#[allow(dead_code)] // a description only
+pub struct NoSuchDelivery(Error);
+
+/// Every error of both APIs, as [`HttpError`] renders it, described for
+/// the OpenAPI description (`crate::api::openapi`).
+#[derive(utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)] // rendered as JSON by `HttpError`'s `IntoResponse` above; described here
+pub struct Error {
+    #[schema(inline)]
+    error: ErrorDetail,
+}
+
+#[derive(utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+struct ErrorDetail {
+    /// Stable, e.g. not_found, invalid, conflict, too_many_requests.
+    code: String,
+    message: String,
 }

@@ -22,6 +22,10 @@ pub mod page;
 #[cfg(feature = "producer")]
 pub mod text;
 
+/// Largest request body the JSON APIs read, the consumer API's and the
+/// admin API's alike.
+pub const BODY_LIMIT: usize = 64 * 1024;
+
 #[cfg(feature = "producer")]
 pub use app::App;
 pub use bearer::bearer;

@@ -14,10 +14,9 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::api::openapi::{Error, NoSuchDelivery, NoSuchService, NoValidToken};
-use crate::api::BODY_LIMIT;
+use crate::http::error::{Error, NoSuchDelivery, NoSuchService, NoValidToken};
 use crate::http::App;
-use crate::http::{bearer, page, text, HttpError};
+use crate::http::{bearer, page, text, HttpError, BODY_LIMIT};
 use crate::operator::auth;
 use crate::operator::store::{self, DeliveryFilter, WatchFilter};
 use crate::throttle::{ClientAddr, Door};

@@ -13,7 +13,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::api::openapi::{Error, NoSuchService, NoValidToken};
+use crate::http::error::{Error, NoSuchService, NoValidToken};
 use crate::http::App;
 use crate::http::{text, HttpError};
 use crate::operator::admin::{Admin, ACTOR};
