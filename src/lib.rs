@@ -112,6 +112,8 @@
 #[cfg(feature = "producer")]
 pub mod api;
 #[cfg(feature = "producer")]
+pub mod caller;
+#[cfg(feature = "producer")]
 pub mod cli;
 #[cfg(feature = "producer")]
 pub mod config;

@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use sqlx::PgPool;
 
-use crate::api::auth::Caller;
+use crate::api::auth::Consumer;
 use crate::api::limits::{self, Write};
 use crate::db::consumer as db;
 pub use crate::db::consumer::Attempt;
@@ -147,7 +147,7 @@ pub struct Redelivered {
     ))]
 pub async fn list(
     State(state): State<App>,
-    Caller(service): Caller,
+    Consumer(service): Consumer,
     query: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Json<Value>, HttpError> {
     let Query(q) = query?;
@@ -180,7 +180,7 @@ pub async fn list(
     ))]
 pub async fn show(
     State(state): State<App>,
-    Caller(service): Caller,
+    Consumer(service): Consumer,
     id: Result<Path<i64>, PathRejection>,
 ) -> Result<Json<Value>, HttpError> {
     let id = delivery_id(id)?;
@@ -213,7 +213,7 @@ pub async fn show(
     ))]
 pub async fn redeliver(
     State(state): State<App>,
-    Caller(service): Caller,
+    Consumer(service): Consumer,
     id: Result<Path<i64>, PathRejection>,
 ) -> Result<(StatusCode, Json<Redelivered>), HttpError> {
     let id = delivery_id(id)?;

@@ -9,7 +9,7 @@ use axum::extract::{Query, State};
 use axum::Json;
 use serde::{Deserialize, Serialize};
 
-use crate::api::auth::Caller;
+use crate::api::auth::Consumer;
 use crate::http::error::{Error, NoValidToken};
 use crate::http::App;
 use crate::http::{page, HttpError};
@@ -54,7 +54,7 @@ pub struct Page {
     ))]
 pub async fn list(
     State(state): State<App>,
-    Caller(_): Caller,
+    Consumer(_): Consumer,
     query: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Json<Page>, HttpError> {
     let Query(q) = query?;

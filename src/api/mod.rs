@@ -17,6 +17,7 @@ use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use axum::Router;
 
+use crate::caller::Audience;
 use crate::http::{text, App, HttpError};
 
 pub use crate::http::BODY_LIMIT;
@@ -52,6 +53,7 @@ pub fn app(state: App) -> Router {
         .method_not_allowed_fallback(|| async { HttpError::MethodNotAllowed })
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .layer(axum::middleware::from_fn(text::refuse_unreadable))
+        .layer(Audience::Consumer.layer())
         .with_state(state)
 }
 

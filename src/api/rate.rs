@@ -7,7 +7,7 @@ use axum::extract::State;
 use axum::Json;
 use serde::Deserialize;
 
-use crate::api::auth::Caller;
+use crate::api::auth::Consumer;
 use crate::http::error::{Error, NoValidToken};
 use crate::http::App;
 use crate::http::HttpError;
@@ -34,7 +34,7 @@ pub struct RateBody {
     ))]
 pub async fn show(
     State(state): State<App>,
-    Caller(service): Caller,
+    Consumer(service): Consumer,
 ) -> Result<Json<Rates>, HttpError> {
     Ok(Json(rate::get(&state.pool, service.id).await?))
 }
@@ -54,7 +54,7 @@ pub async fn show(
     ))]
 pub async fn set(
     State(state): State<App>,
-    Caller(service): Caller,
+    Consumer(service): Consumer,
     body: Result<Json<RateBody>, JsonRejection>,
 ) -> Result<Json<Rates>, HttpError> {
     let Json(body) = body?;
@@ -76,7 +76,7 @@ pub async fn set(
     ))]
 pub async fn clear(
     State(state): State<App>,
-    Caller(service): Caller,
+    Consumer(service): Consumer,
 ) -> Result<Json<Rates>, HttpError> {
     Ok(Json(
         rate::set_consumer(&state.pool, service.id, None).await?,

@@ -8,7 +8,7 @@ use axum::Json;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::api::auth::Caller;
+use crate::api::auth::Consumer;
 use crate::api::limits::{self, Write};
 use crate::http::error::{Error, NoValidToken, NotTheCallers};
 use crate::http::App;
@@ -41,7 +41,7 @@ const MAX_PAGE: i64 = 1000;
     ))]
 pub async fn create(
     State(state): State<App>,
-    Caller(service): Caller,
+    Consumer(service): Consumer,
     body: Result<Json<NewWatch>, JsonRejection>,
 ) -> Result<(StatusCode, Json<Value>), HttpError> {
     let Json(new) = body?;
@@ -94,7 +94,7 @@ pub async fn create(
     ))]
 pub async fn resync(
     State(state): State<App>,
-    Caller(service): Caller,
+    Consumer(service): Consumer,
     id: Result<Path<i64>, axum::extract::rejection::PathRejection>,
 ) -> Result<(StatusCode, Json<Value>), HttpError> {
     let id = watch_id(id)?;
@@ -194,7 +194,7 @@ pub struct DeliveryId {
     ))]
 pub async fn list(
     State(state): State<App>,
-    Caller(service): Caller,
+    Consumer(service): Consumer,
     query: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Json<WatchPage>, HttpError> {
     let Query(q) = query?;
@@ -229,7 +229,7 @@ pub async fn list(
     ))]
 pub async fn show(
     State(state): State<App>,
-    Caller(service): Caller,
+    Consumer(service): Consumer,
     id: Result<Path<i64>, axum::extract::rejection::PathRejection>,
 ) -> Result<Json<Watch>, HttpError> {
     let id = watch_id(id)?;
@@ -251,7 +251,7 @@ pub async fn show(
     ))]
 pub async fn remove(
     State(state): State<App>,
-    Caller(service): Caller,
+    Consumer(service): Consumer,
     id: Result<Path<i64>, axum::extract::rejection::PathRejection>,
 ) -> Result<StatusCode, HttpError> {
     let id = watch_id(id)?;
@@ -280,7 +280,7 @@ pub async fn remove(
     ))]
 pub async fn pause(
     State(state): State<App>,
-    Caller(service): Caller,
+    Consumer(service): Consumer,
     id: Result<Path<i64>, axum::extract::rejection::PathRejection>,
 ) -> Result<Json<Paused>, HttpError> {
     set_paused(state, service, id, true).await
@@ -302,7 +302,7 @@ pub async fn pause(
     ))]
 pub async fn resume(
     State(state): State<App>,
-    Caller(service): Caller,
+    Consumer(service): Consumer,
     id: Result<Path<i64>, axum::extract::rejection::PathRejection>,
 ) -> Result<Json<Paused>, HttpError> {
     set_paused(state, service, id, false).await
@@ -356,7 +356,7 @@ pub const PING_EVERY_SECS: i64 = 10;
     ))]
 pub async fn ping(
     State(state): State<App>,
-    Caller(service): Caller,
+    Consumer(service): Consumer,
     id: Result<Path<i64>, axum::extract::rejection::PathRejection>,
 ) -> Result<(StatusCode, Json<DeliveryId>), HttpError> {
     let id = watch_id(id)?;

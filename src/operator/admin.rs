@@ -6,7 +6,6 @@
 
 use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, Query, State};
-use axum::http::header;
 use axum::http::request::Parts;
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -14,12 +13,11 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::caller::{misplaced, Audience, Caller};
 use crate::http::error::{Error, NoSuchDelivery, NoSuchService, NoValidToken};
 use crate::http::App;
-use crate::http::{bearer, page, text, HttpError, BODY_LIMIT};
-use crate::operator::auth;
+use crate::http::{page, text, HttpError, BODY_LIMIT};
 use crate::operator::store::{self, DeliveryFilter, WatchFilter};
-use crate::throttle::{ClientAddr, Door};
 
 /// How admin API actions appear in a delivery's history.
 pub const ACTOR: &str = "admin-api";
@@ -39,36 +37,20 @@ pub fn routes() -> Router<App> {
         .route("/api/v1/admin/warnings", get(warnings))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .layer(axum::middleware::from_fn(text::refuse_unreadable))
+        .layer(Audience::Admin.layer())
 }
 
-/// The caller holds the admin token.
+/// The caller holds the admin token: the admin API's narrowing of
+/// [`Caller`].
 pub struct Admin;
 
-/// What a caller without the admin token is told.
-const TOKEN_REQUIRED: &str =
-    "the admin token is required: Authorization: Bearer <WATCHPUMP_ADMIN_TOKEN>";
-
 impl FromRequestParts<App> for Admin {
-    type Rejection = HttpError;
+    type Rejection = axum::response::Response;
 
     async fn from_request_parts(parts: &mut Parts, state: &App) -> Result<Self, Self::Rejection> {
-        let configured = state.settings.admin_token.as_deref().ok_or(HttpError::Off(
-            "the admin API is off: WATCHPUMP_ADMIN_TOKEN is not set",
-        ))?;
-        let ClientAddr(client) = ClientAddr::of(parts);
-        let throttle = &state.throttle;
-        throttle
-            .check(Door::Admin, client)
-            .map_err(HttpError::Throttled)?;
-        if !parts.headers.contains_key(header::AUTHORIZATION) {
-            return Err(HttpError::Unauthorized(TOKEN_REQUIRED));
-        }
-        match bearer(&parts.headers) {
-            Some(presented) if auth::token_matches(configured, presented) => Ok(Admin),
-            _ => {
-                throttle.fail(Door::Admin, client, "wrong admin token on the admin API");
-                Err(HttpError::Unauthorized(TOKEN_REQUIRED))
-            }
+        match Caller::from_request_parts(parts, state).await? {
+            Caller::Admin => Ok(Admin),
+            other => Err(misplaced(parts, &other)),
         }
     }
 }

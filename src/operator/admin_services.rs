@@ -13,6 +13,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::caller::Audience;
 use crate::http::error::{Error, NoSuchService, NoValidToken};
 use crate::http::App;
 use crate::http::{text, HttpError};
@@ -37,6 +38,7 @@ pub fn routes() -> Router<App> {
         .route("/api/v1/admin/services/{name}/url", put(set_url))
         .route("/api/v1/admin/services/{name}/rate", put(set_rate))
         .layer(axum::middleware::from_fn(text::refuse_unreadable))
+        .layer(Audience::Admin.layer())
 }
 
 /// The registered services.

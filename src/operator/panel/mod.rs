@@ -14,12 +14,13 @@ mod pages;
 
 use axum::extract::{DefaultBodyLimit, FromRequestParts, State};
 use axum::http::request::Parts;
-use axum::http::{header, HeaderMap, Method, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use axum::{Form, Router};
 use serde::Deserialize;
 
+use crate::caller::{misplaced, Audience, Caller};
 use crate::http::html::{self, esc};
 use crate::http::App;
 use crate::http::{text, AsHtml, HttpError};
@@ -73,6 +74,7 @@ pub fn routes() -> Router<App> {
         .route("/panel/{*rest}", get(not_found))
         .layer(DefaultBodyLimit::max(FORM_LIMIT))
         .layer(axum::middleware::from_fn(refuse_unreadable))
+        .layer(Audience::Panel.layer())
 }
 
 /// 400 as a page for a path or query PostgreSQL could not take
@@ -90,32 +92,18 @@ async fn refuse_unreadable(
     }
 }
 
-/// A logged-in operator. Without a valid session a page load is sent to
-/// the login form, and any other request is refused with nothing changed.
+/// A logged-in operator: the panel's narrowing of [`Caller`]. Without a valid session a page load is sent
+/// to the login form, and any other request is refused with nothing
+/// changed.
 pub struct Session;
 
 impl FromRequestParts<App> for Session {
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, state: &App) -> Result<Self, Self::Rejection> {
-        let Some(token) = state.settings.admin_token.as_deref() else {
-            return Err(panel_off());
-        };
-        let valid = match auth::session_cookie(&parts.headers) {
-            Some(secret) => auth::session_valid(&state.pool, token, secret)
-                .await
-                .map_err(|e| AsHtml::from(e).into_response())?,
-            None => false,
-        };
-        match (valid, &parts.method) {
-            (true, _) => Ok(Session),
-            (false, &Method::GET | &Method::HEAD) => {
-                Err(Redirect::to("/panel/login").into_response())
-            }
-            (false, _) => Err(AsHtml(HttpError::Forbidden(
-                "You are not logged in (or your session ended); nothing was changed.".into(),
-            ))
-            .into_response()),
+        match Caller::from_request_parts(parts, state).await? {
+            Caller::Panel => Ok(Session),
+            other => Err(misplaced(parts, &other)),
         }
     }
 }
@@ -164,15 +152,6 @@ fn back_to(service: &str, done: &str, n: Option<i64>) -> Response {
     Redirect::to(&format!("/panel/services/{service}{}", html::query(&query))).into_response()
 }
 
-fn panel_off() -> Response {
-    html::page(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "The panel is off",
-        "<p>Set <code>WATCHPUMP_ADMIN_TOKEN</code> to turn it on.</p>",
-        false,
-    )
-}
-
 async fn not_found(_: Session) -> AsHtml {
     AsHtml(HttpError::NotFound(
         "There is no such page in the panel.".into(),
@@ -193,7 +172,7 @@ fn login_page(status: StatusCode, message: Option<&str>) -> Response {
 
 async fn login_form(State(state): State<App>, headers: HeaderMap) -> Response {
     let Some(token) = state.settings.admin_token.as_deref() else {
-        return panel_off();
+        return crate::caller::panel_off();
     };
     if let Some(secret) = auth::session_cookie(&headers) {
         if auth::session_valid(&state.pool, token, secret)
@@ -230,7 +209,7 @@ async fn login(
     form: Result<Form<Login>, axum::extract::rejection::FormRejection>,
 ) -> Result<Response, AsHtml> {
     let Some(token) = state.settings.admin_token.as_deref() else {
-        return Ok(panel_off());
+        return Ok(crate::caller::panel_off());
     };
     let throttle = &state.throttle;
     if let Err(wait) = throttle.check(Door::Admin, client) {
