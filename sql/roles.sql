@@ -111,6 +111,10 @@ begin
                     watchpump.watch_list, watchpump.deliveries, watchpump.attempts,
                     watchpump.warnings
         to watchpump_inspector, watchpump_operator, watchpump_pump;
+    -- The counts the backlog view and the gauges share: the backlog view
+    -- reads them with its owner's rights; backlog_counts(), the pump's
+    -- gauges, with the pump's.
+    grant select on watchpump.service_backlog to watchpump_pump;
 
     -- What the views call: PostgreSQL checks the functions a view calls
     -- against the role that reads it, not the view's owner (and inlines

@@ -55,6 +55,53 @@ select null::bigint, x.delivery_id, x.attempt, x.attempt_started_at, x.attempt_d
 from watchpump.actions x
 where x.attempt is not null;
 
+-- What each live consumer service has waiting, on its way and failed: the
+-- counts that the operator's view watchpump.backlog shows and the gauges
+-- export (backlog_counts()), defined once.
+--   pending             deliveries waiting to be sent, scheduled retries included
+--   in_flight           deliveries a pump has claimed and is sending
+--   due_now             pending deliveries whose next attempt is due
+--   oldest_due_at       when the oldest due delivery became due (null: none)
+--   retrying            pending deliveries that were attempted before
+--   oldest_retrying_at  when the oldest of those was created (null: none)
+--   failed_24h          deliveries that ended 'failed' in the last 24 hours
+-- Each service's part of the queue (which holds only what is not settled)
+-- is read through queue_due, its failures through the partial index of
+-- failures by time. A view, not a function: the backlog view reads it
+-- with its owner's rights, so its readers need no right on the tables.
+create or replace view watchpump.service_backlog as
+select s.id as service_id,
+       s.name as service,
+       q.pending,
+       q.in_flight,
+       q.due_now,
+       q.oldest_due_at,
+       q.retrying,
+       q.oldest_retrying_at,
+       f.failed_24h
+from watchpump.services s
+cross join lateral (
+    select count(*) filter (where not watchpump.in_flight(d.lease_until)) as pending,
+           count(*) filter (where watchpump.in_flight(d.lease_until)) as in_flight,
+           count(*) filter (where not watchpump.in_flight(d.lease_until)
+                              and d.next_attempt_at <= now()) as due_now,
+           min(d.next_attempt_at) filter (where not watchpump.in_flight(d.lease_until)
+                                            and d.next_attempt_at <= now()) as oldest_due_at,
+           -- Waiting for a retry, not on the wire: a claim counts the
+           -- attempt it starts, so an in-flight first attempt has attempts = 1.
+           count(*) filter (where d.attempts > 0 and not watchpump.in_flight(d.lease_until)) as retrying,
+           min(d.created_at) filter (where d.attempts > 0
+                                       and not watchpump.in_flight(d.lease_until)) as oldest_retrying_at
+    from watchpump.queue d
+    where d.service_id = s.id
+) q
+cross join lateral (
+    select count(*) as failed_24h
+    from watchpump.settled d
+    where d.service_id = s.id and d.state = 'failed' and d.finished_at > now() - interval '24 hours'
+) f
+where s.removed_at is null;
+
 -- One row per consumer service: what waits, what is on its way, what failed.
 -- `looks_down`: deliveries are being retried (or failed) and nothing was
 -- delivered to the service since the oldest of them was created (or since
@@ -62,14 +109,14 @@ where x.attempt is not null;
 create or replace view watchpump.backlog as
 select s.id as service_id,
        s.name as service,
-       coalesce(q.pending, 0) as pending,
-       coalesce(q.in_flight, 0) as in_flight,
-       coalesce(q.due_now, 0) as due_now,
-       coalesce(f.failed_24h, 0) as failed_24h,
+       q.pending,
+       q.in_flight,
+       q.due_now,
+       q.failed_24h,
        date_trunc('second', now() - q.oldest_due_at) as oldest_due_age,
        l.last_delivered_at,
        lf.last_failed_at,
-       coalesce(q.retrying, 0) as retrying,
+       q.retrying,
        coalesce(
            (q.oldest_retrying_at is not null
             and coalesce(l.last_delivered_at, '-infinity') < q.oldest_retrying_at)
@@ -83,32 +130,12 @@ select s.id as service_id,
         where pw.service_id = s.id and pw.paused_at is not null and pw.removed_at is null) as paused_watches,
        -- Deliveries a second it may get, all pumps together (null: no limit).
        least(coalesce(s.max_rate, s.consumer_rate), coalesce(s.consumer_rate, s.max_rate)) as rate
-from watchpump.services s
-left join lateral (
-    select count(*) filter (where not watchpump.in_flight(d.lease_until)) as pending,
-           count(*) filter (where watchpump.in_flight(d.lease_until)) as in_flight,
-           count(*) filter (where not watchpump.in_flight(d.lease_until)
-                              and d.next_attempt_at <= now()) as due_now,
-           min(d.next_attempt_at) filter (where not watchpump.in_flight(d.lease_until)
-                                            and d.next_attempt_at <= now()) as oldest_due_at,
-           count(*) filter (where d.attempts > 0 and not watchpump.in_flight(d.lease_until)) as retrying,
-           -- Waiting for a retry, not on the wire: a claim counts the
-           -- attempt it starts, so an in-flight first attempt has attempts = 1.
-           min(d.created_at) filter (where d.attempts > 0
-                                       and not watchpump.in_flight(d.lease_until)) as oldest_retrying_at
-    from watchpump.queue d
-    where d.service_id = s.id
-) q on true
--- Failures: those of the last 24 hours counted through the partial index
--- of failures by time; the last one is the newest failed delivery's end
--- (by id, as last_delivered_at below: one probe of each day's partial
--- index of a service's failures, where max(finished_at) read every failure
--- the service ever had: 96 ms at 1 M deliveries).
-left join lateral (
-    select count(*) as failed_24h
-    from watchpump.settled d
-    where d.service_id = s.id and d.state = 'failed' and d.finished_at > now() - interval '24 hours'
-) f on true
+from watchpump.service_backlog q
+join watchpump.services s on s.id = q.service_id
+-- The last failure and the last delivery: the newest of each by id (one
+-- probe of each day's partial index of a service's failures, where
+-- max(finished_at) read every failure the service ever had: 96 ms at
+-- 1 M deliveries).
 left join lateral (
     select d.finished_at as last_failed_at
     from watchpump.settled d
@@ -122,8 +149,7 @@ left join lateral (
     where d.service_id = s.id and d.state = 'delivered'
     order by d.id desc
     limit 1
-) l on true
-where s.removed_at is null;
+) l on true;
 
 -- One readable row per delivery: its watch, its change, where it stands,
 -- and the last thing a person did to it. Filter it like a table:
@@ -537,17 +563,9 @@ $$;
 -- per consumer service, every service included even when it has nothing
 -- waiting, so that dashboards show a 0 rather than no data.
 --
--- The definitions are those of the view watchpump.backlog:
---   pending         deliveries waiting to be sent, scheduled retries included
---   in_flight       deliveries a pump has claimed and is sending
---   due_now         pending deliveries whose next attempt is due
---   failed_24h      deliveries that ended 'failed' in the last 24 hours
---   oldest_due_age  seconds since the oldest due delivery became due
---                   (0 when nothing is due)
---
--- One pump calls this every few seconds: the queue is read once (it holds
--- only what is not settled), failures through the settled table's
--- partial index of failed rows (0002_operator.sql).
+-- The counts are the view watchpump.service_backlog's, as the view
+-- watchpump.backlog shows them; oldest_due_age is in seconds (0 when
+-- nothing is due). One pump calls this every few seconds.
 create or replace function watchpump.backlog_counts()
 returns table (
     service         text,
@@ -558,34 +576,10 @@ returns table (
     oldest_due_age  double precision
 )
 language sql stable as $$
-    with waiting as (
-        select d.service_id,
-               count(*) filter (where not watchpump.in_flight(d.lease_until)) as pending,
-               count(*) filter (where watchpump.in_flight(d.lease_until)) as in_flight,
-               count(*) filter (where not watchpump.in_flight(d.lease_until)
-                                  and d.next_attempt_at <= now()) as due_now,
-               min(d.next_attempt_at) filter (where not watchpump.in_flight(d.lease_until)
-                                                and d.next_attempt_at <= now()) as oldest_due_at
-        from watchpump.queue d
-        group by d.service_id
-    ),
-    failed as (
-        select d.service_id, count(*) as failed_24h
-        from watchpump.settled d
-        where d.state = 'failed' and d.finished_at > now() - interval '24 hours'
-        group by d.service_id
-    )
-    select s.name,
-           coalesce(w.pending, 0),
-           coalesce(w.in_flight, 0),
-           coalesce(w.due_now, 0),
-           coalesce(f.failed_24h, 0),
-           coalesce(extract(epoch from now() - w.oldest_due_at), 0)::double precision
-    from watchpump.services s
-    left join waiting w on w.service_id = s.id
-    left join failed f on f.service_id = s.id
-    where s.removed_at is null
-    order by s.name
+    select b.service, b.pending, b.in_flight, b.due_now, b.failed_24h,
+           coalesce(extract(epoch from now() - b.oldest_due_at), 0)::double precision
+    from watchpump.service_backlog b
+    order by b.service
 $$;
 
 -- Per live service, how many of its live watches a pause holds (all of
