@@ -12,9 +12,8 @@
 //! API with no admin token set), the panel with pages (a page load without
 //! a session goes to the login form, any other request is refused with
 //! nothing changed). Handlers take their audience's narrowing of the
-//! [`Caller`] ([`crate::api::auth::Consumer`],
-//! [`crate::operator::admin::Admin`], [`crate::operator::panel::Session`]):
-//! the same extraction, typed for what the handler needs.
+//! [`Caller`] ([`Consumer`], [`Admin`], [`Session`]): the same extraction,
+//! typed for what the handler needs.
 
 use axum::extract::FromRequestParts;
 use axum::http::header::AUTHORIZATION;
@@ -95,9 +94,65 @@ impl FromRequestParts<App> for Caller {
     }
 }
 
+// --- The narrowings: what each audience's handlers take --------------------
+
+/// The consumer service making the request. Extracting it rejects a missing,
+/// malformed or wrong token with 401, before the body is read, and an
+/// address that has used up its failures ([`crate::throttle`]) with 429,
+/// before the token is looked at.
+pub struct Consumer(pub Service);
+
+impl FromRequestParts<App> for Consumer {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &App) -> Result<Self, Self::Rejection> {
+        match Caller::from_request_parts(parts, state).await? {
+            Caller::Service(service) => Ok(Consumer(service)),
+            other => Err(misplaced(parts, &other)),
+        }
+    }
+}
+
+/// The caller holds the admin token: the admin API's narrowing of
+/// [`Caller`].
+pub struct Admin;
+
+impl FromRequestParts<App> for Admin {
+    type Rejection = axum::response::Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &App) -> Result<Self, Self::Rejection> {
+        match Caller::from_request_parts(parts, state).await? {
+            Caller::Admin => Ok(Admin),
+            other => Err(misplaced(parts, &other)),
+        }
+    }
+}
+
+/// A logged-in operator: the panel's narrowing of [`Caller`]. Without a valid session a page load is sent
+/// to the login form, and any other request is refused with nothing
+/// changed.
+pub struct Session;
+
+impl FromRequestParts<App> for Session {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &App) -> Result<Self, Self::Rejection> {
+        match Caller::from_request_parts(parts, state).await? {
+            Caller::Panel => Ok(Session),
+            other => Err(misplaced(parts, &other)),
+        }
+    }
+}
+
+/// How the admin API's actions appear in a delivery's history.
+pub const ADMIN_API_ACTOR: &str = "admin-api";
+
+/// How the panel's actions appear in a delivery's history.
+pub const PANEL_ACTOR: &str = "panel";
+
 /// A narrowing of [`Caller`] asked for on another audience's route: a
 /// mistake of the code, answered 500 and logged.
-pub fn misplaced(parts: &Parts, caller: &Caller) -> Response {
+fn misplaced(parts: &Parts, caller: &Caller) -> Response {
     tracing::error!(path = %parts.uri.path(), ?caller, "a handler asks for another audience's caller");
     StatusCode::INTERNAL_SERVER_ERROR.into_response()
 }

@@ -15,8 +15,8 @@
 //! | to change | open | what each holds |
 //! |---|---|---|
 //! | a field of the delivery body | `src/delivery/mod.rs`, `sql/functions/0500_delivery.sql`, `docs/protocol.md` | the module doc's "Adding a field to the body" lists the steps: the field on [`delivery::Message`] and [`delivery::Body`] (whose order is the JSON's); its value in `claim()` and `message()`; the body as consumer teams read it (the kit's `Delivery` ignores a field it does not know) |
-//! | an admin action | `src/operator/admin.rs`, `src/db/operator.rs`, `sql/functions/0600_operator.sql` | the route and its handler (a service's lifecycle: `admin_services.rs` beside it); the statement it sends; the SQL function that does it, which psql and the panel call too. The route's description is its handler's `#[utoipa::path]` and doc comment, gathered by `api::openapi` and held to the routers by the openapi test |
-//! | a consumer endpoint | `src/api/mod.rs`, `src/db/consumer.rs`, `src/api/openapi.rs` | the route (its handler beside it: `watches.rs`, `deliveries.rs`, `rate.rs`, `kinds.rs`, with its `#[utoipa::path]` and doc comment; its answer a type that is its schema too, a list paged by [`http::page`]; what its writes may cost: [`api::limits`]); the statement it sends, to the consumer's room `0700_consumer.sql`; the handler listed in the description's `paths`, served at `GET /api/v1/openapi.json` |
+//! | an admin action | `src/resources/`, `src/db/operator.rs`, `sql/functions/0600_operator.sql` | the handler in its resource's `admin.rs` (deliveries, watches, services), mounted by that resource's `admin_routes()` and answering through [`caller`]'s `Admin`; the panel's form beside it in `panel.rs`; the statement it sends; the SQL function that does it, which psql and the panel call too. The route's description is its handler's `#[utoipa::path]` and doc comment, gathered by `api::openapi` and held to the routers by the openapi test |
+//! | a consumer endpoint | `src/resources/`, `src/db/consumer.rs`, `src/api/openapi.rs` | the handler in its resource's `consumer.rs` (or `rate.rs`, `kinds.rs`), mounted by its `consumer_routes()`, with its `#[utoipa::path]` and doc comment; its answer a type that is its schema too, a list paged by [`http::page`]; what its writes may cost: [`api::limits`]; the statement it sends, to the consumer's room `0700_consumer.sql`; the handler listed in the description's `paths`, served at `GET /api/v1/openapi.json` |
 //! | a metric | `src/metrics.rs`, `docs/metrics.md`, `src/pump/recording.rs` | its name, and the `# HELP` text it is described with; what it means, for operators (the metrics test fails on a metric exported and not documented there, or the reverse); where an attempt's outcome is recorded (the rest where their event happens; the backlog gauges: [`metrics::backlog`]) |
 //! | the retry policy | `src/retry.rs`, `src/pump/health/mod.rs`, `sql/functions/0500_delivery.sql` | the rule and which function enforces each part: back-off, Retry-After, the deadline; a consumer that is down, and its probes; `complete()`, which retries, fails or supersedes an attempt's delivery at the deadline |
 //! | a bound | `docs/security.md`, `src/config.rs`, `sql/functions/0050_settings.sql` | the Bounds table: a row per bound with its refusal, its metric and its test (most in the bounds test); a bound of `serve` is a flag; one of the database a column of `watchpump.settings`, read where it is used |
@@ -65,9 +65,15 @@
 //!   every router of the listener takes ([`http::App`]: pool, reads,
 //!   throttle, settings, each held once), the one error type, the bearer
 //!   parser, request text checks, the panel's HTML blocks.
-//! - [`api`]: the watches API consumers call (axum); [`api::limits`]:
-//!   what one service's self-service writes may cost (a token bucket per
-//!   service, and the bounds on what the writes queue).
+//! - [`resources`]: the HTTP surface by resource (deliveries, watches,
+//!   services, rate, kinds), each with its handlers and routes for every
+//!   audience; [`caller`]: who is calling, decided once for every route
+//!   (a service's token, the admin token, a panel session), and the typed
+//!   narrowings handlers take.
+//! - [`api`]: the watches API consumers call (axum): its router, mounting
+//!   each resource's consumer routes, and the OpenAPI description;
+//!   [`api::limits`]: what one service's self-service writes may cost (a
+//!   token bucket per service, and the bounds on what the writes queue).
 //! - [`watches`]: what a watch may be: names, the safe jsonpath subset its
 //!   filter must be in ([`watches::filter`]), what a service's filters on
 //!   one object may cost ([`watches::cap`]), what every service's watches
@@ -75,8 +81,9 @@
 //!   ([`watches::fanout`]), pauses and resyncs ([`watches::pause`],
 //!   [`watches::resync`]), and `migrate`'s report of older filters
 //!   ([`watches::audit`]).
-//! - [`operator`]: the operator's side: the panel (`/panel`), the admin API
-//!   (`/api/v1/admin`), warnings to notify about failed deliveries, and
+//! - [`operator`]: the operator's side: the routers of the panel
+//!   (`/panel`) and the admin API (`/api/v1/admin`), warnings to notify
+//!   about failed deliveries, and
 //!   pruning; its SQL views and retry functions work from psql too.
 //! - [`telemetry`]: OpenTelemetry traces: the W3C trace context a change
 //!   carries from the producer's span to each attempt and on to the
@@ -148,6 +155,8 @@ pub mod pump;
 pub mod redact;
 #[cfg(feature = "producer")]
 pub mod replica;
+#[cfg(feature = "producer")]
+pub mod resources;
 #[cfg(feature = "producer")]
 pub mod retry;
 #[cfg(feature = "producer")]

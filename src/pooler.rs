@@ -65,7 +65,7 @@ pub async fn check(options: &PgConnectOptions, setting: &str) -> Result<()> {
 
 /// `probe`, tried again while the database is away (a restart or a
 /// failover during start-up, as `serve`'s other start-up steps do, up to
-/// [`crate::server::START_UP_PATIENCE`]): a probe cut short by the
+/// [`crate::db::connection::START_UP_PATIENCE`]): a probe cut short by the
 /// database going away, or refused while it shuts down or starts, is no
 /// evidence of a pooler.
 async fn patiently<F, Fut>(probe: F) -> Result<()>
@@ -77,8 +77,8 @@ where
     loop {
         match probe().await {
             Err(Error::Database(e))
-                if crate::server::is_gone(&e)
-                    && started.elapsed() < crate::server::START_UP_PATIENCE =>
+                if crate::db::connection::is_gone(&e)
+                    && started.elapsed() < crate::db::connection::START_UP_PATIENCE =>
             {
                 tracing::warn!(error = %e, "the database went away during the pooler check; trying again");
                 tokio::time::sleep(Duration::from_millis(500)).await;
@@ -143,7 +143,7 @@ async fn rounds(a: &mut PgConnection, b: &mut PgConnection) -> Result<Option<Str
         let held = match holding(b).await {
             Ok(held) => held,
             // The database going away (a restart) is no evidence.
-            Err(Error::Database(e)) if crate::server::is_gone(&e) => {
+            Err(Error::Database(e)) if crate::db::connection::is_gone(&e) => {
                 return Err(Error::Database(e))
             }
             // pgbouncer's statement pooling refuses transactions.

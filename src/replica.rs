@@ -72,8 +72,8 @@ pub async fn connect(read_url: Option<&str>, size: u32, primary: &PgPool) -> Res
         return Ok(Reads::primary(primary.clone()));
     };
     let shown = crate::redact::mask_database_url(url);
-    let patience = crate::server::START_UP_PATIENCE;
-    let pool = crate::server::connect_as(url, size.max(2), patience, SETTING).await?;
+    let patience = crate::db::connection::START_UP_PATIENCE;
+    let pool = crate::db::connection::connect_as(url, size.max(2), patience, SETTING).await?;
     crate::pooler::check_sessions(&pool.connect_options(), SETTING).await?;
     let (read, written) = (Identity::of(&pool).await?, Identity::of(primary).await?);
     let other_cluster =

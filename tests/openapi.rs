@@ -14,10 +14,14 @@ use reqwest::{Method, StatusCode};
 use serde_json::{json, Map, Value};
 
 /// The routers whose routes the description must hold.
-const ROUTERS: [&str; 3] = [
+const ROUTERS: [&str; 7] = [
     "src/api/mod.rs",
     "src/operator/admin.rs",
-    "src/operator/admin_services.rs",
+    "src/resources/deliveries/mod.rs",
+    "src/resources/watches/mod.rs",
+    "src/resources/services/mod.rs",
+    "src/resources/rate.rs",
+    "src/resources/kinds.rs",
 ];
 
 /// (method, path) of every `.route("PATH", METHOD(...)...)` in `source`.
@@ -81,7 +85,11 @@ async fn the_description_is_served_without_a_token_and_holds_every_mounted_route
     for file in ROUTERS {
         let source =
             std::fs::read_to_string(format!("{}/{file}", env!("CARGO_MANIFEST_DIR"))).unwrap();
-        let routes = mounted(&source);
+        // A resource's file mounts its panel routes too: pages, not API.
+        let routes: Vec<_> = mounted(&source)
+            .into_iter()
+            .filter(|(_, path)| !path.starts_with("/panel"))
+            .collect();
         assert!(!routes.is_empty(), "no routes read from {file}");
         all_mounted.extend(routes);
     }

@@ -1,4 +1,4 @@
--- The consumer's own calls (issue 20; src/api/deliveries.rs,
+-- The consumer's own calls (issue 20; src/resources/deliveries/consumer.rs,
 -- docs/protocol.md "The consumer's own view"). Each takes the calling
 -- service's id and treats another service's delivery or watch as missing
 -- (P0002, a 404 at the API): a service sees only its own.

@@ -1,24 +1,21 @@
-//! The HTTP API consumers call, on `WATCHPUMP_LISTEN`: their watches
-//! ([`watches`]), their own deliveries ([`deliveries`]) and the producer's
-//! kinds of change ([`kinds`]), authenticated by their service token ([`auth`], with
+//! The HTTP API consumers call, on `WATCHPUMP_LISTEN`: their watches, their
+//! own deliveries, their rate and the producer's kinds of change (each
+//! resource's consumer routes, [`crate::resources`]), authenticated by
+//! their service token ([`crate::caller::Consumer`], with
 //! failures throttled per client address), their writes bounded per
 //! service ([`limits`]), and never handed a path or query that is not text
 //! ([`crate::http::text`]). Errors are [`HttpError`]s, as JSON.
 
-pub mod auth;
-pub mod deliveries;
-pub mod kinds;
 pub mod limits;
 pub mod openapi;
-pub mod rate;
-pub mod watches;
 
 use axum::extract::DefaultBodyLimit;
-use axum::routing::{get, post};
+use axum::routing::get;
 use axum::Router;
 
 use crate::caller::Audience;
 use crate::http::{text, App, HttpError};
+use crate::resources;
 
 pub use crate::http::BODY_LIMIT;
 
@@ -27,26 +24,10 @@ pub use crate::http::BODY_LIMIT;
 /// authentications.
 pub fn app(state: App) -> Router {
     Router::new()
-        .route("/api/v1/watches", get(watches::list).post(watches::create))
-        .route(
-            "/api/v1/watches/{id}",
-            get(watches::show).delete(watches::remove),
-        )
-        .route("/api/v1/watches/{id}/ping", post(watches::ping))
-        .route("/api/v1/watches/{id}/pause", post(watches::pause))
-        .route("/api/v1/watches/{id}/resume", post(watches::resume))
-        .route("/api/v1/watches/{id}/resync", post(watches::resync))
-        .route("/api/v1/deliveries", get(deliveries::list))
-        .route("/api/v1/deliveries/{id}", get(deliveries::show))
-        .route(
-            "/api/v1/deliveries/{id}/redeliver",
-            post(deliveries::redeliver),
-        )
-        .route(
-            "/api/v1/rate",
-            get(rate::show).put(rate::set).delete(rate::clear),
-        )
-        .route("/api/v1/kinds", get(kinds::list))
+        .merge(resources::watches::consumer_routes())
+        .merge(resources::deliveries::consumer_routes())
+        .merge(resources::rate::consumer_routes())
+        .merge(resources::kinds::consumer_routes())
         .route("/api/v1/openapi.json", get(openapi::spec))
         .route("/healthz", get(healthz))
         .fallback(|| async { HttpError::NotFound("no such endpoint".into()) })

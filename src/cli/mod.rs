@@ -166,7 +166,7 @@ async fn run(cli: Cli) -> Result<()> {
         .ok_or_else(|| Error::Config("DATABASE_URL (or --database-url) is required".into()))?;
     match cli.command {
         Command::Migrate => {
-            let pool = server::connect(&url, 2).await?;
+            let pool = crate::db::connection::connect(&url, 2).await?;
             // sqlx's kept statements need a session of their own, as
             // `serve`'s do (crate::pooler).
             crate::pooler::check_sessions(&pool.connect_options(), "DATABASE_URL").await?;
@@ -187,7 +187,7 @@ async fn run(cli: Cli) -> Result<()> {
             // key is checked first, so that an unset key is refused even on
             // a database with nothing to seal.
             let keys = at_rest::SecretKeys::from_env()?;
-            let pool = server::connect(&url, 2).await?;
+            let pool = crate::db::connection::connect(&url, 2).await?;
             schema::migrate(&pool).await?;
             let secrets = at_rest::count_sealed_with(&pool, keys.current_id()).await?;
             if json {
@@ -206,29 +206,29 @@ async fn run(cli: Cli) -> Result<()> {
             }
         }
         Command::Services(command) => {
-            let pool = server::connect(&url, 2).await?;
+            let pool = crate::db::connection::connect(&url, 2).await?;
             schema::require(&pool).await?;
             schema::migrate(&pool).await?;
             services::run_services(&pool, command).await?;
         }
         Command::Kinds(command) => {
-            let pool = server::connect(&url, 2).await?;
+            let pool = crate::db::connection::connect(&url, 2).await?;
             schema::require(&pool).await?;
             schema::migrate(&pool).await?;
             kinds::run_kinds(&pool, command).await?;
         }
         Command::Watches(command) => {
-            let pool = server::connect(&url, 2).await?;
+            let pool = crate::db::connection::connect(&url, 2).await?;
             schema::require(&pool).await?;
             consumer::run_watches(&pool, command).await?;
         }
         Command::Deliveries(command) => {
-            let pool = server::connect(&url, 2).await?;
+            let pool = crate::db::connection::connect(&url, 2).await?;
             schema::require(&pool).await?;
             consumer::run_deliveries(&pool, command).await?;
         }
         Command::Fanout(command) => {
-            let pool = server::connect(&url, 2).await?;
+            let pool = crate::db::connection::connect(&url, 2).await?;
             schema::require(&pool).await?;
             fanout::run_fanout(&pool, command).await?;
         }
@@ -239,7 +239,7 @@ async fn run(cli: Cli) -> Result<()> {
         } => {
             crate::watches::check_object(&object)?;
             let payload = emit::read_payload(&payload)?;
-            let pool = server::connect(&url, 2).await?;
+            let pool = crate::db::connection::connect(&url, 2).await?;
             schema::require(&pool).await?;
             let (change_id, deliveries) = emit::emit_one(&pool, &object, &kind, &payload)
                 .await

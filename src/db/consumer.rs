@@ -188,7 +188,7 @@ pub async fn ping(
 // --- A service's deliveries -----------------------------------------------
 
 // One delivery as `watchpump.delivery_log` shows it to its consumer: the
-// consumer API's `Delivery` (`crate::api::deliveries::Entry`).
+// consumer API's `Delivery` (`crate::resources::deliveries::consumer::Entry`).
 /// One of the caller's deliveries.
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 #[schema(as = Delivery)]

@@ -15,7 +15,8 @@ use sqlx::PgPool;
 
 use crate::config::PumpConfig;
 use crate::destinations::Destinations;
-use crate::operator::{auth, OperatorConfig};
+use crate::operator::auth;
+use crate::operator::config::OperatorConfig;
 use crate::redact::MASK;
 use crate::replica::Reads;
 use crate::throttle::Throttle;

@@ -6,16 +6,17 @@
 //!
 //! - [`store`]: the reads and actions both front ends share.
 //! - [`auth`]: admin token, panel sessions, Origin check.
-//! - [`admin`]: `/api/v1/admin/...`, JSON, `Authorization: Bearer <admin token>`;
-//!   [`admin_services`] is its part for the service lifecycle.
-//! - [`panel`]: `/panel`, server-rendered HTML, no JavaScript.
+//! - [`admin`]: `/api/v1/admin/...`, JSON, `Authorization: Bearer <admin
+//!   token>`: its router, mounting each resource's admin routes
+//!   ([`crate::resources`]), and the backlog and warnings.
+//! - [`panel`]: `/panel`, server-rendered HTML, no JavaScript: its router,
+//!   mounting each resource's panel routes, and the pages that span them.
 //! - [`notify`]: folds failed deliveries into warnings and sends them.
 //! - [`prune`]: deletes finished rows past retention, in small batches.
 //! - [`worker`]: the periodic task running notify and prune, one pump at a time.
 //! - [`config`]: the knobs, part of `watchpump serve`.
 
 pub mod admin;
-pub mod admin_services;
 pub mod auth;
 pub mod config;
 pub mod notify;
@@ -38,7 +39,6 @@ pub use crate::redact::MASK;
 pub fn router(state: App) -> Router {
     Router::new()
         .merge(admin::routes())
-        .merge(admin_services::routes())
         .merge(panel::routes())
         .with_state(state)
 }

@@ -1,37 +1,35 @@
 //! `/panel`: the operator's pages, server-rendered, usable without
 //! JavaScript. Watches are shown, never edited (consumers own them, ADR
-//! 0021); deliveries can be retried, and a service's lifecycle run
-//! (`lifecycle.rs`: new secret or token, new URL, removal).
+//! 0021); deliveries can be retried, and a service's lifecycle run. The
+//! forms and pages of one resource are in its `panel.rs`
+//! ([`crate::resources`]); here are the router, the log-in, the pages
+//! that span resources ([`pages`]) and what every panel handler takes
+//! ([`Session`], [`Change`], [`back_to`]).
 //!
 //! Access: a login form takes `WATCHPUMP_ADMIN_TOKEN` and sets an HttpOnly,
 //! SameSite=Strict session cookie ([`Session`]). Every state change is a
 //! POST that must also come from the panel's own origin ([`SameOrigin`]).
 
-mod consumer;
-mod deliveries;
-mod lifecycle;
 mod pages;
 
-use axum::extract::{DefaultBodyLimit, FromRequestParts, State};
-use axum::http::request::Parts;
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use axum::{Form, Router};
 use serde::Deserialize;
 
-use crate::caller::{misplaced, Audience, Caller};
+use crate::caller::{Audience, Session};
 use crate::http::html::{self, esc};
 use crate::http::App;
 use crate::http::{text, AsHtml, HttpError};
 use crate::operator::auth;
+use crate::resources;
+use crate::resources::forms::SameOrigin;
 use crate::throttle::{self, ClientAddr, Door};
 
 /// Forms are a few fields; nothing bigger is read.
 const FORM_LIMIT: usize = 16 * 1024;
-
-/// How panel actions appear in a delivery's history.
-pub const ACTOR: &str = "panel";
 
 pub fn routes() -> Router<App> {
     Router::new()
@@ -40,37 +38,11 @@ pub fn routes() -> Router<App> {
         .route("/panel/login", get(login_form).post(login))
         .route("/panel/logout", post(logout))
         .route("/panel/services/{name}", get(pages::service))
-        .route(
-            "/panel/services/{name}/retry-failed",
-            post(deliveries::retry_failed),
-        )
-        .route("/panel/services/{name}/url", post(lifecycle::set_url))
-        .route("/panel/services/{name}/rate", post(lifecycle::set_rate))
-        .route(
-            "/panel/services/{name}/rotate-secret",
-            post(lifecycle::rotate_secret),
-        )
-        .route(
-            "/panel/services/{name}/rotate-token",
-            post(lifecycle::rotate_token),
-        )
-        .route("/panel/services/{name}/remove", post(lifecycle::remove))
-        .route(
-            "/panel/services/{name}/pause",
-            post(consumer::pause_service),
-        )
-        .route(
-            "/panel/services/{name}/resume",
-            post(consumer::resume_service),
-        )
-        .route("/panel/watches/{id}/pause", post(consumer::pause_watch))
-        .route("/panel/watches/{id}/resume", post(consumer::resume_watch))
-        .route("/panel/watches/{id}/resync", post(consumer::resync_watch))
         .route("/panel/watches", get(pages::watches))
         .route("/panel/warnings", get(pages::warnings))
-        .route("/panel/deliveries", get(deliveries::list))
-        .route("/panel/deliveries/{id}", get(deliveries::show))
-        .route("/panel/deliveries/{id}/retry", post(deliveries::retry))
+        .merge(resources::deliveries::panel_routes())
+        .merge(resources::watches::panel_routes())
+        .merge(resources::services::panel_routes())
         .route("/panel/{*rest}", get(not_found))
         .layer(DefaultBodyLimit::max(FORM_LIMIT))
         .layer(axum::middleware::from_fn(refuse_unreadable))
@@ -90,66 +62,6 @@ async fn refuse_unreadable(
         .into_response(),
         None => next.run(request).await,
     }
-}
-
-/// A logged-in operator: the panel's narrowing of [`Caller`]. Without a valid session a page load is sent
-/// to the login form, and any other request is refused with nothing
-/// changed.
-pub struct Session;
-
-impl FromRequestParts<App> for Session {
-    type Rejection = Response;
-
-    async fn from_request_parts(parts: &mut Parts, state: &App) -> Result<Self, Self::Rejection> {
-        match Caller::from_request_parts(parts, state).await? {
-            Caller::Panel => Ok(Session),
-            other => Err(misplaced(parts, &other)),
-        }
-    }
-}
-
-/// A state-changing request that came from the panel's own pages.
-pub struct SameOrigin;
-
-impl FromRequestParts<App> for SameOrigin {
-    type Rejection = Response;
-
-    async fn from_request_parts(parts: &mut Parts, state: &App) -> Result<Self, Self::Rejection> {
-        if auth::same_origin(&parts.headers, &state.settings.panel_origin) {
-            Ok(SameOrigin)
-        } else {
-            tracing::warn!(origin = ?parts.headers.get(header::ORIGIN), path = %parts.uri.path(),
-                "panel refused a request from another origin");
-            Err(AsHtml(HttpError::Forbidden(
-                "This request did not come from the panel's own pages; nothing was changed.".into(),
-            ))
-            .into_response())
-        }
-    }
-}
-
-/// A state-changing request of a logged-in operator, from the panel's own
-/// pages: [`Session`], then [`SameOrigin`], each refusing as it does alone.
-pub struct Change;
-
-impl FromRequestParts<App> for Change {
-    type Rejection = Response;
-
-    async fn from_request_parts(parts: &mut Parts, state: &App) -> Result<Self, Self::Rejection> {
-        Session::from_request_parts(parts, state).await?;
-        SameOrigin::from_request_parts(parts, state).await?;
-        Ok(Change)
-    }
-}
-
-/// Back to the service's page after a change, saying what was `done` (and
-/// to how many, `n`) in its query.
-fn back_to(service: &str, done: &str, n: Option<i64>) -> Response {
-    let mut query = vec![("done", done.to_string())];
-    if let Some(n) = n {
-        query.push(("n", n.to_string()));
-    }
-    Redirect::to(&format!("/panel/services/{service}{}", html::query(&query))).into_response()
 }
 
 async fn not_found(_: Session) -> AsHtml {

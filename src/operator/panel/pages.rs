@@ -7,14 +7,14 @@ use axum::response::Response;
 use chrono::Utc;
 use serde::Deserialize;
 
-use super::deliveries::deliveries_table;
-use super::lifecycle;
-use super::Session;
+use crate::caller::Session;
 use crate::http::app::{App, Settings};
 use crate::http::html::{self, esc};
 use crate::http::{AsHtml, HttpError};
 use crate::operator::store::{self, Backlog, DeliveryFilter, Warning, WatchFilter};
 use crate::replica;
+use crate::resources::deliveries::panel::deliveries_table;
+use crate::resources::services::panel as lifecycle;
 use crate::services;
 
 pub async fn overview(_: Session, State(state): State<App>) -> Result<Response, AsHtml> {
@@ -213,7 +213,7 @@ pub async fn service(
     body.push_str("<h2>Warnings to notify</h2>");
     body.push_str(&warnings_table(&warnings, &state.settings));
     let registered = services::find(&state.pool, &name).await?;
-    body.push_str(&super::consumer::service_forms(&name));
+    body.push_str(&crate::resources::watches::panel::service_forms(&name));
     body.push_str(&lifecycle::forms(&name, &registered.base_url));
     Ok(html::page(
         StatusCode::OK,
@@ -292,7 +292,7 @@ pub async fn watches(
             html::time(w.created_at),
             removed,
             if w.removed_at.is_none() {
-                super::consumer::watch_forms(w.watch_id)
+                crate::resources::watches::panel::watch_forms(w.watch_id)
             } else {
                 String::new()
             },

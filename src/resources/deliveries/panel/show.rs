@@ -9,14 +9,14 @@ use axum::response::Response;
 use serde::Deserialize;
 
 use super::{delivery_id, no_such_delivery};
+use crate::caller::Session;
 use crate::delivery::request;
 use crate::delivery::State as DeliveryState;
 use crate::http::app::{App, Settings};
 use crate::http::html::{self, esc};
 use crate::http::AsHtml;
-use crate::operator::panel::Session;
 use crate::operator::store::{self, Delivery};
-use crate::operator::MASK;
+use crate::redact::MASK;
 use crate::telemetry::context::TraceParent;
 
 #[derive(Debug, Deserialize)]

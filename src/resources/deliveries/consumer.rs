@@ -19,8 +19,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use sqlx::PgPool;
 
-use crate::api::auth::Consumer;
 use crate::api::limits::{self, Write};
+use crate::caller::Consumer;
 use crate::db::consumer as db;
 pub use crate::db::consumer::Attempt;
 use crate::delivery::State as DeliveryState;

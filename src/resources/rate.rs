@@ -4,14 +4,20 @@
 
 use axum::extract::rejection::JsonRejection;
 use axum::extract::State;
-use axum::Json;
+use axum::routing::get;
+use axum::{Json, Router};
 use serde::Deserialize;
 
-use crate::api::auth::Consumer;
+use crate::caller::Consumer;
 use crate::http::error::{Error, NoValidToken};
 use crate::http::App;
 use crate::http::HttpError;
 use crate::services::rate::{self, Rates};
+
+/// The consumer API's routes.
+pub fn consumer_routes() -> Router<App> {
+    Router::new().route("/api/v1/rate", get(show).put(set).delete(clear))
+}
 
 /// The consumer's own rate.
 #[derive(Debug, Deserialize, utoipa::ToSchema)]

@@ -6,14 +6,20 @@
 
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
-use axum::Json;
+use axum::routing::get;
+use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 
-use crate::api::auth::Consumer;
+use crate::caller::Consumer;
 use crate::http::error::{Error, NoValidToken};
 use crate::http::App;
 use crate::http::{page, HttpError};
 use crate::kinds::{self, Kind};
+
+/// The consumer API's route.
+pub fn consumer_routes() -> Router<App> {
+    Router::new().route("/api/v1/kinds", get(list))
+}
 
 const DEFAULT_PAGE: i64 = 100;
 const MAX_PAGE: i64 = 1000;

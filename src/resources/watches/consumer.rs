@@ -8,8 +8,8 @@ use axum::Json;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::api::auth::Consumer;
 use crate::api::limits::{self, Write};
+use crate::caller::Consumer;
 use crate::http::error::{Error, NoValidToken, NotTheCallers};
 use crate::http::App;
 use crate::http::{page, HttpError};

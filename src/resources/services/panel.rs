@@ -1,9 +1,10 @@
 //! A service's lifecycle from the panel, as `watchpump services ...` and
 //! the admin API do it: rotate its signing secret or its token (the old one
 //! keeps working for an overlap), move it to a new URL, remove it. Each is a
-//! POST from the panel's own origin ([`SameOrigin`]); a new credential is
-//! shown once, on the answer's page (which is never cached), and stored
-//! nowhere else but as the registry stores it.
+//! POST of a logged-in operator from the panel's own origin
+//! ([`crate::operator::panel::Change`]); a new credential is shown once,
+//! on the answer's page (which is never cached), and stored nowhere else
+//! but as the registry stores it.
 
 use axum::extract::rejection::FormRejection;
 use axum::extract::{Path, State};
@@ -13,10 +14,11 @@ use axum::Form;
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
 
-use super::{back_to, Change, ACTOR};
+use crate::caller::PANEL_ACTOR as ACTOR;
 use crate::http::html::{self, esc};
 use crate::http::App;
 use crate::http::{AsHtml, HttpError};
+use crate::resources::forms::{back_to, Change};
 use crate::services::{self, Credential};
 
 /// The forms of the service page's "Lifecycle" section.

@@ -7,39 +7,16 @@
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use axum::routing::{get, post, put};
-use axum::{Json, Router};
+use axum::Json;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::caller::Audience;
+use crate::caller::{Admin, ADMIN_API_ACTOR as ACTOR};
 use crate::http::error::{Error, NoSuchService, NoValidToken};
 use crate::http::App;
-use crate::http::{text, HttpError};
-use crate::operator::admin::{Admin, ACTOR};
+use crate::http::HttpError;
 use crate::services;
-
-pub fn routes() -> Router<App> {
-    Router::new()
-        .route("/api/v1/admin/services", get(list).post(add))
-        .route(
-            "/api/v1/admin/services/{name}",
-            axum::routing::delete(remove),
-        )
-        .route(
-            "/api/v1/admin/services/{name}/rotate-secret",
-            post(rotate_secret),
-        )
-        .route(
-            "/api/v1/admin/services/{name}/rotate-token",
-            post(rotate_token),
-        )
-        .route("/api/v1/admin/services/{name}/url", put(set_url))
-        .route("/api/v1/admin/services/{name}/rate", put(set_rate))
-        .layer(axum::middleware::from_fn(text::refuse_unreadable))
-        .layer(Audience::Admin.layer())
-}
 
 /// The registered services.
 #[derive(Serialize, utoipa::ToSchema)]

@@ -1,16 +1,17 @@
 //! What a consumer can do for itself (issue 20), from the panel too, as
 //! `watchpump services pause|resume` and `watchpump watches
 //! pause|resume|resync` do it: pause and resume a service or one of its
-//! watches, and resync a watch. Each is a POST from the panel's own origin
-//! ([`SameOrigin`]) that answers with the service's page and a notice.
+//! watches, and resync a watch. Each is a POST of a logged-in operator from
+//! the panel's own origin ([`crate::operator::panel::Change`]) that answers
+//! with the service's page and a notice.
 
 use axum::extract::{Path, State};
 use axum::response::Response;
 
-use super::{back_to, Change};
 use crate::http::html::esc;
 use crate::http::App;
 use crate::http::{AsHtml, HttpError};
+use crate::resources::forms::{back_to, Change};
 use crate::watches::{pause, resync};
 
 /// The service page's "Deliveries" forms: pause or resume the whole

@@ -11,12 +11,13 @@ use axum::Form;
 use chrono::{DateTime, NaiveDateTime, Utc};
 use serde::Deserialize;
 
-use super::{back_to, Change, Session, ACTOR};
+use crate::caller::{Session, PANEL_ACTOR as ACTOR};
 use crate::delivery::State as DeliveryState;
 use crate::http::app::{App, Settings};
 use crate::http::html::{self, esc};
 use crate::http::{AsHtml, HttpError};
 use crate::operator::store::{self, Delivery, DeliveryFilter};
+use crate::resources::forms::{back_to, Change};
 
 mod show;
 
@@ -94,7 +95,7 @@ fn parse_time(field: &str, value: Option<&str>) -> Result<Option<DateTime<Utc>>,
 }
 
 /// The deliveries as table rows; their last errors masked with `s`.
-pub(super) fn deliveries_table(rows: &[Delivery], s: &Settings) -> String {
+pub(crate) fn deliveries_table(rows: &[Delivery], s: &Settings) -> String {
     let mut t = String::from(
         "<table><tr><th>#</th><th>Created</th><th>Service</th><th>Object</th><th>Kind</th>\
          <th>Seq</th><th>State</th><th>Attempts</th><th>Last answer</th></tr>",

@@ -1,0 +1,215 @@
+//! `/api/v1/admin/deliveries`: every service's deliveries for the
+//! operator, with the admin token: pages, one delivery with its attempts
+//! and history, a retry, and a service's failures retried since a time.
+//! Every answer is masked ([`crate::http::app::Settings::masked`]).
+
+use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::Json;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::caller::{Admin, ADMIN_API_ACTOR as ACTOR};
+use crate::http::error::{Error, NoSuchDelivery, NoSuchService, NoValidToken};
+use crate::http::{page, App, HttpError};
+use crate::operator::store::{self, DeliveryFilter};
+
+/// A page of deliveries, newest first.
+#[derive(Serialize, utoipa::ToSchema)]
+pub(crate) struct AdminDeliveryPage {
+    deliveries: Vec<store::Delivery>,
+    /// Pass as `before` for the next (older) page; null on the last.
+    next_before: Option<i64>,
+    /// Present when the page was read on a standby (WATCHPUMP_READ_DATABASE_URL): how many seconds behind the primary it is, 0 when it has replayed all it received; what changed since is not on the page yet.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    replica_lag_seconds: Option<f64>,
+}
+
+/// Deliveries, newest first
+///
+/// `{"deliveries": [...], "next_before": <id or null>}`; pass `next_before`
+/// as `before` for the next (older) page.
+#[utoipa::path(get,
+    operation_id = "admin_deliveries", path = "/api/v1/admin/deliveries", tag = "admin", security(("admin_token" = [])),
+    params(DeliveryFilter),
+    responses(
+        (status = 200, description = "a page", body = AdminDeliveryPage),
+        (status = 400, description = "bad filter", body = Error),
+        (status = 422, description = "bad filter", body = Error),
+        NoValidToken,
+    ))]
+pub(crate) async fn deliveries(
+    _: Admin,
+    State(state): State<App>,
+    query: Result<Query<DeliveryFilter>, QueryRejection>,
+) -> Result<Json<Value>, HttpError> {
+    let Query(filter) = query?;
+    let filter = filter.normalized();
+    let limit = filter.limit.unwrap_or(100);
+    let filter = DeliveryFilter {
+        limit: Some(limit),
+        watch_id: None,
+        ..filter
+    };
+    let lag = state.reads.lag().await?;
+    let page = store::deliveries(state.reads.pool(), &filter).await?;
+    let next_before = page::cursor_if_full(&page, limit, |d| d.delivery_id);
+    state.settings.masked(&AdminDeliveryPage {
+        deliveries: page,
+        next_before,
+        replica_lag_seconds: lag,
+    })
+}
+
+/// A delivery as the admin API shows it.
+#[derive(Serialize, utoipa::ToSchema)]
+pub(crate) struct AdminDeliveryShown {
+    delivery: store::Delivery,
+    attempts: Vec<store::Attempt>,
+    history: Vec<store::Event>,
+}
+
+/// A delivery, its attempts and its history
+#[utoipa::path(get,
+    operation_id = "admin_delivery", path = "/api/v1/admin/deliveries/{id}", tag = "admin", security(("admin_token" = [])),
+    params(("id" = i64, Path, description = "the delivery's id")),
+    responses(
+        (status = 200, description = "the delivery", body = AdminDeliveryShown),
+        NoSuchDelivery,
+        NoValidToken,
+    ))]
+pub(crate) async fn delivery(
+    _: Admin,
+    State(state): State<App>,
+    id: Result<Path<i64>, PathRejection>,
+) -> Result<Json<Value>, HttpError> {
+    let id = delivery_id(id)?;
+    let delivery = store::delivery(&state.pool, id)
+        .await?
+        .ok_or_else(|| no_such_delivery(id))?;
+    let attempts = store::attempts(&state.pool, id).await?;
+    let history = store::history(&state.pool, id).await?;
+    state.settings.masked(&AdminDeliveryShown {
+        delivery,
+        attempts,
+        history,
+    })
+}
+
+/// A delivery's attempts, in order.
+#[derive(Serialize, utoipa::ToSchema)]
+pub(crate) struct Attempts {
+    attempts: Vec<store::Attempt>,
+}
+
+/// A delivery's attempts
+#[utoipa::path(get,
+    operation_id = "admin_attempts", path = "/api/v1/admin/deliveries/{id}/attempts", tag = "admin", security(("admin_token" = [])),
+    params(("id" = i64, Path, description = "the delivery's id")),
+    responses(
+        (status = 200, description = "attempts", body = Attempts),
+        NoSuchDelivery,
+        NoValidToken,
+    ))]
+pub(crate) async fn attempts(
+    _: Admin,
+    State(state): State<App>,
+    id: Result<Path<i64>, PathRejection>,
+) -> Result<Json<Value>, HttpError> {
+    let id = delivery_id(id)?;
+    if store::delivery(&state.pool, id).await?.is_none() {
+        return Err(no_such_delivery(id));
+    }
+    let attempts = store::attempts(&state.pool, id).await?;
+    state.settings.masked(&Attempts { attempts })
+}
+
+/// A delivery requeued.
+#[derive(Serialize, utoipa::ToSchema)]
+pub(crate) struct Requeued {
+    delivery_id: i64,
+    previous_state: String,
+    /// Always "pending".
+    state: String,
+}
+
+/// Requeue a failed or dropped delivery
+///
+/// Requeues a failed or dropped delivery: 200 with its previous state, 404
+/// for an unknown id, 409 for a delivery in another state.
+#[utoipa::path(post,
+    operation_id = "admin_retry", path = "/api/v1/admin/deliveries/{id}/retry", tag = "admin", security(("admin_token" = [])),
+    params(("id" = i64, Path, description = "the delivery's id")),
+    responses(
+        (status = 200, description = "requeued", body = Requeued),
+        NoSuchDelivery,
+        (status = 409, description = "not in a state to retry", body = Error),
+        NoValidToken,
+    ))]
+pub(crate) async fn retry(
+    _: Admin,
+    State(state): State<App>,
+    id: Result<Path<i64>, PathRejection>,
+) -> Result<Json<Value>, HttpError> {
+    let id = delivery_id(id)?;
+    let previous = store::retry(&state.pool, id, ACTOR).await?;
+    state.settings.masked(&Requeued {
+        delivery_id: id,
+        previous_state: previous,
+        state: "pending".into(),
+    })
+}
+
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RetryFailed {
+    /// Failed at or after this time (RFC 3339).
+    since: DateTime<Utc>,
+}
+
+/// What `retry_failed` requeued.
+#[derive(Serialize, utoipa::ToSchema)]
+pub(crate) struct RequeuedFailures {
+    service: String,
+    since: DateTime<Utc>,
+    /// How many deliveries were requeued.
+    requeued: i64,
+}
+
+/// Requeue a service's failures since a time
+///
+/// Requeues every delivery to the service that failed since `since`.
+#[utoipa::path(post,
+    operation_id = "admin_retry_failed", path = "/api/v1/admin/services/{name}/retry-failed", tag = "admin", security(("admin_token" = [])),
+    params(("name" = String, Path, description = "the service's name")),
+    request_body = RetryFailed,
+    responses(
+        (status = 200, description = "requeued", body = RequeuedFailures),
+        NoSuchService,
+        (status = 422, description = "bad body", body = Error),
+        NoValidToken,
+    ))]
+pub(crate) async fn retry_failed(
+    _: Admin,
+    State(state): State<App>,
+    Path(name): Path<String>,
+    body: Result<Json<RetryFailed>, JsonRejection>,
+) -> Result<Json<Value>, HttpError> {
+    let Json(body) = body?;
+    let requeued = store::retry_failed(&state.pool, &name, body.since, ACTOR).await?;
+    state.settings.masked(&RequeuedFailures {
+        service: name,
+        since: body.since,
+        requeued,
+    })
+}
+
+fn delivery_id(id: Result<Path<i64>, PathRejection>) -> Result<i64, HttpError> {
+    id.map(|Path(id)| id)
+        .map_err(|_| HttpError::NotFound("no such delivery: ids are integers".into()))
+}
+
+fn no_such_delivery(id: i64) -> HttpError {
+    HttpError::NotFound(format!("there is no delivery {id}"))
+}

@@ -1,0 +1,53 @@
+//! `/api/v1/admin/watches`: every service's watches for the operator,
+//! newest first, with the admin token.
+
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
+use axum::Json;
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::caller::Admin;
+use crate::http::error::{Error, NoValidToken};
+use crate::http::{page, App, HttpError};
+use crate::operator::store::{self, WatchFilter};
+
+/// A page of watches, newest first.
+#[derive(Serialize, utoipa::ToSchema)]
+pub(crate) struct AdminWatchPage {
+    #[schema(value_type = Vec<Value>)]
+    watches: Vec<store::WatchRow>,
+    /// Pass as `before` for the next (older) page; null on the last.
+    next_before: Option<i64>,
+    /// Present when the page was read on a standby (WATCHPUMP_READ_DATABASE_URL): how many seconds behind the primary it is, 0 when it has replayed all it received; what changed since is not on the page yet.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    replica_lag_seconds: Option<f64>,
+}
+
+/// Watches, newest first
+///
+/// `{"watches": [...], "next_before": <id or null>}`, newest first.
+#[utoipa::path(get,
+    operation_id = "admin_watches", path = "/api/v1/admin/watches", tag = "admin", security(("admin_token" = [])),
+    params(WatchFilter),
+    responses(
+        (status = 200, description = "a page", body = AdminWatchPage),
+        (status = 422, description = "bad limit", body = Error),
+        NoValidToken,
+    ))]
+pub(crate) async fn watches(
+    _: Admin,
+    State(state): State<App>,
+    query: Result<Query<WatchFilter>, QueryRejection>,
+) -> Result<Json<Value>, HttpError> {
+    let Query(filter) = query?;
+    let limit = page::size(filter.limit, 100, store::MAX_PAGE).map_err(HttpError::Invalid)?;
+    let lag = state.reads.lag().await?;
+    let page = store::watches(state.reads.pool(), &filter).await?;
+    let next_before = page::cursor_if_full(&page, limit, |w| w.watch_id);
+    state.settings.masked(&AdminWatchPage {
+        watches: page,
+        next_before,
+        replica_lag_seconds: lag,
+    })
+}
