@@ -2,7 +2,8 @@
 //! every handler answers with, as JSON (the watches API, the admin API) or
 //! as a page (the panel) ([`error`]); the one reading of `Authorization:
 //! Bearer` ([`bearer()`](fn@bearer)); request text PostgreSQL cannot take ([`text`]);
-//! the HTML building blocks of the panel's pages ([`html`]); one
+//! the HTML building blocks of the panel's pages ([`html`]); the request's
+//! body, query and form as handlers take them ([`extract`]); one
 //! convention for a page of a listing ([`page`]); and the
 //! one application state every router of `serve`'s listener takes
 //! ([`app`]).
@@ -15,6 +16,8 @@ pub mod app;
 pub mod bearer;
 #[cfg(feature = "producer")]
 pub mod error;
+#[cfg(feature = "producer")]
+pub mod extract;
 #[cfg(feature = "producer")]
 pub mod html;
 #[cfg(feature = "producer")]

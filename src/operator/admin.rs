@@ -6,8 +6,7 @@
 //! goes through [`crate::http::app::Settings::mask_json`]: consumers' answers
 //! stored before masking existed, or echoing something new, show no token.
 
-use axum::extract::rejection::QueryRejection;
-use axum::extract::{DefaultBodyLimit, Query, State};
+use axum::extract::{DefaultBodyLimit, State};
 use axum::routing::get;
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
@@ -15,6 +14,7 @@ use serde_json::Value;
 
 use crate::caller::{Admin, Audience};
 use crate::http::error::NoValidToken;
+use crate::http::extract::Query;
 use crate::http::App;
 use crate::http::{text, HttpError, BODY_LIMIT};
 use crate::operator::store;
@@ -86,9 +86,8 @@ pub(crate) struct Warnings {
 pub(crate) async fn warnings(
     _: Admin,
     State(state): State<App>,
-    query: Result<Query<WarningQuery>, QueryRejection>,
+    Query(q): Query<WarningQuery>,
 ) -> Result<Json<Value>, HttpError> {
-    let Query(q) = query?;
     let lag = state.reads.lag().await?;
     let warnings = store::warnings(state.reads.pool(), q.service.as_deref(), 100).await?;
     state.settings.masked(&Warnings {

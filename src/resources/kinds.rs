@@ -4,14 +4,14 @@
 //! Any service's token may read them: they describe the producer, not a
 //! consumer.
 
-use axum::extract::rejection::QueryRejection;
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::routing::get;
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 
 use crate::caller::Consumer;
 use crate::http::error::{Error, NoValidToken};
+use crate::http::extract::Query;
 use crate::http::App;
 use crate::http::{page, HttpError};
 use crate::kinds::{self, Kind};
@@ -61,9 +61,8 @@ pub struct Page {
 pub async fn list(
     State(state): State<App>,
     Consumer(_): Consumer,
-    query: Result<Query<ListQuery>, QueryRejection>,
+    Query(q): Query<ListQuery>,
 ) -> Result<Json<Page>, HttpError> {
-    let Query(q) = query?;
     let limit = page::size(q.limit, DEFAULT_PAGE, MAX_PAGE).map_err(HttpError::BadRequest)?;
     let rows = kinds::list(&state.pool, &q.after, page::ahead(limit)).await?;
     let (kinds, next_after) = page::cut(rows, limit, |k| k.name.clone());

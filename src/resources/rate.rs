@@ -2,7 +2,6 @@
 //! second, all pumps together ([`crate::services::rate`]). The consumer
 //! may lower what the producer's operator allows, never raise it.
 
-use axum::extract::rejection::JsonRejection;
 use axum::extract::State;
 use axum::routing::get;
 use axum::{Json, Router};
@@ -10,6 +9,7 @@ use serde::Deserialize;
 
 use crate::caller::Consumer;
 use crate::http::error::{Error, NoValidToken};
+use crate::http::extract::Body;
 use crate::http::App;
 use crate::http::HttpError;
 use crate::services::rate::{self, Rates};
@@ -61,9 +61,8 @@ pub async fn show(
 pub async fn set(
     State(state): State<App>,
     Consumer(service): Consumer,
-    body: Result<Json<RateBody>, JsonRejection>,
+    Body(body): Body<RateBody>,
 ) -> Result<Json<Rates>, HttpError> {
-    let Json(body) = body?;
     let wanted = rate::check(body.rate)?;
     Ok(Json(
         rate::set_consumer(&state.pool, service.id, Some(wanted)).await?,

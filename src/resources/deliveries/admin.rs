@@ -3,8 +3,8 @@
 //! and history, a retry, and a service's failures retried since a time.
 //! Every answer is masked ([`crate::http::app::Settings::masked`]).
 
-use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
-use axum::extract::{Path, Query, State};
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, State};
 use axum::Json;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -12,6 +12,7 @@ use serde_json::Value;
 
 use crate::caller::{Admin, ADMIN_API_ACTOR as ACTOR};
 use crate::http::error::{Error, NoSuchDelivery, NoSuchService, NoValidToken};
+use crate::http::extract::{Body, Query};
 use crate::http::{page, App, HttpError};
 use crate::operator::store::{self, DeliveryFilter};
 
@@ -42,9 +43,8 @@ pub(crate) struct AdminDeliveryPage {
 pub(crate) async fn deliveries(
     _: Admin,
     State(state): State<App>,
-    query: Result<Query<DeliveryFilter>, QueryRejection>,
+    Query(filter): Query<DeliveryFilter>,
 ) -> Result<Json<Value>, HttpError> {
-    let Query(filter) = query?;
     let filter = filter.normalized();
     let limit = filter.limit.unwrap_or(100);
     let filter = DeliveryFilter {
@@ -194,9 +194,8 @@ pub(crate) async fn retry_failed(
     _: Admin,
     State(state): State<App>,
     Path(name): Path<String>,
-    body: Result<Json<RetryFailed>, JsonRejection>,
+    Body(body): Body<RetryFailed>,
 ) -> Result<Json<Value>, HttpError> {
-    let Json(body) = body?;
     let requeued = store::retry_failed(&state.pool, &name, body.since, ACTOR).await?;
     state.settings.masked(&RequeuedFailures {
         service: name,

@@ -10,8 +10,8 @@
 //! that the planner uses the per-service index of the history
 //! (`settled (service_id, id)`) and never counts or offsets.
 
-use axum::extract::rejection::{PathRejection, QueryRejection};
-use axum::extract::{Path, Query, State};
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
 use chrono::{DateTime, Utc};
@@ -26,6 +26,7 @@ pub use crate::db::consumer::Attempt;
 use crate::delivery::State as DeliveryState;
 use crate::error::{Error, Result};
 use crate::http::error::{Error as ErrorBody, NoValidToken, NotTheCallers};
+use crate::http::extract::Query;
 use crate::http::App;
 use crate::http::{page, HttpError};
 use crate::operator::store;
@@ -148,9 +149,8 @@ pub struct Redelivered {
 pub async fn list(
     State(state): State<App>,
     Consumer(service): Consumer,
-    query: Result<Query<ListQuery>, QueryRejection>,
+    Query(q): Query<ListQuery>,
 ) -> Result<Json<Value>, HttpError> {
-    let Query(q) = query?;
     let limit = page::size(q.limit, DEFAULT_PAGE, MAX_PAGE).map_err(HttpError::BadRequest)?;
     if let Some(object) = &q.object {
         crate::watches::check_object(object).map_err(HttpError::from)?;

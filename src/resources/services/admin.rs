@@ -4,7 +4,6 @@
 //! move to a new URL, remove. Credentials appear only in the answer that
 //! creates them; every other answer is masked (`Settings::mask_json`).
 
-use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
@@ -14,6 +13,7 @@ use serde_json::Value;
 
 use crate::caller::{Admin, ADMIN_API_ACTOR as ACTOR};
 use crate::http::error::{Error, NoSuchService, NoValidToken};
+use crate::http::extract::Body;
 use crate::http::App;
 use crate::http::HttpError;
 use crate::services;
@@ -69,9 +69,8 @@ pub(crate) struct Registered {
 pub(crate) async fn add(
     _: Admin,
     State(state): State<App>,
-    body: Result<Json<NewService>, JsonRejection>,
+    Body(new): Body<NewService>,
 ) -> Result<(StatusCode, Json<Registered>), HttpError> {
-    let Json(new) = body?;
     let allowed = &state.settings.destinations;
     let registered = services::add_within(&state.pool, &new.name, &new.base_url, allowed).await?;
     tracing::info!(service = %registered.service.name, "service registered through the admin API");
@@ -228,9 +227,8 @@ pub(crate) async fn set_url(
     _: Admin,
     State(state): State<App>,
     Path(name): Path<String>,
-    body: Result<Json<NewUrl>, JsonRejection>,
+    Body(new): Body<NewUrl>,
 ) -> Result<Json<Value>, HttpError> {
-    let Json(new) = body?;
     let allowed = &state.settings.destinations;
     let service = services::set_url_within(&state.pool, &name, &new.base_url, allowed).await?;
     tracing::info!(service = %name, base_url = %service.base_url, "service moved through the admin API");
@@ -274,9 +272,8 @@ pub(crate) async fn set_rate(
     _: Admin,
     State(state): State<App>,
     Path(name): Path<String>,
-    body: Result<Json<NewRate>, JsonRejection>,
+    Body(new): Body<NewRate>,
 ) -> Result<Json<RateSet>, HttpError> {
-    let Json(new) = body?;
     let rate = new.rate.map(services::rate::check).transpose()?;
     services::rate::set_max(&state.pool, &name, rate).await?;
     tracing::info!(service = %name, rate = ?rate, "service rate set through the admin API");

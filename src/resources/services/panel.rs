@@ -6,15 +6,14 @@
 //! on the answer's page (which is never cached), and stored nowhere else
 //! but as the registry stores it.
 
-use axum::extract::rejection::FormRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::Response;
-use axum::Form;
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
 
 use crate::caller::PANEL_ACTOR as ACTOR;
+use crate::http::extract::Form;
 use crate::http::html::{self, esc};
 use crate::http::App;
 use crate::http::{AsHtml, HttpError};
@@ -86,10 +85,9 @@ fn shown_once(name: &str, what: &str, value: &str, old_until: DateTime<Utc>) -> 
 async fn rotate(
     state: &App,
     name: &str,
-    given: Result<Form<OverlapForm>, FormRejection>,
+    Form(given): Form<OverlapForm>,
     credential: Credential,
 ) -> Result<Response, AsHtml> {
-    let Form(given) = given.map_err(HttpError::from)?;
     let overlap = services::parse_overlap(given.overlap.as_deref())?;
     let force = given.force.is_some();
     let (rotated, what) = match credential {
@@ -110,7 +108,7 @@ pub async fn rotate_secret(
     _: Change,
     State(state): State<App>,
     Path(name): Path<String>,
-    given: Result<Form<OverlapForm>, FormRejection>,
+    given: Form<OverlapForm>,
 ) -> Result<Response, AsHtml> {
     rotate(&state, &name, given, Credential::SigningSecret).await
 }
@@ -119,7 +117,7 @@ pub async fn rotate_token(
     _: Change,
     State(state): State<App>,
     Path(name): Path<String>,
-    given: Result<Form<OverlapForm>, FormRejection>,
+    given: Form<OverlapForm>,
 ) -> Result<Response, AsHtml> {
     rotate(&state, &name, given, Credential::Token).await
 }
@@ -134,9 +132,8 @@ pub async fn set_url(
     _: Change,
     State(state): State<App>,
     Path(name): Path<String>,
-    given: Result<Form<UrlForm>, FormRejection>,
+    Form(new): Form<UrlForm>,
 ) -> Result<Response, AsHtml> {
-    let Form(new) = given.map_err(HttpError::from)?;
     let allowed = &state.settings.destinations;
     let service = services::set_url_within(&state.pool, &name, &new.base_url, allowed).await?;
     tracing::info!(service = %name, base_url = %service.base_url, "service moved from the panel");
@@ -155,9 +152,8 @@ pub async fn set_rate(
     _: Change,
     State(state): State<App>,
     Path(name): Path<String>,
-    given: Result<Form<RateForm>, FormRejection>,
+    Form(given): Form<RateForm>,
 ) -> Result<Response, AsHtml> {
-    let Form(given) = given.map_err(HttpError::from)?;
     let rate = match given.rate.trim() {
         "" => None,
         text => {
@@ -184,9 +180,8 @@ pub async fn remove(
     _: Change,
     State(state): State<App>,
     Path(name): Path<String>,
-    given: Result<Form<RemoveForm>, FormRejection>,
+    Form(given): Form<RemoveForm>,
 ) -> Result<Response, AsHtml> {
-    let Form(given) = given.map_err(HttpError::from)?;
     if given.confirm.trim() != name {
         return Err(HttpError::Invalid(format!(
             "Type the service's name, {name:?}, to confirm its removal; nothing was removed."

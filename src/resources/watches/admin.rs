@@ -1,14 +1,14 @@
 //! `/api/v1/admin/watches`: every service's watches for the operator,
 //! newest first, with the admin token.
 
-use axum::extract::rejection::QueryRejection;
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::Json;
 use serde::Serialize;
 use serde_json::Value;
 
 use crate::caller::Admin;
 use crate::http::error::{Error, NoValidToken};
+use crate::http::extract::Query;
 use crate::http::{page, App, HttpError};
 use crate::operator::store::{self, WatchFilter};
 
@@ -38,9 +38,8 @@ pub(crate) struct AdminWatchPage {
 pub(crate) async fn watches(
     _: Admin,
     State(state): State<App>,
-    query: Result<Query<WatchFilter>, QueryRejection>,
+    Query(filter): Query<WatchFilter>,
 ) -> Result<Json<Value>, HttpError> {
-    let Query(filter) = query?;
     let limit = page::size(filter.limit, 100, store::MAX_PAGE).map_err(HttpError::Invalid)?;
     let lag = state.reads.lag().await?;
     let page = store::watches(state.reads.pool(), &filter).await?;

@@ -1,8 +1,7 @@
 //! `/api/v1/watches`: a consumer service creates, lists, reads and removes
 //! its own watches. Another service's watch is 404, as if it did not exist.
 
-use axum::extract::rejection::{JsonRejection, QueryRejection};
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
 use serde::{Deserialize, Serialize};
@@ -11,6 +10,7 @@ use serde_json::Value;
 use crate::api::limits::{self, Write};
 use crate::caller::Consumer;
 use crate::http::error::{Error, NoValidToken, NotTheCallers};
+use crate::http::extract::{Body, Query};
 use crate::http::App;
 use crate::http::{page, HttpError};
 use crate::services::Service;
@@ -42,9 +42,8 @@ const MAX_PAGE: i64 = 1000;
 pub async fn create(
     State(state): State<App>,
     Consumer(service): Consumer,
-    body: Result<Json<NewWatch>, JsonRejection>,
+    Body(new): Body<NewWatch>,
 ) -> Result<(StatusCode, Json<Value>), HttpError> {
-    let Json(new) = body?;
     let existing = watches::find_live(&state.pool, service.id, &new).await?;
     if existing.is_none() {
         limits::take(&state.pool, &service, Write::Create).await?;
@@ -195,9 +194,8 @@ pub struct DeliveryId {
 pub async fn list(
     State(state): State<App>,
     Consumer(service): Consumer,
-    query: Result<Query<ListQuery>, QueryRejection>,
+    Query(q): Query<ListQuery>,
 ) -> Result<Json<WatchPage>, HttpError> {
-    let Query(q) = query?;
     let limit = page::size(q.limit, DEFAULT_PAGE, MAX_PAGE).map_err(HttpError::BadRequest)?;
     let lag = state.reads.lag().await?;
     let pool = state.reads.pool();

@@ -3,17 +3,17 @@
 //! attempt, is `show.rs`: it renders one record, where this file reads
 //! forms and pages through many.
 
-use axum::extract::rejection::{FormRejection, PathRejection, QueryRejection};
+use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Redirect, Response};
-use axum::Form;
 use chrono::{DateTime, NaiveDateTime, Utc};
 use serde::Deserialize;
 
 use crate::caller::{Session, PANEL_ACTOR as ACTOR};
 use crate::delivery::State as DeliveryState;
 use crate::http::app::{App, Settings};
+use crate::http::extract::Form;
 use crate::http::html::{self, esc};
 use crate::http::{AsHtml, HttpError};
 use crate::operator::store::{self, Delivery, DeliveryFilter};
@@ -186,9 +186,8 @@ pub async fn retry_failed(
     _: Change,
     State(state): State<App>,
     Path(name): Path<String>,
-    form: Result<Form<RetryFailed>, FormRejection>,
+    Form(form): Form<RetryFailed>,
 ) -> Result<Response, AsHtml> {
-    let Form(form) = form.map_err(HttpError::from)?;
     let since = parse_time("since", Some(&form.since))?
         .ok_or_else(|| HttpError::Invalid("since is required".into()))?;
     let n = store::retry_failed(&state.pool, &name, since, ACTOR).await?;
