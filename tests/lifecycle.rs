@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use common::*;
 use serde_json::{json, Value};
+use watchpump::api::BODY_LIMIT;
 use watchpump::signing::{self, SigningSecret};
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -588,6 +589,13 @@ async fn the_admin_api_runs_the_lifecycle_with_json_errors() {
             404,
         ),
         (http.delete(app.url("/api/v1/admin/services/deploy")), 401),
+        // The admin API's body limit holds on the service routes too.
+        (
+            admin(http.put(app.url("/api/v1/admin/services/deploy/url"))).json(
+                &json!({"base_url": format!("http://127.0.0.1:9/{}", "x".repeat(BODY_LIMIT))}),
+            ),
+            413,
+        ),
     ] {
         let r = request.send().await.unwrap();
         assert_eq!(r.status(), status);
