@@ -67,9 +67,9 @@
 //!   parser, request text checks, the panel's HTML blocks.
 //! - [`resources`]: the HTTP surface by resource (deliveries, watches,
 //!   services, rate, kinds), each with its handlers and routes for every
-//!   audience; [`caller`]: who is calling, decided once for every route
-//!   (a service's token, the admin token, a panel session), and the typed
-//!   narrowings handlers take.
+//!   audience; [`caller`]: who is calling, the three doors side by side
+//!   (a service's token, the admin token, a panel session), one extractor
+//!   each for the handlers to take.
 //! - [`api`]: the watches API consumers call (axum): its router, mounting
 //!   each resource's consumer routes, and the OpenAPI description;
 //!   [`api::limits`]: what one service's self-service writes may cost (a

@@ -13,7 +13,6 @@ use axum::extract::DefaultBodyLimit;
 use axum::routing::get;
 use axum::Router;
 
-use crate::caller::Audience;
 use crate::http::{text, App, HttpError};
 use crate::resources;
 
@@ -34,7 +33,6 @@ pub fn app(state: App) -> Router {
         .method_not_allowed_fallback(|| async { HttpError::MethodNotAllowed })
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .layer(axum::middleware::from_fn(text::refuse_unreadable))
-        .layer(Audience::Consumer.layer())
         .with_state(state)
 }
 

@@ -12,7 +12,7 @@ use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::caller::{Admin, Audience};
+use crate::caller::Admin;
 use crate::http::error::NoValidToken;
 use crate::http::extract::Query;
 use crate::http::App;
@@ -29,7 +29,6 @@ pub fn routes() -> Router<App> {
         .merge(resources::services::admin_routes())
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .layer(axum::middleware::from_fn(text::refuse_unreadable))
-        .layer(Audience::Admin.layer())
 }
 
 /// What the backlog answers.

@@ -19,7 +19,7 @@ use axum::routing::{get, post};
 use axum::{Form, Router};
 use serde::Deserialize;
 
-use crate::caller::{Audience, Session};
+use crate::caller::Session;
 use crate::http::html::{self, esc};
 use crate::http::App;
 use crate::http::{text, AsHtml, HttpError};
@@ -46,7 +46,6 @@ pub fn routes() -> Router<App> {
         .route("/panel/{*rest}", get(not_found))
         .layer(DefaultBodyLimit::max(FORM_LIMIT))
         .layer(axum::middleware::from_fn(refuse_unreadable))
-        .layer(Audience::Panel.layer())
 }
 
 /// 400 as a page for a path or query PostgreSQL could not take
