@@ -33,7 +33,12 @@ pub async fn listen(pool: PgPool, signals: Arc<Signals>) {
     loop {
         match connect(&pool).await {
             Ok(mut listener) => {
-                if !first {
+                if first {
+                    // A change committed between the pump's start and this
+                    // LISTEN sent its NOTIFY to no one: look once, now that
+                    // none can be missed, rather than at the next sweep.
+                    signals.sweep.notify_one();
+                } else {
                     record_reconnect(&signals);
                 }
                 first = false;
