@@ -884,7 +884,7 @@ async fn every_page_is_a_bounded_index_scan_at_300_000_deliveries() {
             DeliveryFilter {
                 since: Some(hour_ago - chrono::Duration::hours(1)),
                 until: Some(hour_ago),
-                before: Some(one - 5_000),
+                after: Some(one - 5_000),
                 ..Default::default()
             },
             None,
@@ -928,7 +928,7 @@ async fn every_page_is_a_bounded_index_scan_at_300_000_deliveries() {
         (
             "a next page",
             DeliveryFilter {
-                before: Some(one),
+                after: Some(one),
                 limit: Some(100),
                 ..Default::default()
             },
@@ -1433,12 +1433,12 @@ async fn a_time_windows_pages_are_its_newest_deliveries_page_after_page() {
     .unwrap();
     assert!(expected.len() > 100, "{}", expected.len());
 
-    // The window's page of 40 after the delivery `before` (or its first).
-    let page_after = |before: Option<i64>| {
+    // The window's page of 40 after the delivery `after` (or its first).
+    let page_after = |after: Option<i64>| {
         let filter = DeliveryFilter {
             since: Some(since),
             until: Some(until),
-            before,
+            after,
             limit: Some(40),
             ..Default::default()
         };

@@ -8,14 +8,15 @@ use common::*;
 use serde_json::json;
 use watchpump::operator::store::{self, DeliveryFilter};
 
-fn for_service(service: &str, before: Option<i64>, limit: i64) -> DeliveryFilter {
+fn for_service(service: &str, after: Option<i64>, limit: i64) -> DeliveryFilter {
     DeliveryFilter {
         state: None,
         service: Some(service.into()),
         object: None,
         since: None,
         until: None,
-        before,
+        after,
+        before: None,
         limit: Some(limit),
         watch_id: None,
     }
@@ -46,9 +47,9 @@ async fn one_services_deliveries_in_every_state_come_newest_first_in_pages() {
     }
 
     let mut seen = Vec::new();
-    let mut before = None;
+    let mut after = None;
     loop {
-        let page = store::deliveries(&db.pool, &for_service("deploy", before, 5))
+        let page = store::deliveries(&db.pool, &for_service("deploy", after, 5))
             .await
             .unwrap();
         if page.is_empty() {
@@ -56,7 +57,7 @@ async fn one_services_deliveries_in_every_state_come_newest_first_in_pages() {
         }
         assert!(page.len() <= 5);
         seen.extend(page.iter().map(|d| d.delivery_id));
-        before = page.last().map(|d| d.delivery_id);
+        after = page.last().map(|d| d.delivery_id);
     }
     let mut newest_first = ids.clone();
     newest_first.reverse();

@@ -353,10 +353,27 @@ async fn the_admin_api_needs_the_token_lists_with_filters_and_pages_by_keyset() 
         .unwrap()
         .iter()
         .all(|d| d["service"] == "a"));
-    let next = page["next_before"].as_i64().unwrap();
-    let (_, rest) = get(&format!("?service=a&limit=4&before={next}")).await;
+    let next = page["next_after"].as_i64().unwrap();
+    assert_eq!(next, ids[3], "the cursor is the page's last delivery");
+    let (_, rest) = get(&format!("?service=a&limit=4&after={next}")).await;
     assert_eq!(rest["deliveries"].as_array().unwrap().len(), 2);
-    assert!(rest["next_before"].is_null());
+    assert!(rest["next_after"].is_null());
+
+    // The cursor's old name, deprecated, still pages as it did: a cursor
+    // whenever the page is full, even when nothing follows.
+    assert_eq!(page["next_before"], page["next_after"]);
+    let (status, old) = get(&format!("?service=a&limit=4&before={next}")).await;
+    assert_eq!(status, 200);
+    assert_eq!(old["deliveries"], rest["deliveries"]);
+    let (_, full_last) = get(&format!("?service=a&limit=2&after={next}")).await;
+    assert!(full_last["next_after"].is_null(), "nothing follows");
+    assert_eq!(
+        full_last["next_before"], full_last["deliveries"][1]["delivery_id"],
+        "the old cursor comes with a full page"
+    );
+    let (status, both) = get(&format!("?service=a&after={next}&before={next}")).await;
+    assert_eq!(status, 422, "{both}");
+    assert!(both["error"]["message"].as_str().unwrap().contains("not both"));
 
     let (status, unknown) = get("?service=nope").await;
     assert_eq!(status, 200);
@@ -420,6 +437,26 @@ async fn the_admin_api_needs_the_token_lists_with_filters_and_pages_by_keyset() 
     .await;
     assert_eq!(status, 200);
     assert_eq!(watches["watches"][0]["object"], "acme/web/");
+
+    // Watches page as deliveries do: `after`, and a cursor only when more
+    // follow (the deprecated `next_before` with every full page).
+    let watches = |q: &str| {
+        admin(
+            &client,
+            reqwest::Method::GET,
+            server.url(&format!("/api/v1/admin/watches{q}")),
+            None,
+        )
+    };
+    let (_, first) = watches("?limit=1").await;
+    let newest = first["watches"][0]["watch_id"].as_i64().unwrap();
+    assert_eq!(first["next_after"], newest);
+    let (_, last) = watches(&format!("?limit=1&after={newest}")).await;
+    assert_eq!(last["watches"][0]["object"], "acme/");
+    assert!(last["next_after"].is_null());
+    assert_eq!(last["next_before"], last["watches"][0]["watch_id"]);
+    let (status, _) = watches(&format!("?after={newest}&before={newest}")).await;
+    assert_eq!(status, 422);
 }
 
 #[tokio::test]

@@ -225,7 +225,7 @@ async fn pages_escape_what_they_show_mask_tokens_and_page_by_keyset() {
         .and_then(|rest| rest.split('"').next())
         .expect("an Older link on a full page")
         .replace("&amp;", "&");
-    assert!(older.contains("before="), "{older}");
+    assert!(older.contains("after="), "{older}");
     let (status, _, next) = page(format!("/panel/deliveries?{older}")).await;
     assert_eq!(status, 200);
     let rows = |html: &str| html.matches("<tr><td><a href=\"/panel/deliveries/").count();

@@ -33,9 +33,10 @@ pub enum DeliveriesCommand {
         /// Only those created at or after this time (RFC 3339).
         #[arg(long)]
         since: Option<DateTime<Utc>>,
-        /// Only those older than this delivery id (the next page).
-        #[arg(long)]
-        before: Option<i64>,
+        /// Only those after this delivery id in the listing's order, newest
+        /// first (the next page; once named --before).
+        #[arg(long, alias = "before")]
+        after: Option<i64>,
         /// At most this many (1 to 500).
         #[arg(long, default_value_t = 50)]
         limit: i64,
@@ -62,7 +63,7 @@ pub(super) async fn run_deliveries(pool: &PgPool, command: DeliveriesCommand) ->
             state,
             object,
             since,
-            before,
+            after,
             limit,
             json,
         } => {
@@ -71,7 +72,7 @@ pub(super) async fn run_deliveries(pool: &PgPool, command: DeliveriesCommand) ->
                 state,
                 object,
                 since,
-                before,
+                after,
                 limit: Some(limit),
                 watch_id: None,
                 ..DeliveryFilter::default()

@@ -1,10 +1,17 @@
 //! One convention for a page of a listing, whichever audience asks: the
 //! size a query may ask for, and where the next page starts.
 //!
-//! The consumer API reads one row more than it shows, so that a cursor
-//! (`next_after`) comes only when something follows ([`cut`]). The admin
-//! API's older pages (`next_before`) give a cursor whenever a page is full
-//! ([`cursor_if_full`]); its clients already page that way, so it stays.
+//! Every listing, the consumer API's, the admin API's and the panel's, is
+//! newest first (kinds: by name) and takes its cursor as `after`: the last
+//! row of the page before, "what comes after it in this listing's order".
+//! A page reads one row more than it shows, so that its cursor
+//! (`next_after`, the panel's "Older" link) comes only when something
+//! follows ([`cut`]).
+//!
+//! The admin API named its cursor `before`/`next_before` until issue 35,
+//! and gave one whenever a page was full. Both names stay for its clients
+//! and are deprecated ([`given`], [`cursor_if_full`]): `next_before`
+//! keeps its old meaning, so a client paging by it sees what it saw.
 
 /// The page size `given` asks for (`default` when it asks for none), when
 /// it lies in 1 to `max`; otherwise the message that says so, which each
@@ -34,7 +41,18 @@ pub fn cut<T, C>(mut rows: Vec<T>, size: i64, cursor: impl FnOnce(&T) -> C) -> (
     (rows, next)
 }
 
-/// The admin API's cursor: the last row's, whenever the page is full.
+/// The cursor a listing was given: `after`, or its deprecated name
+/// `before` (the admin API's until issue 35); both at once is refused with
+/// the message that says so.
+pub fn given<C>(after: Option<C>, before: Option<C>) -> Result<Option<C>, String> {
+    match (after, before) {
+        (Some(_), Some(_)) => Err("give after or its old name before, not both".into()),
+        (after, before) => Ok(after.or(before)),
+    }
+}
+
+/// The admin API's deprecated `next_before`: the last row's cursor whenever
+/// the page is full, even when nothing follows.
 pub fn cursor_if_full<T, C>(rows: &[T], size: i64, cursor: impl FnOnce(&T) -> C) -> Option<C> {
     if rows.len() as i64 == size {
         rows.last().map(cursor)
@@ -67,6 +85,14 @@ mod tests {
         assert_eq!((page, next), (vec![9, 8], Some(8)));
         let (page, next) = cut(vec![9, 8], 2, |r| *r);
         assert_eq!((page, next), (vec![9, 8], None));
+    }
+
+    #[test]
+    fn a_cursor_by_its_name_or_its_old_one_but_not_both() {
+        assert_eq!(given(Some(7), None), Ok(Some(7)));
+        assert_eq!(given(None, Some(7)), Ok(Some(7)));
+        assert_eq!(given::<i64>(None, None), Ok(None));
+        assert!(given(Some(7), Some(8)).is_err());
     }
 
     #[test]

@@ -9,6 +9,7 @@ use sqlx::PgPool;
 use crate::db::operator::{self as db, Explained, Page};
 use crate::delivery::State;
 use crate::error::{Error, Result};
+use crate::http::page;
 
 pub use crate::db::operator::{Attempt, Backlog, Event, Warning, WatchRow};
 
@@ -26,10 +27,10 @@ pub use crate::db::operator::DeliveryRow as Delivery;
 /// what the panel needs to show the request as sent.
 pub use crate::db::delivery::Sent;
 
-/// Which deliveries to list: every filter is optional; `before` is the
+/// Which deliveries to list: every filter is optional; `after` is the
 /// keyset cursor (the last id of the previous page), newest first in the
 /// page's order ([`PageOrder`]: by id, or by creation time when `until` is
-/// the only filter besides `since`).
+/// the only filter besides `since`), as [`crate::http::page`] names it.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 #[derive(utoipa::IntoParams)]
@@ -43,6 +44,10 @@ pub struct DeliveryFilter {
     pub since: Option<DateTime<Utc>>,
     /// Created before.
     pub until: Option<DateTime<Utc>>,
+    /// The previous page's `next_after`: what comes after it.
+    pub after: Option<i64>,
+    /// Deprecated: the old name of `after` (the previous page's
+    /// `next_before`).
     pub before: Option<i64>,
     pub limit: Option<i64>,
     /// One watch's deliveries: the consumer API's filter
@@ -62,7 +67,13 @@ impl DeliveryFilter {
         self
     }
 
+    /// The cursor, by its name or its deprecated one (not both).
+    pub fn cursor(&self) -> Result<Option<i64>> {
+        page::given(self.after, self.before).map_err(Error::Invalid)
+    }
+
     pub fn validate(&self) -> Result<()> {
+        self.cursor()?;
         if let Some(state) = &self.state {
             if state.parse::<State>().is_err() {
                 return Err(Error::Invalid(format!(
@@ -96,6 +107,10 @@ pub struct WatchFilter {
     pub object: Option<String>,
     /// "live", "removed", or anything else for both.
     pub show: Option<String>,
+    /// The previous page's `next_after`: what comes after it.
+    pub after: Option<i64>,
+    /// Deprecated: the old name of `after` (the previous page's
+    /// `next_before`).
     pub before: Option<i64>,
     pub limit: Option<i64>,
 }
@@ -108,14 +123,39 @@ pub async fn backlog(pool: &PgPool) -> Result<Vec<Backlog>> {
 /// filter names (none if there is no such service).
 pub async fn deliveries(pool: &PgPool, filter: &DeliveryFilter) -> Result<Vec<Delivery>> {
     filter.validate()?;
-    let service_id = match &filter.service {
-        Some(service) => match db::service_id(pool, service).await? {
-            Some(id) => Some(id),
-            None => return Ok(Vec::new()),
-        },
-        None => None,
+    match filter_service(pool, filter).await? {
+        Some(service_id) => page(pool, filter, service_id).await,
+        None => Ok(Vec::new()),
+    }
+}
+
+/// [`deliveries`] as a page of the listing convention
+/// ([`crate::http::page`]): at most `limit` rows (100 when none is given),
+/// and the cursor of the last when more follow.
+pub async fn deliveries_page(
+    pool: &PgPool,
+    filter: &DeliveryFilter,
+) -> Result<(Vec<Delivery>, Option<i64>)> {
+    filter.validate()?;
+    let limit = filter.limit.unwrap_or(100);
+    let ahead = DeliveryFilter {
+        limit: Some(page::ahead(limit)),
+        ..filter.clone()
     };
-    page(pool, filter, service_id).await
+    let rows = match filter_service(pool, filter).await? {
+        Some(service_id) => self::page(pool, &ahead, service_id).await?,
+        None => Vec::new(),
+    };
+    Ok(page::cut(rows, limit, |d| d.delivery_id))
+}
+
+/// The filter's service as its id (`Some(None)` for no service named);
+/// `None` when it names a service that does not exist.
+async fn filter_service(pool: &PgPool, filter: &DeliveryFilter) -> Result<Option<Option<i64>>> {
+    match &filter.service {
+        Some(service) => Ok(db::service_id(pool, service).await?.map(Some)),
+        None => Ok(Some(None)),
+    }
 }
 
 /// One page of deliveries, newest first, keyset-paginated in the page's
@@ -169,7 +209,8 @@ fn page_of(filter: &DeliveryFilter, service_id: Option<i64>) -> Page<'_> {
         object_prefix: object.filter(|_| is_prefix),
         since: filter.since,
         until: filter.until,
-        before: filter.before,
+        // `validate` refused a filter with both names.
+        after: filter.after.or(filter.before),
         // Callers validate their own bound (MAX_PAGE here, the consumer
         // API's 1,000); this only keeps any caller's page finite.
         limit: filter.limit.unwrap_or(50).clamp(1, PAGE_CEILING),
@@ -177,7 +218,7 @@ fn page_of(filter: &DeliveryFilter, service_id: Option<i64>) -> Page<'_> {
 }
 
 /// The order of a page of deliveries, newest first, and so what its
-/// cursor (`before`, the last delivery of the previous page) means.
+/// cursor (`after`, the last delivery of the previous page) means.
 ///
 /// A page that ends at a time (`until`) and filters by nothing else is in
 /// creation order: the history's index on `(created_at, id)` reads it
@@ -197,10 +238,10 @@ fn page_of(filter: &DeliveryFilter, service_id: Option<i64>) -> Page<'_> {
 /// match: `tests/history.rs` saw both plans.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PageOrder {
-    /// `id desc`; the next page is `id < before`.
+    /// `id desc`; the next page is `id < after`.
     Id,
     /// `created_at desc, id desc`; the next page is what comes after the
-    /// delivery `before` in that order.
+    /// delivery `after` in that order.
     CreatedAt,
 }
 
@@ -250,6 +291,25 @@ pub async fn explain_newest_failures(
     Ok(db::explain(pool, explain, Explained::NewestFailures(limit)).await?)
 }
 
+/// A page of watches of the listing convention ([`crate::http::page`]):
+/// at most `limit` rows (100 when none is given), and the cursor of the
+/// last when more follow.
+pub async fn watches_page(
+    pool: &PgPool,
+    filter: &WatchFilter,
+) -> Result<(Vec<WatchRow>, Option<i64>)> {
+    let limit = page::size(filter.limit, 100, MAX_PAGE).map_err(Error::Invalid)?;
+    page::given(filter.after, filter.before).map_err(Error::Invalid)?;
+    let ahead = WatchFilter {
+        limit: Some(page::ahead(limit)),
+        ..filter.clone()
+    };
+    let rows = watches(pool, &ahead).await?;
+    Ok(page::cut(rows, limit, |w| w.watch_id))
+}
+
+/// Watches, newest first: at most `limit` (100 when none is given, at most
+/// [`MAX_PAGE`] and the one row [`watches_page`] reads ahead).
 pub async fn watches(pool: &PgPool, filter: &WatchFilter) -> Result<Vec<WatchRow>> {
     fn given(v: &Option<String>) -> Option<&str> {
         v.as_deref().filter(|v| !v.trim().is_empty())
@@ -263,8 +323,8 @@ pub async fn watches(pool: &PgPool, filter: &WatchFilter) -> Result<Vec<WatchRow
             Some("removed") => Some(false),
             _ => None,
         },
-        before: filter.before,
-        limit: filter.limit.unwrap_or(100).clamp(1, MAX_PAGE),
+        after: filter.after.or(filter.before),
+        limit: filter.limit.unwrap_or(100).clamp(1, page::ahead(MAX_PAGE)),
     };
     Ok(db::watches(pool, &w).await?)
 }

@@ -58,12 +58,12 @@ pub struct Page<'a> {
     /// Created before.
     pub until: Option<DateTime<Utc>>,
     /// The keyset cursor: the previous page's last delivery.
-    pub before: Option<i64>,
+    pub after: Option<i64>,
     pub limit: i64,
 }
 
 /// `operator/page_by_id.sql`: a page by id, newest first; the next page is
-/// `id < before`.
+/// `id < after`.
 pub async fn page_by_id(pool: &PgPool, p: &Page<'_>) -> sqlx::Result<Vec<DeliveryRow>> {
     custom_plans(pool, async |c| {
         sqlx::query_file_as!(
@@ -76,7 +76,7 @@ pub async fn page_by_id(pool: &PgPool, p: &Page<'_>) -> sqlx::Result<Vec<Deliver
             p.object_prefix,
             p.since,
             p.until,
-            p.before,
+            p.after,
             p.limit,
         )
         .fetch_all(c)
@@ -86,8 +86,8 @@ pub async fn page_by_id(pool: &PgPool, p: &Page<'_>) -> sqlx::Result<Vec<Deliver
 }
 
 /// `operator/page_by_time.sql`: a time window's page in creation order,
-/// newest first; the next page is what comes after the delivery `before`.
-/// Only `since`, `until` (required), `before` and `limit` are read.
+/// newest first; the next page is what comes after the delivery `after`.
+/// Only `since`, `until` (required), `after` and `limit` are read.
 pub async fn page_by_time(
     pool: &PgPool,
     until: DateTime<Utc>,
@@ -99,7 +99,7 @@ pub async fn page_by_time(
             "src/db/operator/page_by_time.sql",
             p.since,
             until,
-            p.before,
+            p.after,
             p.limit,
         )
         .fetch_all(c)
@@ -174,10 +174,10 @@ pub async fn explain(
             .bind(p.object_prefix)
             .bind(p.since)
             .bind(p.until)
-            .bind(p.before)
+            .bind(p.after)
             .bind(p.limit),
         Explained::PageByTime(until, p) => {
-            query.bind(p.since).bind(until).bind(p.before).bind(p.limit)
+            query.bind(p.since).bind(until).bind(p.after).bind(p.limit)
         }
         Explained::NewestFailures(limit) => query.bind(limit),
     };
@@ -206,7 +206,7 @@ pub struct Watches<'a> {
     /// Live (true) or removed (false) watches only.
     pub live: Option<bool>,
     /// The keyset cursor: the previous page's last watch.
-    pub before: Option<i64>,
+    pub after: Option<i64>,
     pub limit: i64,
 }
 
@@ -231,7 +231,7 @@ pub async fn watches(pool: &PgPool, w: &Watches<'_>) -> sqlx::Result<Vec<WatchRo
             w.resource,
             w.object,
             w.live,
-            w.before,
+            w.after,
             w.limit,
         )
         .fetch_all(c)

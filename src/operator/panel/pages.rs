@@ -245,7 +245,7 @@ pub async fn watches(
         ..filter
     };
     let lag = state.reads.lag().await?;
-    let rows = store::watches(state.reads.pool(), &filter).await?;
+    let (rows, next_after) = store::watches_page(state.reads.pool(), &filter).await?;
     let value = |v: &Option<String>| esc(v.as_deref().unwrap_or(""));
     let show = filter.show.as_deref().unwrap_or("any");
     let option = |v: &str, label: &str| {
@@ -300,13 +300,13 @@ pub async fn watches(
         ));
     }
     body.push_str("</table>");
-    if rows.len() == 100 {
+    if let Some(next_after) = next_after {
         let next = html::query(&[
             ("service", filter.service.clone().unwrap_or_default()),
             ("resource", filter.resource.clone().unwrap_or_default()),
             ("object", filter.object.clone().unwrap_or_default()),
             ("show", filter.show.clone().unwrap_or_default()),
-            ("before", rows[99].watch_id.to_string()),
+            ("after", next_after.to_string()),
         ]);
         body.push_str(&format!(
             r#"<p><a href="/panel/watches{}">Older →</a></p>"#,

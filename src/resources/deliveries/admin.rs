@@ -20,7 +20,11 @@ use crate::operator::store::{self, DeliveryFilter};
 #[derive(Serialize, utoipa::ToSchema)]
 pub(crate) struct AdminDeliveryPage {
     deliveries: Vec<store::Delivery>,
-    /// Pass as `before` for the next (older) page; null on the last.
+    /// Pass as `after` for the next (older) page; null on the last.
+    next_after: Option<i64>,
+    /// Deprecated: `next_after`'s old name, given whenever the page is
+    /// full (so on a full last page too).
+    #[schema(deprecated)]
     next_before: Option<i64>,
     /// Present when the page was read on a standby (WATCHPUMP_READ_DATABASE_URL): how many seconds behind the primary it is, 0 when it has replayed all it received; what changed since is not on the page yet.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -29,8 +33,8 @@ pub(crate) struct AdminDeliveryPage {
 
 /// Deliveries, newest first
 ///
-/// `{"deliveries": [...], "next_before": <id or null>}`; pass `next_before`
-/// as `before` for the next (older) page.
+/// `{"deliveries": [...], "next_after": <id or null>}`; pass `next_after`
+/// as `after` for the next (older) page (`crate::http::page`).
 #[utoipa::path(get,
     operation_id = "admin_deliveries", path = "/api/v1/admin/deliveries", tag = "admin", security(("admin_token" = [])),
     params(DeliveryFilter),
@@ -45,19 +49,17 @@ pub(crate) async fn deliveries(
     State(state): State<App>,
     Query(filter): Query<DeliveryFilter>,
 ) -> Result<Json<Value>, HttpError> {
-    let filter = filter.normalized();
-    let limit = filter.limit.unwrap_or(100);
     let filter = DeliveryFilter {
-        limit: Some(limit),
         watch_id: None,
-        ..filter
+        ..filter.normalized()
     };
     let lag = state.reads.lag().await?;
-    let page = store::deliveries(state.reads.pool(), &filter).await?;
-    let next_before = page::cursor_if_full(&page, limit, |d| d.delivery_id);
+    let (deliveries, next_after) = store::deliveries_page(state.reads.pool(), &filter).await?;
+    let limit = filter.limit.unwrap_or(100);
     state.settings.masked(&AdminDeliveryPage {
-        deliveries: page,
-        next_before,
+        next_before: page::cursor_if_full(&deliveries, limit, |d| d.delivery_id),
+        deliveries,
+        next_after,
         replica_lag_seconds: lag,
     })
 }

@@ -17,7 +17,11 @@ use crate::operator::store::{self, WatchFilter};
 pub(crate) struct AdminWatchPage {
     #[schema(value_type = Vec<Value>)]
     watches: Vec<store::WatchRow>,
-    /// Pass as `before` for the next (older) page; null on the last.
+    /// Pass as `after` for the next (older) page; null on the last.
+    next_after: Option<i64>,
+    /// Deprecated: `next_after`'s old name, given whenever the page is
+    /// full (so on a full last page too).
+    #[schema(deprecated)]
     next_before: Option<i64>,
     /// Present when the page was read on a standby (WATCHPUMP_READ_DATABASE_URL): how many seconds behind the primary it is, 0 when it has replayed all it received; what changed since is not on the page yet.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -26,7 +30,8 @@ pub(crate) struct AdminWatchPage {
 
 /// Watches, newest first
 ///
-/// `{"watches": [...], "next_before": <id or null>}`, newest first.
+/// `{"watches": [...], "next_after": <id or null>}`, newest first; pass
+/// `next_after` as `after` for the next (older) page.
 #[utoipa::path(get,
     operation_id = "admin_watches", path = "/api/v1/admin/watches", tag = "admin", security(("admin_token" = [])),
     params(WatchFilter),
@@ -40,13 +45,13 @@ pub(crate) async fn watches(
     State(state): State<App>,
     Query(filter): Query<WatchFilter>,
 ) -> Result<Json<Value>, HttpError> {
-    let limit = page::size(filter.limit, 100, store::MAX_PAGE).map_err(HttpError::Invalid)?;
     let lag = state.reads.lag().await?;
-    let page = store::watches(state.reads.pool(), &filter).await?;
-    let next_before = page::cursor_if_full(&page, limit, |w| w.watch_id);
+    let (watches, next_after) = store::watches_page(state.reads.pool(), &filter).await?;
+    let limit = filter.limit.unwrap_or(100);
     state.settings.masked(&AdminWatchPage {
-        watches: page,
-        next_before,
+        next_before: page::cursor_if_full(&watches, limit, |w| w.watch_id),
+        watches,
+        next_after,
         replica_lag_seconds: lag,
     })
 }

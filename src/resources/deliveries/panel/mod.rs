@@ -35,15 +35,18 @@ pub struct ListQuery {
     object: Option<String>,
     since: Option<String>,
     until: Option<String>,
-    before: Option<String>,
+    /// The previous page's last delivery (`crate::http::page`); old links
+    /// named it `before`.
+    #[serde(alias = "before")]
+    after: Option<String>,
 }
 
 impl ListQuery {
     fn filter(&self) -> Result<DeliveryFilter, HttpError> {
-        let before = match self.before.as_deref().filter(|b| !b.is_empty()) {
+        let after = match self.after.as_deref().filter(|b| !b.is_empty()) {
             Some(b) => Some(
                 b.parse()
-                    .map_err(|_| HttpError::Invalid("before must be a delivery id".into()))?,
+                    .map_err(|_| HttpError::Invalid("after must be a delivery id".into()))?,
             ),
             None => None,
         };
@@ -53,7 +56,8 @@ impl ListQuery {
             object: self.object.clone(),
             since: parse_time("since", self.since.as_deref())?,
             until: parse_time("until", self.until.as_deref())?,
-            before,
+            after,
+            before: None,
             limit: Some(PAGE),
             watch_id: None,
         }
@@ -126,7 +130,7 @@ pub async fn list(
     let Query(q) = query.map_err(|e| HttpError::Invalid(e.body_text()))?;
     let filter = q.filter()?;
     let lag = state.reads.lag().await?;
-    let rows = store::deliveries(state.reads.pool(), &filter).await?;
+    let (rows, next_after) = store::deliveries_page(state.reads.pool(), &filter).await?;
     let chosen = filter.state.as_deref().unwrap_or("");
     let mut options = String::from(r#"<option value="">any</option>"#);
     for s in DeliveryState::ALL.map(DeliveryState::as_str) {
@@ -156,9 +160,9 @@ pub async fn list(
     } else {
         body.push_str(&deliveries_table(&rows, &state.settings));
     }
-    if rows.len() as i64 == PAGE {
+    if let Some(next_after) = next_after {
         let mut pairs = q.pairs();
-        pairs.push(("before", rows[rows.len() - 1].delivery_id.to_string()));
+        pairs.push(("after", next_after.to_string()));
         body.push_str(&format!(
             r#"<p><a href="/panel/deliveries{}">Older →</a></p>"#,
             esc(&html::query(&pairs))
