@@ -116,64 +116,51 @@
 //! [`delivery`], [`http`], [`sql_files`] and [`error`], without the pump's
 //! dependencies (reqwest, clap, metrics).
 
-#[cfg(feature = "producer")]
-pub mod api;
-#[cfg(feature = "producer")]
-pub mod caller;
-#[cfg(feature = "producer")]
-pub mod cli;
-#[cfg(feature = "producer")]
-pub mod config;
-#[cfg(feature = "kit")]
-pub mod db;
+/// Declares each item under one feature, so that a list of modules says
+/// its feature once (as tokio's `cfg_rt!` does): `with_feature! { "kit":
+/// pub mod http; pub mod kit; }`.
+macro_rules! with_feature {
+    ($feature:literal: $($item:item)*) => {
+        $( #[cfg(feature = $feature)] $item )*
+    };
+}
+
 pub mod delivery;
-#[cfg(feature = "producer")]
-pub mod destinations;
-#[cfg(feature = "kit")]
-pub mod edge;
-#[cfg(feature = "producer")]
-pub mod emit;
-#[cfg(feature = "kit")]
-pub mod error;
-#[cfg(feature = "kit")]
-pub mod http;
-#[cfg(feature = "producer")]
-pub mod kinds;
-#[cfg(feature = "kit")]
-pub mod kit;
-#[cfg(feature = "producer")]
-pub mod leader;
-#[cfg(feature = "producer")]
-pub mod metrics;
-#[cfg(feature = "producer")]
-pub mod operator;
-#[cfg(feature = "producer")]
-pub mod pooler;
-#[cfg(feature = "producer")]
-pub mod pump;
-#[cfg(feature = "producer")]
-pub mod redact;
-#[cfg(feature = "producer")]
-pub mod replica;
-#[cfg(feature = "producer")]
-pub mod resources;
-#[cfg(feature = "producer")]
-pub mod retry;
-#[cfg(feature = "producer")]
-pub mod schema;
-#[cfg(feature = "producer")]
-pub mod server;
-#[cfg(feature = "producer")]
-pub mod services;
 pub mod signing;
-#[cfg(feature = "kit")]
-pub mod sql_files;
-#[cfg(feature = "kit")]
-pub mod telemetry;
-#[cfg(feature = "producer")]
-pub mod throttle;
-#[cfg(feature = "producer")]
-pub mod watches;
+
+with_feature! { "kit":
+    pub mod db;
+    pub mod edge;
+    pub mod error;
+    pub mod http;
+    pub mod kit;
+    pub mod sql_files;
+    pub mod telemetry;
+}
+
+with_feature! { "producer":
+    pub mod api;
+    pub mod caller;
+    pub mod cli;
+    pub mod config;
+    pub mod destinations;
+    pub mod emit;
+    pub mod kinds;
+    pub mod leader;
+    pub mod metrics;
+    pub mod operator;
+    pub mod pooler;
+    pub mod pump;
+    pub mod redact;
+    pub mod replica;
+    pub mod resources;
+    pub mod retry;
+    pub mod schema;
+    pub mod server;
+    pub mod services;
+    pub mod throttle;
+    pub mod watches;
+}
 
 #[cfg(feature = "producer")]
 pub use emit::emit;

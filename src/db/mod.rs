@@ -23,31 +23,23 @@
 //! the simple query protocol (a prepared statement would itself fail
 //! behind the pooler it looks for).
 
-/// Besides [`schema`], the one file with statements not checked at build
-/// time: the pooler probe's, sent by the simple query protocol.
-#[cfg(feature = "producer")]
-pub mod connection;
-#[cfg(feature = "producer")]
-pub mod consumer;
-#[cfg(feature = "producer")]
-pub mod delivery;
-#[cfg(feature = "producer")]
-pub mod emit;
-#[cfg(feature = "producer")]
-pub mod history;
-#[cfg(feature = "kit")]
-pub mod inbox;
-#[cfg(feature = "producer")]
-pub mod kinds;
-#[cfg(feature = "producer")]
-pub mod operator;
-#[cfg(feature = "producer")]
-pub mod panel;
-#[cfg(feature = "producer")]
-pub mod pause;
-#[cfg(feature = "producer")]
-pub mod rate;
-#[cfg(feature = "producer")]
-pub mod registry;
-#[cfg(feature = "kit")]
-pub mod schema;
+with_feature! { "kit":
+    pub mod inbox;
+    pub mod schema;
+}
+
+with_feature! { "producer":
+    /// Besides [`schema`], the one file with statements not checked at build
+    /// time: the pooler probe's, sent by the simple query protocol.
+    pub mod connection;
+    pub mod consumer;
+    pub mod delivery;
+    pub mod emit;
+    pub mod history;
+    pub mod kinds;
+    pub mod operator;
+    pub mod panel;
+    pub mod pause;
+    pub mod rate;
+    pub mod registry;
+}
