@@ -11,19 +11,16 @@
 //! [`crate::edge`] is the layer below: connections, timeouts and caps,
 //! before a request reaches a router.
 
-#[cfg(feature = "producer")]
-pub mod app;
 pub mod bearer;
-#[cfg(feature = "producer")]
-pub mod error;
-#[cfg(feature = "producer")]
-pub mod extract;
-#[cfg(feature = "producer")]
-pub mod html;
-#[cfg(feature = "producer")]
-pub mod page;
-#[cfg(feature = "producer")]
-pub mod text;
+
+with_feature! { "producer":
+    pub mod app;
+    pub mod error;
+    pub mod extract;
+    pub mod html;
+    pub mod page;
+    pub mod text;
+}
 
 /// Largest request body the JSON APIs read, the consumer API's and the
 /// admin API's alike.

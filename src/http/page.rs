@@ -51,6 +51,29 @@ pub fn given<C>(after: Option<C>, before: Option<C>) -> Result<Option<C>, String
     }
 }
 
+/// An admin API page's cursors: `next_after`, and for the deprecation
+/// period its old name `next_before` with its old meaning.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct AdminCursors {
+    /// Pass as `after` for the next (older) page; null on the last.
+    next_after: Option<i64>,
+    /// Deprecated: `next_after`'s old name, given whenever the page is
+    /// full (so on a full last page too).
+    #[schema(deprecated)]
+    next_before: Option<i64>,
+}
+
+impl AdminCursors {
+    /// The cursors of `rows`, a page of `size` whose next page starts
+    /// after `next_after` ([`cut`]).
+    pub fn of<T>(rows: &[T], size: i64, next_after: Option<i64>, id: impl FnOnce(&T) -> i64) -> Self {
+        AdminCursors {
+            next_after,
+            next_before: cursor_if_full(rows, size, id),
+        }
+    }
+}
+
 /// The admin API's deprecated `next_before`: the last row's cursor whenever
 /// the page is full, even when nothing follows.
 pub fn cursor_if_full<T, C>(rows: &[T], size: i64, cursor: impl FnOnce(&T) -> C) -> Option<C> {

@@ -18,17 +18,15 @@
 //! with traces off it costs a look-up, with traces on the sampler decides
 //! before anything is described.
 
-#[cfg(feature = "producer")]
-pub mod attempt;
 pub mod context;
-#[cfg(feature = "producer")]
-pub mod export;
-#[cfg(feature = "producer")]
-pub mod http;
-#[cfg(feature = "producer")]
-pub mod logs;
-#[cfg(feature = "producer")]
-pub mod status;
+
+with_feature! { "producer":
+    pub mod attempt;
+    pub mod export;
+    pub mod http;
+    pub mod logs;
+    pub mod status;
+}
 
 #[cfg(feature = "producer")]
 pub use producer::*;

@@ -17,12 +17,8 @@ use crate::operator::store::{self, WatchFilter};
 pub(crate) struct AdminWatchPage {
     #[schema(value_type = Vec<Value>)]
     watches: Vec<store::WatchRow>,
-    /// Pass as `after` for the next (older) page; null on the last.
-    next_after: Option<i64>,
-    /// Deprecated: `next_after`'s old name, given whenever the page is
-    /// full (so on a full last page too).
-    #[schema(deprecated)]
-    next_before: Option<i64>,
+    #[serde(flatten)]
+    cursors: page::AdminCursors,
     /// Present when the page was read on a standby (WATCHPUMP_READ_DATABASE_URL): how many seconds behind the primary it is, 0 when it has replayed all it received; what changed since is not on the page yet.
     #[serde(skip_serializing_if = "Option::is_none")]
     replica_lag_seconds: Option<f64>,
@@ -49,9 +45,8 @@ pub(crate) async fn watches(
     let (watches, next_after) = store::watches_page(state.reads.pool(), &filter).await?;
     let limit = filter.limit.unwrap_or(100);
     state.settings.masked(&AdminWatchPage {
-        next_before: page::cursor_if_full(&watches, limit, |w| w.watch_id),
+        cursors: page::AdminCursors::of(&watches, limit, next_after, |w| w.watch_id),
         watches,
-        next_after,
         replica_lag_seconds: lag,
     })
 }
