@@ -21,13 +21,14 @@ fn cli(db: &TestDb, args: &[&str]) -> (i32, String, String) {
 }
 
 /// The most arrivals within any one second.
-fn busiest_second(received: &[Received]) -> usize {
+/// The most deliveries that arrived within any `window`.
+fn busiest(received: &[Received], window: Duration) -> usize {
     let mut at: Vec<_> = received.iter().map(|r| r.at).collect();
     at.sort();
     let mut most = 0;
     let mut start = 0;
     for end in 0..at.len() {
-        while at[end].duration_since(at[start]) >= Duration::from_secs(1) {
+        while at[end].duration_since(at[start]) >= window {
             start += 1;
         }
         most = most.max(end - start + 1);
@@ -52,25 +53,62 @@ async fn three_pumps_together_hold_a_rate_of_50_a_second_through_a_20_second_bur
         .execute(&db.pool)
         .await
         .unwrap();
+    // At the default sweep of a second: a pump whose claim used its tokens
+    // claims again when the bucket has the next ones, not at its sweep
+    // (which gave a burst of 2 a sweep, about 4 a second).
+    let default_sweep =
+        watchpump::config::PumpConfig::new(PRODUCER, PRODUCER_TOKEN).sweep_interval_ms;
     let pumps: Vec<RunningPump> = (0..3)
-        .map(|_| RunningPump::start(&db.pool, pump_config()))
+        .map(|_| {
+            let mut cfg = pump_config();
+            cfg.sweep_interval_ms = default_sweep;
+            RunningPump::start(&db.pool, cfg)
+        })
         .collect();
     let received = consumer.wait_for(CHANGES, Duration::from_secs(90)).await;
     for pump in pumps {
         pump.stop().await.unwrap();
     }
 
-    let busiest = busiest_second(&received);
-    println!("busiest second: {busiest} deliveries (limit 50, 3 pumps)");
-    assert!(busiest <= 55, "{busiest} deliveries within one second");
+    // The bucket grants at most 50 a second plus a burst of 2, in the
+    // database's time. Arrivals are timed here, after the claim, the send
+    // and the scheduling of a loaded machine, which can bunch a stall's
+    // deliveries into the next second (57 in one second was seen under the
+    // full suite): so the pace is held over the whole burst and over five
+    // seconds, where a stall's bunching is small against the count, and a
+    // second is only bounded loosely. Without the limit, the 1,000 arrive
+    // in well under a second and every bound fails.
+    let second = busiest(&received, Duration::from_secs(1));
+    let five = busiest(&received, Duration::from_secs(5));
+    let first = received.iter().map(|r| r.at).min().unwrap();
+    let last = received.iter().map(|r| r.at).max().unwrap();
+    println!(
+        "busiest second {second}, five seconds {five}, 1000 over {:?} (limit 50/s, 3 pumps)",
+        last - first
+    );
+    assert!(
+        last - first >= Duration::from_secs(18),
+        "1000 deliveries at 50 a second take 19.96 s after the burst, not {:?}",
+        last - first
+    );
+    assert!(
+        last - first <= Duration::from_secs(25),
+        "the rate is a limit, not a trickle: 1000 at 50 a second took {:?}",
+        last - first
+    );
+    assert!(
+        five <= 5 * 50 + 2 + 13,
+        "{five} deliveries within five seconds"
+    );
+    assert!(
+        second <= 50 + 2 + 13,
+        "{second} deliveries within one second"
+    );
     assert_eq!(
         db.count_state("delivered").await,
         CHANGES as i64,
         "held, never dropped"
     );
-    let first = received.iter().map(|r| r.at).min().unwrap();
-    let last = received.iter().map(|r| r.at).max().unwrap();
-    println!("1000 deliveries over {:?}", last - first);
 }
 
 #[tokio::test]

@@ -373,7 +373,10 @@ async fn the_admin_api_needs_the_token_lists_with_filters_and_pages_by_keyset() 
     );
     let (status, both) = get(&format!("?service=a&after={next}&before={next}")).await;
     assert_eq!(status, 422, "{both}");
-    assert!(both["error"]["message"].as_str().unwrap().contains("not both"));
+    assert!(both["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("not both"));
 
     let (status, unknown) = get("?service=nope").await;
     assert_eq!(status, 200);

@@ -29,10 +29,14 @@ $$;
 -- Takes tokens for a claim: for each rate-limited live service, at most
 -- the pump's free slots for it (p_wanted, or p_default for a service it
 -- has not listed). Returns only rate-limited services, each with what it
--- may claim now; services without a rate are not listed (their slots
--- stand). One row lock per limited service, held for this statement only.
+-- may claim now and `refill_seconds`, how long until its bucket holds what
+-- the next claim would take (its burst, or the slots wanted if fewer; at
+-- least one token): a pump that used every token granted claims again
+-- then (src/pump/rate.rs). Services without a rate are not listed (their
+-- slots stand). One row lock per limited service, held for this statement
+-- only.
 create or replace function watchpump.take_tokens(p_service_ids bigint[], p_wanted integer[], p_default integer)
-returns table (service_id bigint, granted integer)
+returns table (service_id bigint, granted integer, refill_seconds double precision)
 language plpgsql
 set jit = off
 as $$
@@ -66,7 +70,9 @@ begin
         refilled_at = greatest(b.refilled_at, v_now)
     from limited l
     where b.service_id = l.id
-    returning b.service_id, b.granted;
+    returning b.service_id, b.granted,
+              greatest(0, greatest(1, least(watchpump.rate_burst(l.rate), l.wanted)) - b.tokens)
+                  / l.rate;
 end
 $$;
 

@@ -60,6 +60,8 @@ pub async fn set_max_rate(pool: &PgPool, service: &str, rate: Option<i32>) -> sq
 pub struct Granted {
     pub service_id: i64,
     pub granted: i32,
+    /// How long until the bucket holds what the next claim would take.
+    pub refill_seconds: f64,
 }
 
 /// `watchpump.take_tokens()`: `wanted[i]` tokens for `service_ids[i]`, and
@@ -73,7 +75,8 @@ pub async fn take_tokens(
 ) -> sqlx::Result<Vec<Granted>> {
     sqlx::query_as!(
         Granted,
-        r#"select service_id as "service_id!", granted as "granted!"
+        r#"select service_id as "service_id!", granted as "granted!",
+                  refill_seconds as "refill_seconds!"
            from watchpump.take_tokens($1, $2, $3)"#,
         service_ids,
         wanted,

@@ -3,8 +3,8 @@
 //! ([`super::ahead`]), and starts each delivery that can start as a send
 //! task of its own; a send that finishes starts the next one waiting for
 //! its service itself ([`start_ready`]). Between claims the loop sleeps
-//! until a NOTIFY, its sweep, a retry or probe time, or a service with
-//! half a window of room.
+//! until a NOTIFY, its sweep, a retry or probe time, a rate-limited
+//! service's next tokens, or a service with half a window of room.
 //!
 //! Over 400 lines: claiming and starting sends share the pump's per-service
 //! state, and a slot passes from a finished send to the next claim here;
@@ -132,6 +132,7 @@ pub(super) async fn claim_loop(
         let next_probe = shared.health.lock().unwrap().next_probe_at();
         let next_retry = shared.retries.lock().unwrap().next(Instant::now());
         let next_sweep = last_sweep.map(|at| at + shared.cfg.sweep_interval());
+        let next_rate_claim = shared.rates.take_next_claim().map(Instant::from_std);
         tokio::select! {
             _ = &mut shutdown => break,
             _ = shared.signals.wake.notified() => {}
@@ -139,6 +140,7 @@ pub(super) async fn claim_loop(
             _ = sleep_until(next_sweep) => {}
             _ = sleep_until(next_probe) => {}
             _ = sleep_until(next_retry) => {}
+            _ = sleep_until(next_rate_claim) => {}
             _ = sleep_until(pause.map(|p| Instant::now() + p)) => {}
         }
     }
@@ -265,7 +267,7 @@ pub(super) async fn claim(shared: &Shared, ahead: bool) -> Result<(Vec<Claimed>,
         &shared.in_flight_bytes,
     )
     .await?;
-    super::rate::give_back(&shared.pool, &taken, &claimed).await?;
+    super::rate::give_back(&shared.pool, &shared.rates, &taken, &claimed).await?;
     let mut found: HashMap<i64, u32> = HashMap::new();
     for c in &claimed {
         *found.entry(c.service_id).or_default() += 1;

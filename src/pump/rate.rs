@@ -5,6 +5,12 @@
 //! gives back what it did not use. While no service has a rate, a pump
 //! asks once every [`RECHECK`] rather than before every claim ([`Limited`]):
 //! a rate set then holds from a pump's next claim within that time.
+//!
+//! A claim that used every token it was granted for a service (its
+//! deliveries wait for tokens, not for slots) claims again when that
+//! service's bucket holds the next claim's tokens ([`Limited::take_next_claim`]):
+//! a pump that waited for its sweep instead sent a burst a sweep, about 4
+//! a second for a service limited to 50 at the default sweep of a second.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -16,20 +22,44 @@ use crate::delivery::Claimed;
 use crate::error::Result;
 use crate::pump::health::Slots;
 
-/// What a claim took: (service id, tokens granted), for rate-limited
-/// services only.
+/// What a claim took, for rate-limited services only.
 #[derive(Debug, Default)]
-pub struct Taken(Vec<(i64, i32)>);
+pub struct Taken {
+    /// When the tokens were asked for.
+    asked: Option<Instant>,
+    grants: Vec<Grant>,
+}
+
+#[derive(Debug)]
+struct Grant {
+    service_id: i64,
+    /// The slots the pump had free for it: what it asked for.
+    wanted: i32,
+    granted: i32,
+    /// How long until its bucket holds the next claim's tokens.
+    refill: Duration,
+}
 
 /// How long a pump that found no rate-limited service claims without asking
 /// again: the round trip is saved on every claim of a pump whose services
 /// have no rate, and a new rate waits at most this long.
 pub const RECHECK: Duration = Duration::from_secs(1);
 
-/// One pump's memory of whether any service has a rate.
+/// One pump's memory of the rates: whether any service has one, and when
+/// a service whose claim was held by its tokens has the next ones.
 #[derive(Debug, Default)]
 pub struct Limited {
     none_until: Mutex<Option<Instant>>,
+    next_claim: Mutex<Option<Instant>>,
+}
+
+impl Limited {
+    /// When the claim loop claims again for a service that is waiting for
+    /// its rate's tokens; `None` when none is. Read once: the claim that
+    /// follows any wake-up asks for tokens again and sets the next.
+    pub fn take_next_claim(&self) -> Option<Instant> {
+        self.next_claim.lock().unwrap().take()
+    }
 }
 
 /// Takes tokens for the services in `slots` (and those it does not list,
@@ -45,43 +75,60 @@ pub async fn take(pool: &PgPool, limited: &Limited, slots: &mut Slots) -> Result
     {
         return Ok(Taken::default());
     }
-    let granted: Vec<(i64, i32)> =
-        db::take_tokens(pool, &slots.service_ids, &slots.free, slots.default_free)
-            .await?
-            .into_iter()
-            .map(|g| (g.service_id, g.granted))
-            .collect();
+    let granted = db::take_tokens(pool, &slots.service_ids, &slots.free, slots.default_free).await?;
     *limited.none_until.lock().unwrap() = granted.is_empty().then(|| now + RECHECK);
-    for &(service_id, n) in &granted {
-        match slots.service_ids.iter().position(|id| *id == service_id) {
-            Some(i) => slots.free[i] = slots.free[i].min(n),
-            None => {
-                slots.service_ids.push(service_id);
-                slots.free.push(n);
-                slots.probe.push(false);
+    let mut grants = Vec::with_capacity(granted.len());
+    for g in granted {
+        let wanted = match slots.service_ids.iter().position(|id| *id == g.service_id) {
+            Some(i) => {
+                let wanted = slots.free[i];
+                slots.free[i] = wanted.min(g.granted);
+                wanted
             }
-        }
+            None => {
+                slots.service_ids.push(g.service_id);
+                slots.free.push(g.granted);
+                slots.probe.push(false);
+                slots.default_free
+            }
+        };
+        grants.push(Grant {
+            service_id: g.service_id,
+            wanted,
+            granted: g.granted,
+            refill: Duration::from_secs_f64(g.refill_seconds.clamp(0.0, RECHECK.as_secs_f64())),
+        });
     }
-    Ok(Taken(granted))
+    Ok(Taken {
+        asked: Some(now),
+        grants,
+    })
 }
 
-/// Gives back the tokens of `taken` that `claimed` did not use.
-pub async fn give_back(pool: &PgPool, taken: &Taken, claimed: &[Claimed]) -> Result<()> {
-    let (ids, unused): (Vec<i64>, Vec<i32>) = taken
-        .0
-        .iter()
-        .map(|&(service_id, n)| {
-            let used = claimed
-                .iter()
-                .filter(|c| c.service_id == service_id)
-                .count() as i32;
-            (service_id, n - used)
-        })
-        .filter(|&(_, unused)| unused > 0)
-        .unzip();
-    if ids.is_empty() {
-        return Ok(());
+/// Gives back the tokens of `taken` that `claimed` did not use, and
+/// remembers when to claim again for the services whose tokens held their
+/// claim: those that wanted some and used all they got (none, when another
+/// pump had just taken them). A service that left tokens unused has no
+/// more due; one with no free slot is woken by a finished send.
+pub async fn give_back(pool: &PgPool, limited: &Limited, taken: &Taken, claimed: &[Claimed]) -> Result<()> {
+    let used = |service_id| claimed.iter().filter(|c| c.service_id == service_id).count() as i32;
+    let mut next_claim = None::<Instant>;
+    let (mut ids, mut unused) = (Vec::new(), Vec::new());
+    for g in &taken.grants {
+        let used = used(g.service_id);
+        if used < g.granted {
+            ids.push(g.service_id);
+            unused.push(g.granted - used);
+        } else if g.wanted > 0 {
+            let at = taken.asked.map(|asked| asked + g.refill);
+            next_claim = next_claim.into_iter().chain(at).min();
+        }
     }
-    db::give_back_tokens(pool, &ids, &unused).await?;
+    if taken.asked.is_some() {
+        *limited.next_claim.lock().unwrap() = next_claim;
+    }
+    if !ids.is_empty() {
+        db::give_back_tokens(pool, &ids, &unused).await?;
+    }
     Ok(())
 }
