@@ -80,11 +80,12 @@ bench: ## build in release mode and run the benchmarks (SCENARIOS="trickle bulk"
 	cargo build --release --quiet --bin watchpump --example bench; \
 	WATCHPUMP_BENCH_DATABASE_URL="$$url" target/release/examples/bench $(SCENARIOS)
 
-lint: ## rustfmt, clippy and the queries' .sqlx/ descriptions, as CI wants them; the consumer kit builds without the pump's dependencies
+lint: ## rustfmt, clippy, rustdoc's links and the queries' .sqlx/ descriptions, as CI wants them; the consumer kit builds without the pump's dependencies
 	cargo fmt --all -- --check
 	scripts/sqlx-prepare.sh --check
 	cargo clippy --all-targets -- -D warnings
 	cargo clippy --all-targets --no-default-features --features kit -- -D warnings
+	RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --quiet
 	@if cargo tree --no-default-features --features kit -e normal | grep -E 'reqwest|clap|metrics'; then \
 	  echo "the kit feature pulls in a producer-only dependency (above)"; exit 1; fi
 

@@ -68,7 +68,7 @@ pub struct ServeConfig {
 #[derive(Debug, Clone, Args)]
 pub struct PumpConfig {
     /// This producer's name (required); deliveries go to
-    /// <consumer>/api/v1/<producer>/events.
+    /// `<consumer>/api/v1/<producer>/events`.
     // Checked in validate() rather than by clap, so that the message names
     // the environment variable, which is how it is usually set.
     #[arg(

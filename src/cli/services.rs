@@ -16,7 +16,7 @@ pub enum ServicesCommand {
         /// Service name: a-z, 0-9, '-' and '_'.
         name: String,
         /// Where the service listens; deliveries go to
-        /// <base-url>/api/v1/<producer>/events.
+        /// BASE_URL/api/v1/PRODUCER/events.
         #[arg(long)]
         base_url: String,
         /// Print one JSON object {"name", "token", "signing_secret"} instead

@@ -5,6 +5,9 @@
 //! check wait for it ([`START_UP_PATIENCE`]); and connecting, at once for
 //! the CLI ([`connect`]) or waiting for a database that is coming back
 //! ([`connect_waiting`]).
+//!
+//! Besides [`super::schema`], the one file with statements not checked at
+//! build time: the pooler probe's, sent by the simple query protocol.
 
 use std::time::Duration;
 

@@ -29,8 +29,6 @@ with_feature! { "kit":
 }
 
 with_feature! { "producer":
-    /// Besides [`schema`], the one file with statements not checked at build
-    /// time: the pooler probe's, sent by the simple query protocol.
     pub mod connection;
     pub mod consumer;
     pub mod delivery;

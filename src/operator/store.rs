@@ -119,7 +119,7 @@ pub async fn backlog(pool: &PgPool) -> Result<Vec<Backlog>> {
     Ok(db::backlog(pool).await?)
 }
 
-/// One page of deliveries, newest first ([`page`]), of the service the
+/// One page of deliveries, newest first ([`page()`]), of the service the
 /// filter names (none if there is no such service).
 pub async fn deliveries(pool: &PgPool, filter: &DeliveryFilter) -> Result<Vec<Delivery>> {
     filter.validate()?;
@@ -175,7 +175,7 @@ pub async fn page(
     Ok(rows)
 }
 
-/// The plan of [`page`]'s statement, as `explain` (e.g. `"explain (costs
+/// The plan of [`page()`]'s statement, as `explain` (e.g. `"explain (costs
 /// off)"`) prints it: for the tests that check it at volume.
 pub async fn explain_page(
     pool: &PgPool,

@@ -1,7 +1,7 @@
 //! The pump: claims due deliveries, sends them, and records what happened.
 //!
 //! One loop ([`Pump::run`], `claiming.rs`) claims, one window ahead of each
-//! consumer's free requests ([`ahead`]); each send runs as its own task
+//! consumer's free requests (`ahead.rs`); each send runs as its own task
 //! ([`send`]) and starts the next delivery waiting for its consumer when it
 //! finishes; a write-back task writes finished attempts, and deliveries
 //! given back unsent, in flushes (`recording.rs`). Between claims the loop

@@ -140,7 +140,7 @@ enum Key {
 }
 
 impl SigningSecret {
-    /// A new random HMAC key ([`GENERATED_SECRET_BYTES`]).
+    /// A new random HMAC key (`GENERATED_SECRET_BYTES` of it).
     pub fn generate() -> Self {
         let mut key = vec![0u8; GENERATED_SECRET_BYTES];
         OsRng.fill_bytes(&mut key);

@@ -101,7 +101,7 @@ impl Queue {
     }
 }
 
-/// A [`SpanProcessor`] that queues sampled spans for [`export_loop`].
+/// A [`SpanProcessor`] that queues sampled spans for `export_loop()`.
 #[derive(Debug)]
 pub struct QueueProcessor {
     queue: Arc<Queue>,

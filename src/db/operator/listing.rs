@@ -152,7 +152,7 @@ pub enum Explained<'a> {
 /// `"explain (costs off)"`) prints it. The one statement here built at
 /// run time: EXPLAIN's options come first, then the very text the checked
 /// function sends. Sent unnamed, so that its plan is a custom plan, as
-/// the function's is ([`custom_plans`]).
+/// the function's is (`custom_plans()`).
 pub async fn explain(
     pool: &PgPool,
     explain: &str,
@@ -211,7 +211,7 @@ pub struct Watches<'a> {
 }
 
 /// A page of watches, newest first, planned with its values
-/// ([`custom_plans`]).
+/// (`custom_plans()`).
 pub async fn watches(pool: &PgPool, w: &Watches<'_>) -> sqlx::Result<Vec<WatchRow>> {
     custom_plans(pool, async |c| {
         sqlx::query_as!(

@@ -3,8 +3,9 @@
 //! 0021); deliveries can be retried, and a service's lifecycle run. The
 //! forms and pages of one resource are in its `panel.rs`
 //! ([`crate::resources`]); here are the router, the log-in, the pages
-//! that span resources ([`pages`]) and what every panel handler takes
-//! ([`Session`], [`Change`], [`back_to`]).
+//! that span resources (`pages.rs`) and what every panel handler takes
+//! ([`Session`], and for a change [`crate::resources::forms::Change`] and
+//! [`crate::resources::forms::back_to`]).
 //!
 //! Access: a login form takes `WATCHPUMP_ADMIN_TOKEN` and sets an HttpOnly,
 //! SameSite=Strict session cookie ([`Session`]). Every state change is a

@@ -9,7 +9,7 @@
 //! until timeout cannot take every slot.
 //!
 //! A claim takes up to one window more than the service has room for in
-//! flight (issue 33): those wait in the pump ([`super::ahead`]) and start
+//! flight (issue 33): those wait in the pump (`pump/ahead.rs`) and start
 //! as requests finish, so that a finished request never waits for a claim's
 //! round trip. What waits counts here as `queued`: a claim asks for
 //! `2 × window - in flight - queued`, and is worth making once that is at

@@ -2,7 +2,7 @@
 //! the admin API do it: rotate its signing secret or its token (the old one
 //! keeps working for an overlap), move it to a new URL, remove it. Each is a
 //! POST of a logged-in operator from the panel's own origin
-//! ([`crate::operator::panel::Change`]); a new credential is shown once,
+//! ([`crate::resources::forms::Change`]); a new credential is shown once,
 //! on the answer's page (which is never cached), and stored nowhere else
 //! but as the registry stores it.
 

@@ -24,7 +24,7 @@ const MAX_PAGE: i64 = 1000;
 /// 201 with the new watch, or 200 with the identical one it already has
 /// (which writes nothing and takes no token of the service's bucket,
 /// [`limits`]). With `"resync": true` the watch's resync starts too
-/// ([`resync`]) and the answer carries its start under `"resync"` (429 if
+/// ([`resync()`]) and the answer carries its start under `"resync"` (429 if
 /// one of the service's runs, or its replay budget is spent: the watch
 /// exists, and asking again is safe).
 #[utoipa::path(post,

@@ -2,7 +2,7 @@
 //! `watchpump services pause|resume` and `watchpump watches
 //! pause|resume|resync` do it: pause and resume a service or one of its
 //! watches, and resync a watch. Each is a POST of a logged-in operator from
-//! the panel's own origin ([`crate::operator::panel::Change`]) that answers
+//! the panel's own origin ([`crate::resources::forms::Change`]) that answers
 //! with the service's page and a notice.
 
 use axum::extract::{Path, State};
