@@ -263,6 +263,29 @@ pub async fn delivery(pool: &PgPool, id: i64) -> Result<Option<Delivery>> {
     Ok(db::delivery(pool, id).await?)
 }
 
+/// A delivery with its attempts and its history: what the admin API's
+/// `GET /api/v1/admin/deliveries/{id}` answers and the panel's delivery
+/// page shows.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+#[schema(as = AdminDeliveryShown)]
+pub struct Shown {
+    pub delivery: Delivery,
+    pub attempts: Vec<Attempt>,
+    pub history: Vec<Event>,
+}
+
+/// The delivery `id` as [`Shown`]; None when there is no such delivery.
+pub async fn shown(pool: &PgPool, id: i64) -> Result<Option<Shown>> {
+    let Some(delivery) = delivery(pool, id).await? else {
+        return Ok(None);
+    };
+    Ok(Some(Shown {
+        delivery,
+        attempts: attempts(pool, id).await?,
+        history: history(pool, id).await?,
+    }))
+}
+
 /// `watchpump.message()`: the delivery as the pump sends it.
 pub async fn sent(pool: &PgPool, id: i64) -> Result<Option<Sent>> {
     Ok(crate::db::delivery::message(pool, id).await?)

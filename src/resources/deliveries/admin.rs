@@ -59,20 +59,12 @@ pub(crate) async fn deliveries(
     })
 }
 
-/// A delivery as the admin API shows it.
-#[derive(Serialize, utoipa::ToSchema)]
-pub(crate) struct AdminDeliveryShown {
-    delivery: store::Delivery,
-    attempts: Vec<store::Attempt>,
-    history: Vec<store::Event>,
-}
-
 /// A delivery, its attempts and its history
 #[utoipa::path(get,
     operation_id = "admin_delivery", path = "/api/v1/admin/deliveries/{id}", tag = "admin", security(("admin_token" = [])),
     params(("id" = i64, Path, description = "the delivery's id")),
     responses(
-        (status = 200, description = "the delivery", body = AdminDeliveryShown),
+        (status = 200, description = "the delivery", body = store::Shown),
         NoSuchDelivery,
         NoValidToken,
     ))]
@@ -82,16 +74,10 @@ pub(crate) async fn delivery(
     id: Result<Path<i64>, PathRejection>,
 ) -> Result<Json<Value>, HttpError> {
     let id = delivery_id(id)?;
-    let delivery = store::delivery(&state.pool, id)
+    let shown = store::shown(&state.pool, id)
         .await?
         .ok_or_else(|| no_such_delivery(id))?;
-    let attempts = store::attempts(&state.pool, id).await?;
-    let history = store::history(&state.pool, id).await?;
-    state.settings.masked(&AdminDeliveryShown {
-        delivery,
-        attempts,
-        history,
-    })
+    state.settings.masked(&shown)
 }
 
 /// A delivery's attempts, in order.

@@ -31,12 +31,16 @@ pub async fn show(
     done: Result<Query<ShowQuery>, QueryRejection>,
 ) -> Result<Response, AsHtml> {
     let id = delivery_id(id)?;
-    let Some(d) = store::delivery(&state.pool, id).await? else {
+    // What the admin API answers for it, as a page.
+    let Some(store::Shown {
+        delivery: d,
+        attempts,
+        history,
+    }) = store::shown(&state.pool, id).await?
+    else {
         return Err(no_such_delivery(id).into());
     };
     let sent = store::sent(&state.pool, id).await?;
-    let attempts = store::attempts(&state.pool, id).await?;
-    let history = store::history(&state.pool, id).await?;
     let s = &state.settings;
     let mut body = String::new();
     if let Ok(Query(ShowQuery { done: Some(done) })) = done {
