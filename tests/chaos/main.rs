@@ -283,6 +283,8 @@ pub struct Summary {
     /// Pauses, resumes and resyncs, and the replayed requests received.
     pub self_service: SelfService,
     pub replays: usize,
+    /// The rate-limited service's busiest second of requests.
+    pub rated_busiest: usize,
     /// Old days made and retired beside the chaos.
     pub retention: retention::Retention,
     pub duplicates: usize,
@@ -316,6 +318,11 @@ impl Summary {
         line.push_str(&format!(
             "; consumers: {} watch pauses, {} service pauses, {} resumes ({} found still paused at the end), {} resyncs ({} replays queued, {} replayed requests)",
             s.watch_pauses, s.service_pauses, s.resumes, s.found_paused, s.resyncs, s.replays_queued, self.replays
+        ));
+        line.push_str(&format!(
+            "; rate: at most {} requests in a second to the service limited to {}",
+            self.rated_busiest,
+            verdict::RATE
         ));
         let r = &self.retention;
         line.push_str(&format!(
@@ -556,6 +563,7 @@ async fn run_async(settings: Settings) -> Summary {
         partitions,
         self_service,
         replays: 0,
+        rated_busiest: 0,
         retention: retention::Retention::default(),
     };
     let mut pumps = Arc::try_unwrap(pumps)
@@ -616,6 +624,9 @@ async fn run_async(settings: Settings) -> Summary {
         f.first_delivery_after = first_delivery_after(f.promoted_at, &ledger, &requests);
     }
     summary.violations.extend(judged.violations);
+    let (rated_busiest, too_fast) = verdict::rate_held(&watches, &requests);
+    summary.rated_busiest = rated_busiest;
+    summary.violations.extend(too_fast);
     if summary.failovers.len() < summary.switches_planned {
         summary.violations.push(format!(
             "only {} of {} switches of the primary happened",
@@ -692,7 +703,13 @@ async fn register(
                 id: watch.id,
                 object,
                 kinds,
+                rated: consumer.behaviour == Behaviour::Mixed,
             });
+        }
+        if consumer.behaviour == Behaviour::Mixed {
+            watchpump::services::rate::set_max(pool, &service.name, Some(verdict::RATE))
+                .await
+                .unwrap();
         }
     }
     defs

@@ -40,6 +40,41 @@ pub struct WatchDef {
     /// Exact, or a prefix ending in '/'.
     pub object: String,
     pub kinds: Option<Vec<String>>,
+    /// A watch of the service with a rate ([`RATE`]).
+    pub rated: bool,
+}
+
+/// The most deliveries a second of the one rate-limited service (the
+/// `mixed` consumer's): a little above its share of the changes on
+/// average, so that bursts wait for its tokens.
+pub const RATE: i32 = 200;
+
+/// The busiest second of requests to the rate-limited service's watches,
+/// and a violation when it is far past the rate. The bucket holds the rate
+/// plus a burst of a twentieth in the database's time; arrivals are timed
+/// at the consumer, after kills, restarts and a loaded machine's scheduling
+/// (a stalled pump holds what it claimed, at most a burst), so the bound is
+/// twice the rate: a limiter that stopped holding is many times past it.
+pub fn rate_held(watches: &[WatchDef], requests: &[Request]) -> (usize, Option<String>) {
+    let rated: HashSet<i64> = watches.iter().filter(|w| w.rated).map(|w| w.id).collect();
+    let mut at: Vec<DateTime<Utc>> = requests
+        .iter()
+        .filter(|r| rated.contains(&r.watch_id))
+        .map(|r| r.arrived)
+        .collect();
+    at.sort();
+    let (mut busiest, mut start) = (0, 0);
+    for end in 0..at.len() {
+        while at[end] - at[start] >= chrono::Duration::seconds(1) {
+            start += 1;
+        }
+        busiest = busiest.max(end - start + 1);
+    }
+    let bound = 2 * RATE as usize + (RATE as usize / 20);
+    let violation = (busiest > bound).then(|| {
+        format!("the rate-limited service got {busiest} requests within a second (rate {RATE}, bound {bound})")
+    });
+    (busiest, violation)
 }
 
 impl WatchDef {
