@@ -30,6 +30,9 @@ pub const ATTEMPT_DURATION: &str = "watchpump_attempt_duration_seconds";
 pub const BACKLOG: &str = "watchpump_backlog";
 pub const OLDEST_DUE_AGE: &str = "watchpump_oldest_due_age_seconds";
 pub const BACKLOG_LEADER: &str = "watchpump_backlog_leader";
+/// How far behind the primary the standby the listings and the backlog
+/// gauges read is (`WATCHPUMP_READ_DATABASE_URL`).
+pub const READ_REPLICA_LAG: &str = "watchpump_read_replica_lag_seconds";
 /// Watches whose deliveries a pause holds, per service (issue 20).
 pub const PAUSED_WATCHES: &str = "watchpump_paused_watches";
 /// The rate a service may get, all pumps together (issue 20).
@@ -168,6 +171,8 @@ pub fn install_recorder() -> Result<PrometheusHandle, String> {
         metrics::counter!(counter).increment(0);
     }
     metrics::gauge!(BACKLOG_LEADER).increment(0.0);
+    // NaN until the backlog leader reads a standby: "not measured here".
+    metrics::gauge!(READ_REPLICA_LAG).set(f64::NAN);
     for what in PRUNED_KINDS {
         metrics::counter!(PRUNED, "what" => *what).absolute(0);
     }
@@ -204,6 +209,10 @@ fn describe() {
     describe_gauge!(
         BACKLOG_LEADER,
         "1 on the pump that reads the backlog gauges from the database, 0 on the others."
+    );
+    describe_gauge!(
+        READ_REPLICA_LAG,
+        "Seconds the standby that WATCHPUMP_READ_DATABASE_URL names is behind the primary, read by the backlog leader with the gauges; NaN elsewhere."
     );
     describe_gauge!(
         PAUSED_WATCHES,

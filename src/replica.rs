@@ -131,7 +131,8 @@ impl Identity {
 /// receiver is down, is behind by the time since the last commit it
 /// replayed: an upper bound, exact while the primary commits steadily.
 /// A server not in recovery (promoted, or the primary itself) is 0 behind.
-async fn standby_lag(pool: &PgPool) -> Result<f64> {
+/// What a page read there shows, and the backlog leader's gauge.
+pub async fn standby_lag(pool: &PgPool) -> sqlx::Result<f64> {
     // No transaction replayed since the standby started: as far behind as
     // it can tell, which is "not known"; shown as the time since it started.
     match db::standby_lag(pool).await? {

@@ -734,7 +734,7 @@ async fn assert_prometheus_evaluates_dashboards_and_alerts(prometheus: &Promethe
         .iter()
         .flat_map(|g| g["rules"].as_array().unwrap().clone())
         .collect();
-    assert_eq!(rules.len(), 7, "rules loaded from alerts.yml");
+    assert_eq!(rules.len(), 8, "rules loaded from alerts.yml");
     for rule in &rules {
         let expr = rule["query"].as_str().unwrap();
         if let Err(e) = prometheus.query(expr).await {

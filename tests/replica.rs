@@ -70,8 +70,17 @@ async fn get(url: &str, token: &str) -> Value {
 
 /// The value of `watchpump_backlog{service,state}` on /metrics.
 async fn gauge(metrics: &str, service: &str, state: &str) -> Option<f64> {
+    series(
+        metrics,
+        &format!("watchpump_backlog{{service=\"{service}\",state=\"{state}\"}}"),
+    )
+    .await
+}
+
+/// The value of one series on /metrics.
+async fn series(metrics: &str, series: &str) -> Option<f64> {
     let text = reqwest::get(metrics).await.ok()?.text().await.ok()?;
-    let series = format!("watchpump_backlog{{service=\"{service}\",state=\"{state}\"}} ");
+    let series = format!("{series} ");
     text.lines()
         .find_map(|l| l.strip_prefix(&series))
         .and_then(|v| v.trim().parse().ok())
@@ -203,6 +212,11 @@ async fn listing_pages_and_gauges_read_the_standby_and_say_how_far_behind_it_is(
     assert_eq!(backlog["services"][0]["service"], "held");
     assert_eq!(backlog["services"][0]["pending"], 0, "{backlog}");
     assert_eq!(gauge(&metrics, "held", "pending").await, Some(0.0));
+    let lag = series(&metrics, "watchpump_read_replica_lag_seconds").await;
+    assert!(
+        lag.is_some_and(|lag| lag > 0.0),
+        "the gauge says how far behind: {lag:?}"
+    );
     let cookie = {
         let login = panel_client()
             .post(format!("{base}/panel/login"))
@@ -235,9 +249,13 @@ async fn listing_pages_and_gauges_read_the_standby_and_say_how_far_behind_it_is(
         let page = get(&format!("{base}/api/v1/admin/deliveries"), ADMIN_TOKEN).await;
         let listed = page["deliveries"].as_array().unwrap().len();
         let gauge = gauge(&metrics, "held", "pending").await;
+        let lag = series(&metrics, "watchpump_read_replica_lag_seconds").await;
         check(
-            listed == 2 && page["replica_lag_seconds"] == json!(0.0) && gauge == Some(1.0),
-            format!("{listed} listed, gauge {gauge:?}: {page}"),
+            listed == 2
+                && page["replica_lag_seconds"] == json!(0.0)
+                && gauge == Some(1.0)
+                && lag == Some(0.0),
+            format!("{listed} listed, gauge {gauge:?}, lag {lag:?}: {page}"),
         )
     })
     .await;

@@ -19,7 +19,9 @@
 //! and the consumers' gauges on the standby ([`Collector::reading`],
 //! [`crate::replica`]), off the primary; the lock stays on the primary, and
 //! each step still reads something on the lock's connection, which proves
-//! the lock is held.
+//! the lock is held. The leader also exports how far behind the primary
+//! the standby is (`watchpump_read_replica_lag_seconds`), what every page
+//! read there says of itself.
 //!
 //! The exporter cannot remove a series: a pump that stops leading sets its
 //! backlog gauges to NaN ("not measured here"), which `max by (service)`
@@ -152,7 +154,11 @@ impl Collector {
         let malformed = db::trace_context_malformed(conn).await?;
         metrics::counter!(m::TRACE_CONTEXT_MALFORMED).absolute(malformed.max(0) as u64);
         let (rows, consumers) = match &self.reads {
-            Some(standby) => gauges(&mut *standby.acquire().await?).await?,
+            Some(standby) => {
+                let lag = crate::replica::standby_lag(standby).await?;
+                metrics::gauge!(m::READ_REPLICA_LAG).set(lag);
+                gauges(&mut *standby.acquire().await?).await?
+            }
             None => gauges(conn).await?,
         };
         for (service, watches, rate) in consumers {
@@ -204,6 +210,7 @@ impl Collector {
             metrics::gauge!(m::RATE_LIMIT, "service" => service.clone()).set(f64::NAN);
         }
         metrics::gauge!(m::BACKLOG_LEADER).set(0.0);
+        metrics::gauge!(m::READ_REPLICA_LAG).set(f64::NAN);
     }
 
     /// Closes the connection, which releases the lock at once for another
