@@ -12,7 +12,7 @@
 //! a session goes to the login form, any other request is refused with
 //! nothing changed).
 
-use axum::extract::FromRequestParts;
+use axum::extract::{FromRequestParts, Path};
 use axum::http::header::AUTHORIZATION;
 use axum::http::request::Parts;
 use axum::http::{Method, StatusCode};
@@ -65,6 +65,29 @@ impl FromRequestParts<App> for Session {
 
     async fn from_request_parts(parts: &mut Parts, state: &App) -> Result<Self, Self::Rejection> {
         panel(parts, state).await.map(|()| Session)
+    }
+}
+
+/// The admin token's holder, acting on the service the path names
+/// (`/api/v1/admin/services/{name}/...`), with the application: [`Admin`]
+/// first, then the name (a path that is not text is a JSON 400).
+pub struct AdminOnService {
+    pub app: App,
+    pub name: String,
+}
+
+impl FromRequestParts<App> for AdminOnService {
+    type Rejection = HttpError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &App) -> Result<Self, Self::Rejection> {
+        admin(parts, state)?;
+        let Path(name) = Path::<String>::from_request_parts(parts, state)
+            .await
+            .map_err(|e| HttpError::BadRequest(e.body_text()))?;
+        Ok(AdminOnService {
+            app: state.clone(),
+            name,
+        })
     }
 }
 

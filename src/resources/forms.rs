@@ -1,9 +1,10 @@
 //! What the panel's forms share, whichever resource they change: every
 //! state-changing request comes from a logged-in operator on the panel's
-//! own pages ([`Change`]: a [`Session`] and [`SameOrigin`]), and answers by
-//! going back to the service's page with a notice ([`back_to`]).
+//! own pages ([`Change`]: a [`Session`] and [`SameOrigin`]; [`ServiceChange`]
+//! for one service's), and answers by going back to the service's page
+//! with a notice ([`back_to`]).
 
-use axum::extract::FromRequestParts;
+use axum::extract::{FromRequestParts, Path};
 use axum::http::header;
 use axum::http::request::Parts;
 use axum::response::{IntoResponse, Redirect, Response};
@@ -43,6 +44,28 @@ impl FromRequestParts<App> for Change {
         Session::from_request_parts(parts, state).await?;
         SameOrigin::from_request_parts(parts, state).await?;
         Ok(Change)
+    }
+}
+
+/// A [`Change`] to the service the path names (`/panel/services/{name}/...`),
+/// with the application: what every form of a service's page takes.
+pub struct ServiceChange {
+    pub app: App,
+    pub name: String,
+}
+
+impl FromRequestParts<App> for ServiceChange {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &App) -> Result<Self, Self::Rejection> {
+        Change::from_request_parts(parts, state).await?;
+        let Path(name) = Path::<String>::from_request_parts(parts, state)
+            .await
+            .map_err(|e| AsHtml(HttpError::BadRequest(e.body_text())).into_response())?;
+        Ok(ServiceChange {
+            app: state.clone(),
+            name,
+        })
     }
 }
 

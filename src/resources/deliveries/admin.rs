@@ -10,7 +10,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::caller::{Admin, ADMIN_API_ACTOR as ACTOR};
+use crate::caller::{Admin, AdminOnService, ADMIN_API_ACTOR as ACTOR};
 use crate::http::error::{Error, NoSuchDelivery, NoSuchService, NoValidToken};
 use crate::http::extract::{Body, Query};
 use crate::http::{page, App, HttpError};
@@ -174,9 +174,7 @@ pub(crate) struct RequeuedFailures {
         NoValidToken,
     ))]
 pub(crate) async fn retry_failed(
-    _: Admin,
-    State(state): State<App>,
-    Path(name): Path<String>,
+    AdminOnService { app: state, name }: AdminOnService,
     Body(body): Body<RetryFailed>,
 ) -> Result<Json<Value>, HttpError> {
     let requeued = store::retry_failed(&state.pool, &name, body.since, ACTOR).await?;

@@ -4,14 +4,14 @@
 //! move to a new URL, remove. Credentials appear only in the answer that
 //! creates them; every other answer is masked (`Settings::mask_json`).
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::caller::{Admin, ADMIN_API_ACTOR as ACTOR};
+use crate::caller::{Admin, AdminOnService, ADMIN_API_ACTOR as ACTOR};
 use crate::http::error::{Error, NoSuchService, NoValidToken};
 use crate::http::extract::Body;
 use crate::http::App;
@@ -140,9 +140,7 @@ pub(crate) struct SecretRotated {
         NoValidToken,
     ))]
 pub(crate) async fn rotate_secret(
-    _: Admin,
-    State(state): State<App>,
-    Path(name): Path<String>,
+    AdminOnService { app: state, name }: AdminOnService,
     body: axum::body::Bytes,
 ) -> Result<Json<SecretRotated>, HttpError> {
     let (overlap, force) = rotation(&body)?;
@@ -183,9 +181,7 @@ pub(crate) struct TokenRotated {
         NoValidToken,
     ))]
 pub(crate) async fn rotate_token(
-    _: Admin,
-    State(state): State<App>,
-    Path(name): Path<String>,
+    AdminOnService { app: state, name }: AdminOnService,
     body: axum::body::Bytes,
 ) -> Result<Json<TokenRotated>, HttpError> {
     let (grace, force) = rotation(&body)?;
@@ -224,9 +220,7 @@ pub(crate) struct Moved {
         NoValidToken,
     ))]
 pub(crate) async fn set_url(
-    _: Admin,
-    State(state): State<App>,
-    Path(name): Path<String>,
+    AdminOnService { app: state, name }: AdminOnService,
     Body(new): Body<NewUrl>,
 ) -> Result<Json<Value>, HttpError> {
     let allowed = &state.settings.destinations;
@@ -269,9 +263,7 @@ pub(crate) struct RateSet {
         NoValidToken,
     ))]
 pub(crate) async fn set_rate(
-    _: Admin,
-    State(state): State<App>,
-    Path(name): Path<String>,
+    AdminOnService { app: state, name }: AdminOnService,
     Body(new): Body<NewRate>,
 ) -> Result<Json<RateSet>, HttpError> {
     let rate = new.rate.map(services::rate::check).transpose()?;
@@ -303,9 +295,7 @@ pub(crate) struct Removed {
         NoValidToken,
     ))]
 pub(crate) async fn remove(
-    _: Admin,
-    State(state): State<App>,
-    Path(name): Path<String>,
+    AdminOnService { app: state, name }: AdminOnService,
 ) -> Result<Json<Removed>, HttpError> {
     let removal = services::remove(&state.pool, &name, ACTOR).await?;
     tracing::info!(service = %name, watches = removal.watches, dropped = removal.deliveries, "service removed through the admin API");

@@ -2,11 +2,10 @@
 //! the admin API do it: rotate its signing secret or its token (the old one
 //! keeps working for an overlap), move it to a new URL, remove it. Each is a
 //! POST of a logged-in operator from the panel's own origin
-//! ([`crate::resources::forms::Change`]); a new credential is shown once,
+//! ([`crate::resources::forms::ServiceChange`]); a new credential is shown once,
 //! on the answer's page (which is never cached), and stored nowhere else
 //! but as the registry stores it.
 
-use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::Response;
 use chrono::{DateTime, Utc};
@@ -17,7 +16,7 @@ use crate::http::extract::Form;
 use crate::http::html::{self, esc};
 use crate::http::App;
 use crate::http::{AsHtml, HttpError};
-use crate::resources::forms::{back_to, Change};
+use crate::resources::forms::{back_to, ServiceChange};
 use crate::services::{self, Credential};
 
 /// The forms of the service page's "Lifecycle" section.
@@ -105,18 +104,14 @@ async fn rotate(
 }
 
 pub async fn rotate_secret(
-    _: Change,
-    State(state): State<App>,
-    Path(name): Path<String>,
+    ServiceChange { app: state, name }: ServiceChange,
     given: Form<OverlapForm>,
 ) -> Result<Response, AsHtml> {
     rotate(&state, &name, given, Credential::SigningSecret).await
 }
 
 pub async fn rotate_token(
-    _: Change,
-    State(state): State<App>,
-    Path(name): Path<String>,
+    ServiceChange { app: state, name }: ServiceChange,
     given: Form<OverlapForm>,
 ) -> Result<Response, AsHtml> {
     rotate(&state, &name, given, Credential::Token).await
@@ -129,9 +124,7 @@ pub struct UrlForm {
 }
 
 pub async fn set_url(
-    _: Change,
-    State(state): State<App>,
-    Path(name): Path<String>,
+    ServiceChange { app: state, name }: ServiceChange,
     Form(new): Form<UrlForm>,
 ) -> Result<Response, AsHtml> {
     let allowed = &state.settings.destinations;
@@ -149,9 +142,7 @@ pub struct RateForm {
 /// The most deliveries a second the service gets (issue 20), as
 /// `watchpump services set-rate`; an empty field lifts the limit.
 pub async fn set_rate(
-    _: Change,
-    State(state): State<App>,
-    Path(name): Path<String>,
+    ServiceChange { app: state, name }: ServiceChange,
     Form(given): Form<RateForm>,
 ) -> Result<Response, AsHtml> {
     let rate = match given.rate.trim() {
@@ -177,9 +168,7 @@ pub struct RemoveForm {
 }
 
 pub async fn remove(
-    _: Change,
-    State(state): State<App>,
-    Path(name): Path<String>,
+    ServiceChange { app: state, name }: ServiceChange,
     Form(given): Form<RemoveForm>,
 ) -> Result<Response, AsHtml> {
     if given.confirm.trim() != name {

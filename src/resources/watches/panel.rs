@@ -11,7 +11,7 @@ use axum::response::Response;
 use crate::http::html::esc;
 use crate::http::App;
 use crate::http::{AsHtml, HttpError};
-use crate::resources::forms::{back_to, Change};
+use crate::resources::forms::{back_to, Change, ServiceChange};
 use crate::watches::{pause, resync};
 
 /// The service page's "Deliveries" forms: pause or resume the whole
@@ -53,17 +53,13 @@ async fn set_service(state: &App, name: &str, paused: bool) -> Result<Response, 
 }
 
 pub async fn pause_service(
-    _: Change,
-    State(state): State<App>,
-    Path(name): Path<String>,
+    ServiceChange { app: state, name }: ServiceChange,
 ) -> Result<Response, AsHtml> {
     set_service(&state, &name, true).await
 }
 
 pub async fn resume_service(
-    _: Change,
-    State(state): State<App>,
-    Path(name): Path<String>,
+    ServiceChange { app: state, name }: ServiceChange,
 ) -> Result<Response, AsHtml> {
     set_service(&state, &name, false).await
 }

@@ -17,7 +17,7 @@ use crate::http::extract::Form;
 use crate::http::html::{self, esc};
 use crate::http::{AsHtml, HttpError};
 use crate::operator::store::{self, Delivery, DeliveryFilter};
-use crate::resources::forms::{back_to, Change};
+use crate::resources::forms::{back_to, Change, ServiceChange};
 
 mod show;
 
@@ -187,9 +187,7 @@ pub struct RetryFailed {
 }
 
 pub async fn retry_failed(
-    _: Change,
-    State(state): State<App>,
-    Path(name): Path<String>,
+    ServiceChange { app: state, name }: ServiceChange,
     Form(form): Form<RetryFailed>,
 ) -> Result<Response, AsHtml> {
     let since = parse_time("since", Some(&form.since))?
