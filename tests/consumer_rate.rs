@@ -92,7 +92,7 @@ async fn three_pumps_together_hold_a_rate_of_50_a_second_through_a_20_second_bur
         last - first
     );
     assert!(
-        last - first <= Duration::from_secs(25),
+        last - first <= Duration::from_secs(30),
         "the rate is a limit, not a trickle: 1000 at 50 a second took {:?}",
         last - first
     );
