@@ -53,13 +53,26 @@ impl Reads {
     }
 
     /// How far behind the primary the standby's answers are, in seconds
-    /// (to the millisecond); None when the pages read the primary.
-    pub async fn lag(&self) -> Result<Option<f64>> {
+    /// (to the millisecond); none when the pages read the primary.
+    pub async fn lag(&self) -> Result<Lag> {
         if !self.standby {
-            return Ok(None);
+            return Ok(Lag::default());
         }
-        Ok(Some(standby_lag(&self.pool).await?))
+        Ok(Lag {
+            replica_lag_seconds: Some(standby_lag(&self.pool).await?),
+        })
     }
+}
+
+/// How far behind the primary a page read on a standby is: one field of
+/// every listing's answer (flattened into it), and a line of the panel's
+/// pages ([`panel_line`]); absent when the page was read on the primary.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize, utoipa::ToSchema)]
+#[schema(as = ReplicaLag)]
+pub struct Lag {
+    /// Present when the page was read on a standby (WATCHPUMP_READ_DATABASE_URL): how many seconds behind the primary it is, 0 when it has replayed all it received; what changed since is not on the page yet.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    replica_lag_seconds: Option<f64>,
 }
 
 /// Where the listing pages read: the standby at `read_url`
@@ -142,8 +155,8 @@ pub async fn standby_lag(pool: &PgPool) -> sqlx::Result<f64> {
 }
 
 /// The panel's line for a page read on a standby; empty on the primary.
-pub fn panel_line(lag: Option<f64>) -> String {
-    match lag {
+pub fn panel_line(lag: Lag) -> String {
+    match lag.replica_lag_seconds {
         Some(lag) => format!(
             r#"<p class="muted replica">Read from a standby, {lag:.1} s behind the primary: what changed since is not shown yet.</p>"#
         ),

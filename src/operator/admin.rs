@@ -35,9 +35,8 @@ pub fn routes() -> Router<App> {
 #[derive(Serialize, utoipa::ToSchema)]
 pub(crate) struct BacklogAnswer {
     services: Vec<store::Backlog>,
-    /// Present when the page was read on a standby (WATCHPUMP_READ_DATABASE_URL): how many seconds behind the primary it is, 0 when it has replayed all it received; what changed since is not on the page yet.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    replica_lag_seconds: Option<f64>,
+    #[serde(flatten)]
+    read: crate::replica::Lag,
 }
 
 /// Per service: what waits, what is on its way, what failed
@@ -52,7 +51,7 @@ pub(crate) async fn backlog(_: Admin, State(state): State<App>) -> Result<Json<V
     let services = store::backlog(state.reads.pool()).await?;
     state.settings.masked(&BacklogAnswer {
         services,
-        replica_lag_seconds: lag,
+        read: lag,
     })
 }
 
@@ -69,9 +68,8 @@ pub(crate) struct WarningQuery {
 pub(crate) struct Warnings {
     #[schema(value_type = Vec<Value>)]
     warnings: Vec<store::Warning>,
-    /// Present when the page was read on a standby (WATCHPUMP_READ_DATABASE_URL): how many seconds behind the primary it is, 0 when it has replayed all it received; what changed since is not on the page yet.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    replica_lag_seconds: Option<f64>,
+    #[serde(flatten)]
+    read: crate::replica::Lag,
 }
 
 /// Warnings to notify
@@ -91,6 +89,6 @@ pub(crate) async fn warnings(
     let warnings = store::warnings(state.reads.pool(), q.service.as_deref(), 100).await?;
     state.settings.masked(&Warnings {
         warnings,
-        replica_lag_seconds: lag,
+        read: lag,
     })
 }

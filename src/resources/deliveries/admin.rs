@@ -22,9 +22,8 @@ pub(crate) struct AdminDeliveryPage {
     deliveries: Vec<store::Delivery>,
     #[serde(flatten)]
     cursors: page::AdminCursors,
-    /// Present when the page was read on a standby (WATCHPUMP_READ_DATABASE_URL): how many seconds behind the primary it is, 0 when it has replayed all it received; what changed since is not on the page yet.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    replica_lag_seconds: Option<f64>,
+    #[serde(flatten)]
+    read: crate::replica::Lag,
 }
 
 /// Deliveries, newest first
@@ -55,7 +54,7 @@ pub(crate) async fn deliveries(
     state.settings.masked(&AdminDeliveryPage {
         cursors: page::AdminCursors::of(&deliveries, limit, next_after, |d| d.delivery_id),
         deliveries,
-        replica_lag_seconds: lag,
+        read: lag,
     })
 }
 

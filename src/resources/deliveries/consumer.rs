@@ -68,12 +68,8 @@ pub struct DeliveryPage {
     deliveries: Vec<Entry>,
     /// Pass as `after` for the next (older) page; null on the last.
     next_after: Option<i64>,
-    /// Present when the page was read on a standby
-    /// (WATCHPUMP_READ_DATABASE_URL): how many seconds behind the primary
-    /// it is, 0 when it has replayed all it received; what changed since is
-    /// not on the page yet.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    replica_lag_seconds: Option<f64>,
+    #[serde(flatten)]
+    read: crate::replica::Lag,
 }
 
 /// One delivery as `show` answers it: the [`Entry`], its body as sent and
@@ -161,7 +157,7 @@ pub async fn list(
     state.settings.masked(&DeliveryPage {
         deliveries: rows,
         next_after,
-        replica_lag_seconds: lag,
+        read: lag,
     })
 }
 

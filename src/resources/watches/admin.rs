@@ -19,9 +19,8 @@ pub(crate) struct AdminWatchPage {
     watches: Vec<store::WatchRow>,
     #[serde(flatten)]
     cursors: page::AdminCursors,
-    /// Present when the page was read on a standby (WATCHPUMP_READ_DATABASE_URL): how many seconds behind the primary it is, 0 when it has replayed all it received; what changed since is not on the page yet.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    replica_lag_seconds: Option<f64>,
+    #[serde(flatten)]
+    read: crate::replica::Lag,
 }
 
 /// Watches, newest first
@@ -47,6 +46,6 @@ pub(crate) async fn watches(
     state.settings.masked(&AdminWatchPage {
         cursors: page::AdminCursors::of(&watches, limit, next_after, |w| w.watch_id),
         watches,
-        replica_lag_seconds: lag,
+        read: lag,
     })
 }

@@ -153,12 +153,8 @@ pub struct WatchPage {
     watches: Vec<Watch>,
     /// Pass as `after` for the next page; null on the last.
     next_after: Option<i64>,
-    /// Present when the page was read on a standby
-    /// (WATCHPUMP_READ_DATABASE_URL): how many seconds behind the primary
-    /// it is, 0 when it has replayed all it received; what changed since is
-    /// not on the page yet.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    replica_lag_seconds: Option<f64>,
+    #[serde(flatten)]
+    read: crate::replica::Lag,
 }
 
 /// A pause or a resume of a watch.
@@ -211,7 +207,7 @@ pub async fn list(
     Ok(Json(WatchPage {
         watches: rows,
         next_after,
-        replica_lag_seconds: lag,
+        read: lag,
     }))
 }
 
