@@ -456,6 +456,22 @@ async fn the_cli_lists_shows_and_retries_deliveries_and_refuses_bad_input() {
     let page: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(page["deliveries"][0]["delivery_id"], failed);
     assert_eq!(page["deliveries"][0]["state"], "failed");
+    // The next page starts after a delivery (--after, once --before).
+    for cursor in ["--after", "--before"] {
+        let listed = |after: i64| {
+            let (code, out, err) = cli(
+                &db,
+                &["deliveries", "list", "--json", cursor, &after.to_string()],
+            );
+            assert_eq!(code, 0, "{err}");
+            serde_json::from_str::<Value>(&out).unwrap()["deliveries"]
+                .as_array()
+                .unwrap()
+                .len()
+        };
+        assert_eq!(listed(failed + 1), 1, "{cursor}");
+        assert_eq!(listed(failed), 0, "{cursor}: nothing after the only one");
+    }
     let (code, out, _) = cli(&db, &["deliveries", "list", "--state", "failed"]);
     assert_eq!(code, 0);
     assert!(

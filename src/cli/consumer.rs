@@ -100,19 +100,16 @@ pub(super) async fn run_deliveries(pool: &PgPool, command: DeliveriesCommand) ->
             }
         }
         DeliveriesCommand::Show { id, json } => {
-            let delivery = store::delivery(pool, id)
+            // What the admin API answers for it, and the panel shows.
+            let shown = store::shown(pool, id)
                 .await?
                 .ok_or_else(|| Error::NotFound(format!("there is no delivery {id}")))?;
-            let attempts = store::attempts(pool, id).await?;
-            let history = store::history(pool, id).await?;
-            let shown = serde_json::json!({
-                "delivery": delivery, "attempts": attempts, "history": history,
-            });
             let text = if json {
-                shown.to_string()
+                serde_json::to_string(&shown)
             } else {
-                serde_json::to_string_pretty(&shown).map_err(|e| Error::Invalid(e.to_string()))?
-            };
+                serde_json::to_string_pretty(&shown)
+            }
+            .map_err(|e| Error::Invalid(e.to_string()))?;
             println!("{}", crate::redact::mask(&text, &[]));
         }
         DeliveriesCommand::Retry { id } => {
