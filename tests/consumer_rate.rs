@@ -76,8 +76,11 @@ async fn three_pumps_together_hold_a_rate_of_50_a_second_through_a_20_second_bur
     // deliveries into the next second (57 in one second was seen under the
     // full suite): so the pace is held over the whole burst and over five
     // seconds, where a stall's bunching is small against the count, and a
-    // second is only bounded loosely. Without the limit, the 1,000 arrive
-    // in well under a second and every bound fails.
+    // second is only bounded loosely: arrivals in any window are at most
+    // the grants of that window widened by the longest delay from grant to
+    // arrival, here allowed half a second (25 more). Without the limit,
+    // the 1,000 arrive in well under a second and every bound fails.
+    let stall = 25;
     let second = busiest(&received, Duration::from_secs(1));
     let five = busiest(&received, Duration::from_secs(5));
     let first = received.iter().map(|r| r.at).min().unwrap();
@@ -97,11 +100,11 @@ async fn three_pumps_together_hold_a_rate_of_50_a_second_through_a_20_second_bur
         last - first
     );
     assert!(
-        five <= 5 * 50 + 2 + 13,
+        five <= 5 * 50 + 2 + stall,
         "{five} deliveries within five seconds"
     );
     assert!(
-        second <= 50 + 2 + 13,
+        second <= 50 + 2 + stall,
         "{second} deliveries within one second"
     );
     assert_eq!(
