@@ -267,11 +267,11 @@ pub(super) async fn claim(shared: &Shared, ahead: bool) -> Result<(Vec<Claimed>,
         &shared.in_flight_bytes,
     )
     .await?;
-    super::rate::give_back(&shared.pool, &shared.rates, &taken, &claimed).await?;
     let mut found: HashMap<i64, u32> = HashMap::new();
     for c in &claimed {
         *found.entry(c.service_id).or_default() += 1;
     }
+    super::rate::give_back(&shared.pool, &shared.rates, &taken, &found).await?;
     let mut health = shared.health.lock().unwrap();
     health.claim_found(&slots, &found);
     // A probe that found nothing to send waits its pause like any other.

@@ -12,13 +12,13 @@
 //! a pump that waited for its sweep instead sent a burst a sweep, about 4
 //! a second for a service limited to 50 at the default sweep of a second.
 
+use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use sqlx::PgPool;
 
 use crate::db::rate as db;
-use crate::delivery::Claimed;
 use crate::error::Result;
 use crate::pump::health::Slots;
 
@@ -105,17 +105,22 @@ pub async fn take(pool: &PgPool, limited: &Limited, slots: &mut Slots) -> Result
     })
 }
 
-/// Gives back the tokens of `taken` that `claimed` did not use, and
+/// Gives back the tokens of `taken` that the claim did not use (`found`:
+/// how many it claimed per service), and
 /// remembers when to claim again for the services whose tokens held their
 /// claim: those that wanted some and used all they got (none, when another
 /// pump had just taken them). A service that left tokens unused has no
 /// more due; one with no free slot is woken by a finished send.
-pub async fn give_back(pool: &PgPool, limited: &Limited, taken: &Taken, claimed: &[Claimed]) -> Result<()> {
-    let used = |service_id| claimed.iter().filter(|c| c.service_id == service_id).count() as i32;
+pub async fn give_back(
+    pool: &PgPool,
+    limited: &Limited,
+    taken: &Taken,
+    found: &HashMap<i64, u32>,
+) -> Result<()> {
     let mut next_claim = None::<Instant>;
     let (mut ids, mut unused) = (Vec::new(), Vec::new());
     for g in &taken.grants {
-        let used = used(g.service_id);
+        let used = found.get(&g.service_id).copied().unwrap_or(0) as i32;
         if used < g.granted {
             ids.push(g.service_id);
             unused.push(g.granted - used);
