@@ -1002,3 +1002,37 @@ async fn migration_0021_names_the_partition_rows_watchpump_did_not_write() {
     assert_eq!(refused.code().as_deref(), Some("42602"), "{refused}");
     assert!(refused.message().contains("'services'"), "{refused}");
 }
+
+/// A database from before issue 35 has `take_tokens()` with two result
+/// columns. Its SQL file replaces it in one transaction that the pump can
+/// call at once: a pump never finds it missing, however long the rest of
+/// `migrate` takes (a migration that dropped it committed alone).
+#[tokio::test]
+async fn the_rate_file_replaces_the_old_take_tokens_with_the_pumps_right_in_one_transaction() {
+    let db = TestDb::new().await;
+    sqlx::raw_sql(
+        "drop function watchpump.take_tokens(bigint[], integer[], integer);
+         create function watchpump.take_tokens(p_service_ids bigint[], p_wanted integer[], p_default integer)
+         returns table (service_id bigint, granted integer) language sql as $$ select 1::bigint, 1 $$;
+         grant execute on function watchpump.take_tokens(bigint[], integer[], integer) to watchpump_pump;",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let mut tx = db.pool.begin().await.unwrap();
+    sqlx::raw_sql(include_str!("../sql/functions/0250_rate.sql"))
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let (columns, pump_may): (String, bool) = sqlx::query_as(
+        "select pg_get_function_result(p), has_function_privilege('watchpump_pump', p, 'execute')
+         from to_regprocedure('watchpump.take_tokens(bigint[], integer[], integer)') p",
+    )
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    assert!(columns.contains("refill_seconds"), "{columns}");
+    assert!(pump_may, "the pump may call it before roles.sql runs again");
+    watchpump::schema::migrate(&db.pool).await.unwrap();
+}

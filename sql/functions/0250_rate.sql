@@ -7,8 +7,9 @@
 -- holds) is a token bucket in rate_buckets, shared by every pump: it fills
 -- at `rate` tokens a second up to a burst of rate / 20 (at least 1), and
 -- each delivery claimed takes a token. The burst is small on purpose: in
--- any second a consumer gets at most rate + burst deliveries (50/s: at
--- most 52, tests/consumer_rate.rs). The pump takes tokens in one call
+-- any second of the database's time a consumer's claims take at most
+-- rate + burst tokens (50/s: 52; tests/consumer_rate.rs holds 1,000 at
+-- 50/s to 18-30 s of arrivals). The pump takes tokens in one call
 -- before its claim (src/pump/rate.rs) and claims at most the granted count
 -- per service (claim()'s per-service free slots: claim() is unchanged),
 -- then gives back what it did not use. A delivery without a token waits in
@@ -35,6 +36,25 @@ $$;
 -- then (src/pump/rate.rs). Services without a rate are not listed (their
 -- slots stand). One row lock per limited service, held for this statement
 -- only.
+--
+-- Until issue 35 it returned the first two columns only. A function's
+-- result cannot be replaced in place: the old one is dropped here, in the
+-- transaction that makes the new one, so that no pump, of either version,
+-- ever finds it missing (a migration that dropped it committed alone, and
+-- claims failed until this file ran). A new function may be called by any
+-- role with the schema's usage until roles.sql narrows it again in the
+-- same migrate. A pump of the version before reads the two columns it
+-- knows by name.
+do $$
+declare
+    v_old regprocedure := to_regprocedure('watchpump.take_tokens(bigint[], integer[], integer)');
+begin
+    if v_old is not null and pg_get_function_result(v_old) not like '%refill_seconds%' then
+        drop function watchpump.take_tokens(bigint[], integer[], integer);
+    end if;
+end
+$$;
+
 create or replace function watchpump.take_tokens(p_service_ids bigint[], p_wanted integer[], p_default integer)
 returns table (service_id bigint, granted integer, refill_seconds double precision)
 language plpgsql

@@ -66,9 +66,13 @@ where x.attempt is not null;
 --   oldest_retrying_at  when the oldest of those was created (null: none)
 --   failed_24h          deliveries that ended 'failed' in the last 24 hours
 -- Each service's part of the queue (which holds only what is not settled)
--- is read through queue_due, its failures through the partial index of
--- failures by time. A view, not a function: the backlog view reads it
--- with its owner's rights, so its readers need no right on the tables.
+-- is read through queue_due, so one service's row costs its own backlog.
+-- The failures of the last day are counted in one pass of the partial
+-- index of failures by time, grouped by service: that index is not by
+-- service, and a count per service re-read every service's failures
+-- (services x failures at each refresh of the gauges). A view, not a
+-- function: the backlog view reads it with its owner's rights, so its
+-- readers need no right on the tables.
 create or replace view watchpump.service_backlog as
 select s.id as service_id,
        s.name as service,
@@ -78,7 +82,7 @@ select s.id as service_id,
        q.oldest_due_at,
        q.retrying,
        q.oldest_retrying_at,
-       f.failed_24h
+       coalesce(f.failed_24h, 0) as failed_24h
 from watchpump.services s
 cross join lateral (
     select count(*) filter (where not watchpump.in_flight(d.lease_until)) as pending,
@@ -95,11 +99,12 @@ cross join lateral (
     from watchpump.queue d
     where d.service_id = s.id
 ) q
-cross join lateral (
-    select count(*) as failed_24h
+left join (
+    select d.service_id, count(*) as failed_24h
     from watchpump.settled d
-    where d.service_id = s.id and d.state = 'failed' and d.finished_at > now() - interval '24 hours'
-) f
+    where d.state = 'failed' and d.finished_at > now() - interval '24 hours'
+    group by d.service_id
+) f on f.service_id = s.id
 where s.removed_at is null;
 
 -- One row per consumer service: what waits, what is on its way, what failed.

@@ -45,6 +45,11 @@ struct Grant {
 /// have no rate, and a new rate waits at most this long.
 pub const RECHECK: Duration = Duration::from_secs(1);
 
+/// The soonest a pump claims again for a service waiting for its rate's
+/// tokens: a bucket that already holds them (slots, not tokens, held the
+/// claim) is not asked again at once in a loop.
+const REFILL_FLOOR: Duration = Duration::from_millis(10);
+
 /// One pump's memory of the rates: whether any service has one, and when
 /// a service whose claim was held by its tokens has the next ones.
 #[derive(Debug, Default)]
@@ -96,7 +101,8 @@ pub async fn take(pool: &PgPool, limited: &Limited, slots: &mut Slots) -> Result
             service_id: g.service_id,
             wanted,
             granted: g.granted,
-            refill: Duration::from_secs_f64(g.refill_seconds.clamp(0.0, RECHECK.as_secs_f64())),
+            refill: Duration::from_secs_f64(g.refill_seconds.clamp(0.0, RECHECK.as_secs_f64()))
+                .max(REFILL_FLOOR),
         });
     }
     Ok(Taken {
