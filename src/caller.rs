@@ -1,4 +1,5 @@
-//! Who is calling, decided in one place for every route: a consumer
+//! Who is calling, decided in one place for every route but the panel's
+//! log-in (`operator::panel`, which takes the admin token itself): a consumer
 //! service by its token (the consumer API, [`Consumer`]), the operator by
 //! the admin token (the admin API, [`Admin`]), or the operator by a panel
 //! session (the panel, [`Session`]). A handler names its door by the

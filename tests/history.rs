@@ -971,7 +971,7 @@ async fn every_page_is_a_bounded_index_scan_at_300_000_deliveries() {
         // after the page: an hour holds 4,500 deliveries here, a wide
         // window 40,000.
         let read = history_rows_read(&analyzed);
-        let limit = filter.limit.unwrap_or(50) as u64;
+        let limit = filter.size() as u64;
         if what.contains("time window")
             || ["newest", "a next page", "the failed before a time"].contains(what)
         {

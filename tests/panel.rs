@@ -821,3 +821,79 @@ async fn a_large_body_is_shown_cut_at_64_kib_with_its_size() {
         .await;
     assert!(!html.contains("request-cut") && html.contains("&quot;n&quot;: 1"));
 }
+
+/// The panel's lists link to an older page only when one follows, by
+/// `after` (an old `before=` link still opens it), for deliveries (50 a
+/// page) and watches (100 a page).
+#[tokio::test]
+async fn the_panels_lists_link_an_older_page_only_when_more_follow() {
+    let db = TestDb::new().await;
+    let server = AppServer::start(&db.pool, &operator_config()).await;
+    let (svc, _) = db.add_service("deploy", "http://127.0.0.1:9").await;
+    db.add_watch(svc.id, "app", "acme/", all()).await;
+    let cookie = server.log_in().await;
+    let page = |path: String| {
+        let req = panel_client()
+            .get(server.url(&path))
+            .header("cookie", cookie.clone());
+        async move {
+            let res = req.send().await.unwrap();
+            assert_eq!(res.status(), 200, "{path}");
+            res.text().await.unwrap()
+        }
+    };
+    let older = |html: &str, list: &str| {
+        html.split(&format!("href=\"/panel/{list}?"))
+            .nth(1)
+            .and_then(|rest| rest.split('"').next())
+            .map(|q| q.replace("&amp;", "&"))
+    };
+    let rows = |html: &str, list: &str| html.matches(&format!("<a href=\"/panel/{list}/")).count();
+
+    // Exactly a page of deliveries: no link to an empty page.
+    for i in 0..50 {
+        db.emit(&format!("acme/b{i}"), "push", json!({})).await;
+    }
+    let full = page("/panel/deliveries?service=deploy".into()).await;
+    assert_eq!(
+        older(&full, "deliveries"),
+        None,
+        "a full last page links nowhere"
+    );
+    db.emit("acme/b50", "push", json!({})).await;
+    let first = page("/panel/deliveries?service=deploy".into()).await;
+    let link = older(&first, "deliveries").expect("one more follows");
+    assert!(link.contains("after="), "{link}");
+    let next = page(format!("/panel/deliveries?{link}")).await;
+    assert_eq!(rows(&next, "deliveries"), 1, "{next}");
+    assert_eq!(older(&next, "deliveries"), None);
+    let old_link = page(format!(
+        "/panel/deliveries?{}",
+        link.replace("after=", "before=")
+    ))
+    .await;
+    assert_eq!(
+        rows(&old_link, "deliveries"),
+        1,
+        "an old before= link opens the same page"
+    );
+
+    // Watches: 100 a page.
+    for i in 1..100 {
+        db.add_watch(svc.id, "app", &format!("acme/w{i}"), all())
+            .await;
+    }
+    let full = page("/panel/watches?service=deploy".into()).await;
+    assert_eq!(older(&full, "watches"), None, "100 watches are one page");
+    db.add_watch(svc.id, "app", "acme/w100", all()).await;
+    let first = page("/panel/watches?service=deploy".into()).await;
+    let link = older(&first, "watches").expect("one more follows");
+    assert!(link.contains("after="), "{link}");
+    let next = page(format!("/panel/watches?{link}")).await;
+    assert_eq!(older(&next, "watches"), None);
+    assert!(
+        next.contains("acme/"),
+        "the oldest watch is on the last page: {next}"
+    );
+    assert!(!next.contains("acme/w100"), "the newest is not");
+}

@@ -76,7 +76,7 @@ impl AdminCursors {
 
 /// The admin API's deprecated `next_before`: the last row's cursor whenever
 /// the page is full, even when nothing follows.
-pub fn cursor_if_full<T, C>(rows: &[T], size: i64, cursor: impl FnOnce(&T) -> C) -> Option<C> {
+fn cursor_if_full<T, C>(rows: &[T], size: i64, cursor: impl FnOnce(&T) -> C) -> Option<C> {
     if rows.len() as i64 == size {
         rows.last().map(cursor)
     } else {

@@ -3,8 +3,10 @@
 //! [`crate::resources`], and the backlog and warnings here), its caller
 //! ([`Admin`]). Same errors and validation as the watches
 //! API ([`HttpError`]); everything here also works from psql. Every answer
-//! goes through [`crate::http::app::Settings::mask_json`]: consumers' answers
-//! stored before masking existed, or echoing something new, show no token.
+//! that shows stored text (deliveries, attempts, watches, warnings, the
+//! services) goes through [`crate::http::app::Settings::masked`]: consumers'
+//! answers stored before masking existed, or echoing something new, show no
+//! token. The answers that show a new credential once are not masked.
 
 use axum::extract::{DefaultBodyLimit, State};
 use axum::routing::get;

@@ -16,6 +16,9 @@ pub use crate::db::operator::{Attempt, Backlog, Event, Warning, WatchRow};
 /// Most rows one page of a list may hold.
 pub const MAX_PAGE: i64 = 500;
 
+/// Rows a page holds when its filter asks for no number.
+pub const DEFAULT_PAGE: i64 = 100;
+
 /// The largest page [`page`] reads for any caller (the consumer
 /// API allows 1,000 a page).
 const PAGE_CEILING: i64 = 1000;
@@ -67,24 +70,20 @@ impl DeliveryFilter {
         self
     }
 
-    /// The cursor, by its name or its deprecated one (not both).
-    pub fn cursor(&self) -> Result<Option<i64>> {
-        page::given(self.after, self.before).map_err(Error::Invalid)
+    /// The page's size: the filter's limit, or [`DEFAULT_PAGE`].
+    pub fn size(&self) -> i64 {
+        self.limit.unwrap_or(DEFAULT_PAGE)
     }
 
     pub fn validate(&self) -> Result<()> {
-        self.cursor()?;
+        page::given(self.after, self.before).map_err(Error::Invalid)?;
+        page::size(self.limit, DEFAULT_PAGE, MAX_PAGE).map_err(Error::Invalid)?;
         if let Some(state) = &self.state {
             if state.parse::<State>().is_err() {
                 return Err(Error::Invalid(format!(
                     "state must be one of {}",
                     State::list()
                 )));
-            }
-        }
-        if let Some(limit) = self.limit {
-            if !(1..=MAX_PAGE).contains(&limit) {
-                return Err(Error::Invalid(format!("limit must be 1 to {MAX_PAGE}")));
             }
         }
         if let (Some(since), Some(until)) = (self.since, self.until) {
@@ -122,40 +121,29 @@ pub async fn backlog(pool: &PgPool) -> Result<Vec<Backlog>> {
 /// One page of deliveries, newest first ([`page()`]), of the service the
 /// filter names (none if there is no such service).
 pub async fn deliveries(pool: &PgPool, filter: &DeliveryFilter) -> Result<Vec<Delivery>> {
-    filter.validate()?;
-    match filter_service(pool, filter).await? {
-        Some(service_id) => page(pool, filter, service_id).await,
-        None => Ok(Vec::new()),
-    }
+    Ok(deliveries_page(pool, filter).await?.0)
 }
 
 /// [`deliveries`] as a page of the listing convention
-/// ([`crate::http::page`]): at most `limit` rows (100 when none is given),
+/// ([`crate::http::page`]): at most the filter's [`size`](DeliveryFilter::size),
 /// and the cursor of the last when more follow.
 pub async fn deliveries_page(
     pool: &PgPool,
     filter: &DeliveryFilter,
 ) -> Result<(Vec<Delivery>, Option<i64>)> {
     filter.validate()?;
-    let limit = filter.limit.unwrap_or(100);
     let ahead = DeliveryFilter {
-        limit: Some(page::ahead(limit)),
+        limit: Some(page::ahead(filter.size())),
         ..filter.clone()
     };
-    let rows = match filter_service(pool, filter).await? {
-        Some(service_id) => self::page(pool, &ahead, service_id).await?,
-        None => Vec::new(),
+    let rows = match &filter.service {
+        None => page(pool, &ahead, None).await?,
+        Some(name) => match db::service_id(pool, name).await? {
+            Some(id) => page(pool, &ahead, Some(id)).await?,
+            None => Vec::new(),
+        },
     };
-    Ok(page::cut(rows, limit, |d| d.delivery_id))
-}
-
-/// The filter's service as its id (`Some(None)` for no service named);
-/// `None` when it names a service that does not exist.
-async fn filter_service(pool: &PgPool, filter: &DeliveryFilter) -> Result<Option<Option<i64>>> {
-    match &filter.service {
-        Some(service) => Ok(db::service_id(pool, service).await?.map(Some)),
-        None => Ok(Some(None)),
-    }
+    Ok(page::cut(rows, filter.size(), |d| d.delivery_id))
 }
 
 /// One page of deliveries, newest first, keyset-paginated in the page's
@@ -213,7 +201,7 @@ fn page_of(filter: &DeliveryFilter, service_id: Option<i64>) -> Page<'_> {
         after: filter.after.or(filter.before),
         // Callers validate their own bound (MAX_PAGE here, the consumer
         // API's 1,000); this only keeps any caller's page finite.
-        limit: filter.limit.unwrap_or(50).clamp(1, PAGE_CEILING),
+        limit: filter.size().clamp(1, PAGE_CEILING),
     }
 }
 
@@ -314,26 +302,27 @@ pub async fn explain_newest_failures(
     Ok(db::explain(pool, explain, Explained::NewestFailures(limit)).await?)
 }
 
+impl WatchFilter {
+    /// The page's size: the filter's limit, or [`DEFAULT_PAGE`].
+    pub fn size(&self) -> i64 {
+        self.limit.unwrap_or(DEFAULT_PAGE)
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        page::given(self.after, self.before).map_err(Error::Invalid)?;
+        page::size(self.limit, DEFAULT_PAGE, MAX_PAGE).map_err(Error::Invalid)?;
+        Ok(())
+    }
+}
+
 /// A page of watches of the listing convention ([`crate::http::page`]):
-/// at most `limit` rows (100 when none is given), and the cursor of the
+/// at most the filter's [`size`](WatchFilter::size), and the cursor of the
 /// last when more follow.
 pub async fn watches_page(
     pool: &PgPool,
     filter: &WatchFilter,
 ) -> Result<(Vec<WatchRow>, Option<i64>)> {
-    let limit = page::size(filter.limit, 100, MAX_PAGE).map_err(Error::Invalid)?;
-    page::given(filter.after, filter.before).map_err(Error::Invalid)?;
-    let ahead = WatchFilter {
-        limit: Some(page::ahead(limit)),
-        ..filter.clone()
-    };
-    let rows = watches(pool, &ahead).await?;
-    Ok(page::cut(rows, limit, |w| w.watch_id))
-}
-
-/// Watches, newest first: at most `limit` (100 when none is given, at most
-/// [`MAX_PAGE`] and the one row [`watches_page`] reads ahead).
-pub async fn watches(pool: &PgPool, filter: &WatchFilter) -> Result<Vec<WatchRow>> {
+    filter.validate()?;
     fn given(v: &Option<String>) -> Option<&str> {
         v.as_deref().filter(|v| !v.trim().is_empty())
     }
@@ -346,10 +335,12 @@ pub async fn watches(pool: &PgPool, filter: &WatchFilter) -> Result<Vec<WatchRow
             Some("removed") => Some(false),
             _ => None,
         },
+        // `validate` refused a filter with both names.
         after: filter.after.or(filter.before),
-        limit: filter.limit.unwrap_or(100).clamp(1, page::ahead(MAX_PAGE)),
+        limit: page::ahead(filter.size()),
     };
-    Ok(db::watches(pool, &w).await?)
+    let rows = db::watches(pool, &w).await?;
+    Ok(page::cut(rows, filter.size(), |w| w.watch_id))
 }
 
 /// Warnings, newest first, of one service or of all.

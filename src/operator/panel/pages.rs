@@ -241,11 +241,11 @@ pub async fn watches(
 ) -> Result<Response, AsHtml> {
     let Query(filter) = query.map_err(|e| HttpError::Invalid(e.body_text()))?;
     let filter = WatchFilter {
-        limit: Some(100),
+        limit: Some(store::DEFAULT_PAGE),
         ..filter
     };
-    let lag = state.reads.lag().await?;
     let (rows, next_after) = store::watches_page(state.reads.pool(), &filter).await?;
+    let lag = state.reads.lag().await?;
     let value = |v: &Option<String>| esc(v.as_deref().unwrap_or(""));
     let show = filter.show.as_deref().unwrap_or("any");
     let option = |v: &str, label: &str| {

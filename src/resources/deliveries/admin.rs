@@ -44,15 +44,13 @@ pub(crate) async fn deliveries(
     State(state): State<App>,
     Query(filter): Query<DeliveryFilter>,
 ) -> Result<Json<Value>, HttpError> {
-    let filter = DeliveryFilter {
-        watch_id: None,
-        ..filter.normalized()
-    };
-    let lag = state.reads.lag().await?;
+    // The watch is the consumer API's filter: the query cannot name one.
+    let filter = filter.normalized();
     let (deliveries, next_after) = store::deliveries_page(state.reads.pool(), &filter).await?;
-    let limit = filter.limit.unwrap_or(100);
+    // After the page, which refuses a bad filter without asking the standby.
+    let lag = state.reads.lag().await?;
     state.settings.masked(&AdminDeliveryPage {
-        cursors: page::AdminCursors::of(&deliveries, limit, next_after, |d| d.delivery_id),
+        cursors: page::AdminCursors::of(&deliveries, filter.size(), next_after, |d| d.delivery_id),
         deliveries,
         read: lag,
     })

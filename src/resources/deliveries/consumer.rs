@@ -238,7 +238,7 @@ async fn entries(pool: &PgPool, service_id: i64, q: &ListQuery, limit: i64) -> R
         state: q.state.map(|s| s.as_str().to_string()),
         object: q.object.clone(),
         since: q.since,
-        before: q.after,
+        after: q.after,
         limit: Some(limit),
         watch_id: q.watch_id,
         ..Default::default()

@@ -2,7 +2,8 @@
 //! doing what `watchpump services ...` does: register, list, rotate the
 //! signing secret or the token (the old one keeps working for an overlap),
 //! move to a new URL, remove. Credentials appear only in the answer that
-//! creates them; every other answer is masked (`Settings::mask_json`).
+//! creates them; the answers that show a stored service (its base URL) are
+//! masked (`Settings::masked`).
 
 use axum::extract::State;
 use axum::http::StatusCode;

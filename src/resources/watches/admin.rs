@@ -40,11 +40,11 @@ pub(crate) async fn watches(
     State(state): State<App>,
     Query(filter): Query<WatchFilter>,
 ) -> Result<Json<Value>, HttpError> {
-    let lag = state.reads.lag().await?;
     let (watches, next_after) = store::watches_page(state.reads.pool(), &filter).await?;
-    let limit = filter.limit.unwrap_or(100);
+    // After the page, which refuses a bad filter without asking the standby.
+    let lag = state.reads.lag().await?;
     state.settings.masked(&AdminWatchPage {
-        cursors: page::AdminCursors::of(&watches, limit, next_after, |w| w.watch_id),
+        cursors: page::AdminCursors::of(&watches, filter.size(), next_after, |w| w.watch_id),
         watches,
         read: lag,
     })

@@ -129,8 +129,8 @@ pub async fn list(
 ) -> Result<Response, AsHtml> {
     let Query(q) = query.map_err(|e| HttpError::Invalid(e.body_text()))?;
     let filter = q.filter()?;
-    let lag = state.reads.lag().await?;
     let (rows, next_after) = store::deliveries_page(state.reads.pool(), &filter).await?;
+    let lag = state.reads.lag().await?;
     let chosen = filter.state.as_deref().unwrap_or("");
     let mut options = String::from(r#"<option value="">any</option>"#);
     for s in DeliveryState::ALL.map(DeliveryState::as_str) {
