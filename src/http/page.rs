@@ -10,7 +10,7 @@
 //!
 //! The admin API named its cursor `before`/`next_before` until issue 35,
 //! and gave one whenever a page was full. Both names stay for its clients
-//! and are deprecated ([`given`], [`cursor_if_full`]): `next_before`
+//! and are deprecated ([`given`], [`AdminCursors`]): `next_before`
 //! keeps its old meaning, so a client paging by it sees what it saw.
 
 /// The page size `given` asks for (`default` when it asks for none), when
