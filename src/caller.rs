@@ -19,6 +19,7 @@ use axum::http::request::Parts;
 use axum::http::{Method, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
 
+use crate::http::extract::path_parameter;
 use crate::http::{bearer, html, App, AsHtml, HttpError};
 use crate::operator::auth;
 use crate::services::{self, Service};
@@ -71,7 +72,8 @@ impl FromRequestParts<App> for Session {
 
 /// The admin token's holder, acting on the service the path names
 /// (`/api/v1/admin/services/{name}/...`), with the application: [`Admin`]
-/// first, then the name (a path that is not text is a JSON 400).
+/// first, then the name (a path that is not text is a JSON 400). It
+/// describes itself as the route's path parameter (`params(AdminOnService)`).
 pub struct AdminOnService {
     pub app: App,
     pub name: String,
@@ -89,6 +91,15 @@ impl FromRequestParts<App> for AdminOnService {
             app: state.clone(),
             name,
         })
+    }
+}
+
+impl utoipa::IntoParams for AdminOnService {
+    fn into_params(
+        _: impl Fn() -> Option<utoipa::openapi::path::ParameterIn>,
+    ) -> Vec<utoipa::openapi::path::Parameter> {
+        let name = <String as utoipa::PartialSchema>::schema();
+        vec![path_parameter("name", "the service's name", name)]
     }
 }
 

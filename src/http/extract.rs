@@ -6,8 +6,13 @@
 //! reads its body takes axum's extractor as a `Result` instead.
 
 use axum::extract::{FromRequest, FromRequestParts, Request};
+use std::marker::PhantomData;
+
 use axum::http::request::Parts;
 use serde::de::DeserializeOwned;
+use utoipa::openapi::path::{Parameter, ParameterBuilder, ParameterIn};
+use utoipa::openapi::{Required, RefOr, Schema};
+use utoipa::{IntoParams, PartialSchema};
 
 use crate::http::{AsHtml, HttpError};
 
@@ -48,4 +53,72 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for Form<T> {
             .map_err(HttpError::from)?;
         Ok(Form(form))
     }
+}
+
+/// What an id in the path names: its noun, in the refusal of an id that is
+/// not an integer and in the parameter's description.
+pub trait Noun {
+    const NOUN: &'static str;
+}
+
+/// A watch (`/api/v1/watches/{id}`).
+pub enum Watch {}
+
+impl Noun for Watch {
+    const NOUN: &'static str = "watch";
+}
+
+/// A delivery (`/api/v1/deliveries/{id}`, `/api/v1/admin/deliveries/{id}`).
+pub enum Delivery {}
+
+impl Noun for Delivery {
+    const NOUN: &'static str = "delivery";
+}
+
+/// The `{id}` of a path, an integer naming an `R`. Anything else is a 404
+/// ("no such watch: ids are integers"), as an id that names nothing is:
+/// no other id could be meant. It describes itself as the route's path
+/// parameter (`params(WatchPath)`).
+pub struct PathId<R> {
+    pub id: i64,
+    noun: PhantomData<R>,
+}
+
+/// A watch's id in the path.
+pub type WatchPath = PathId<Watch>;
+
+/// A delivery's id in the path.
+pub type DeliveryPath = PathId<Delivery>;
+
+impl<R: Noun, S: Send + Sync> FromRequestParts<S> for PathId<R> {
+    type Rejection = HttpError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let axum::extract::Path(id) = axum::extract::Path::<i64>::from_request_parts(parts, state)
+            .await
+            .map_err(|_| HttpError::NotFound(format!("no such {}: ids are integers", R::NOUN)))?;
+        Ok(PathId {
+            id,
+            noun: PhantomData,
+        })
+    }
+}
+
+impl<R: Noun> IntoParams for PathId<R> {
+    fn into_params(_: impl Fn() -> Option<ParameterIn>) -> Vec<Parameter> {
+        let description = format!("the {}'s id", R::NOUN);
+        vec![path_parameter("id", &description, i64::schema())]
+    }
+}
+
+/// A required parameter in the path, as `params(("id" = i64, Path,
+/// description = ...))` would describe it.
+pub fn path_parameter(name: &str, description: &str, schema: RefOr<Schema>) -> Parameter {
+    ParameterBuilder::new()
+        .name(name)
+        .parameter_in(ParameterIn::Path)
+        .required(Required::True)
+        .description(Some(description))
+        .schema(Some(schema))
+        .build()
 }

@@ -13,6 +13,8 @@
 //! and are deprecated ([`given`], [`AdminCursors`]): `next_before`
 //! keeps its old meaning, so a client paging by it sees what it saw.
 
+use crate::http::HttpError;
+
 /// The page size `given` asks for (`default` when it asks for none), when
 /// it lies in 1 to `max`; otherwise the message that says so, which each
 /// API answers with its own status (the consumer API's 400, the admin
@@ -24,6 +26,30 @@ pub fn size(given: Option<i64>, default: i64, max: i64) -> Result<i64, String> {
     } else {
         Err(format!("limit must be 1 to {max}"))
     }
+}
+
+/// The consumer API's page: 100 rows when `limit` is not given.
+pub const CONSUMER_DEFAULT: i64 = 100;
+
+/// The consumer API's largest page: one page is one index range scan of at
+/// most this many rows; asking for more is a 400
+/// (tests/consumer_deliveries.rs).
+pub const CONSUMER_MAX: i64 = 1000;
+
+/// A page of one of the consumer API's listings: the size `limit` asks for
+/// (a 400 outside 1 to [`CONSUMER_MAX`]), `read` of one row more than that
+/// ([`ahead`]), [`cut`] with the `cursor` of its last row when more follow.
+pub async fn read<T, C, E>(
+    limit: Option<i64>,
+    read: impl AsyncFnOnce(i64) -> Result<Vec<T>, E>,
+    cursor: impl FnOnce(&T) -> C,
+) -> Result<(Vec<T>, Option<C>), HttpError>
+where
+    HttpError: From<E>,
+{
+    let size = size(limit, CONSUMER_DEFAULT, CONSUMER_MAX).map_err(HttpError::BadRequest)?;
+    let rows = read(ahead(size)).await?;
+    Ok(cut(rows, size, cursor))
 }
 
 /// How many rows to read for a page of `size`: one more, to learn whether

@@ -21,9 +21,6 @@ pub fn consumer_routes() -> Router<App> {
     Router::new().route("/api/v1/kinds", get(list))
 }
 
-const DEFAULT_PAGE: i64 = 100;
-const MAX_PAGE: i64 = 1000;
-
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
@@ -51,7 +48,6 @@ pub struct Page {
 /// `next_after` as `after` for the next page.
 #[utoipa::path(get,
     operation_id = "kinds_list", path = "/api/v1/kinds", tag = "consumer",
-    security(("service_token" = [])),
     params(ListQuery),
     responses(
         (status = 200, description = "a page", body = Page),
@@ -63,8 +59,11 @@ pub async fn list(
     Consumer(_): Consumer,
     Query(q): Query<ListQuery>,
 ) -> Result<Json<Page>, HttpError> {
-    let limit = page::size(q.limit, DEFAULT_PAGE, MAX_PAGE).map_err(HttpError::BadRequest)?;
-    let rows = kinds::list(&state.pool, &q.after, page::ahead(limit)).await?;
-    let (kinds, next_after) = page::cut(rows, limit, |k| k.name.clone());
+    let (kinds, next_after) = page::read(
+        q.limit,
+        async |ahead| kinds::list(&state.pool, &q.after, ahead).await,
+        |k| k.name.clone(),
+    )
+    .await?;
     Ok(Json(Page { kinds, next_after }))
 }

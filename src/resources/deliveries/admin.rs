@@ -3,8 +3,7 @@
 //! and history, a retry, and a service's failures retried since a time.
 //! Every answer is masked ([`crate::http::app::Settings::masked`]).
 
-use axum::extract::rejection::PathRejection;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::Json;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -12,7 +11,7 @@ use serde_json::Value;
 
 use crate::caller::{Admin, AdminOnService, ADMIN_API_ACTOR as ACTOR};
 use crate::http::error::{Error, NoSuchDelivery, NoSuchService, NoValidToken};
-use crate::http::extract::{Body, Query};
+use crate::http::extract::{Body, DeliveryPath, PathId, Query};
 use crate::http::{page, App, HttpError};
 use crate::operator::store::{self, DeliveryFilter};
 
@@ -31,7 +30,7 @@ pub(crate) struct AdminDeliveryPage {
 /// `{"deliveries": [...], "next_after": <id or null>}`; pass `next_after`
 /// as `after` for the next (older) page (`crate::http::page`).
 #[utoipa::path(get,
-    operation_id = "admin_deliveries", path = "/api/v1/admin/deliveries", tag = "admin", security(("admin_token" = [])),
+    operation_id = "admin_deliveries", path = "/api/v1/admin/deliveries", tag = "admin",
     params(DeliveryFilter),
     responses(
         (status = 200, description = "a page", body = AdminDeliveryPage),
@@ -58,8 +57,8 @@ pub(crate) async fn deliveries(
 
 /// A delivery, its attempts and its history
 #[utoipa::path(get,
-    operation_id = "admin_delivery", path = "/api/v1/admin/deliveries/{id}", tag = "admin", security(("admin_token" = [])),
-    params(("id" = i64, Path, description = "the delivery's id")),
+    operation_id = "admin_delivery", path = "/api/v1/admin/deliveries/{id}", tag = "admin",
+    params(DeliveryPath),
     responses(
         (status = 200, description = "the delivery", body = store::Shown),
         NoSuchDelivery,
@@ -68,9 +67,8 @@ pub(crate) async fn deliveries(
 pub(crate) async fn delivery(
     _: Admin,
     State(state): State<App>,
-    id: Result<Path<i64>, PathRejection>,
+    PathId { id, .. }: DeliveryPath,
 ) -> Result<Json<Value>, HttpError> {
-    let id = delivery_id(id)?;
     let shown = store::shown(&state.pool, id)
         .await?
         .ok_or_else(|| no_such_delivery(id))?;
@@ -85,8 +83,8 @@ pub(crate) struct Attempts {
 
 /// A delivery's attempts
 #[utoipa::path(get,
-    operation_id = "admin_attempts", path = "/api/v1/admin/deliveries/{id}/attempts", tag = "admin", security(("admin_token" = [])),
-    params(("id" = i64, Path, description = "the delivery's id")),
+    operation_id = "admin_attempts", path = "/api/v1/admin/deliveries/{id}/attempts", tag = "admin",
+    params(DeliveryPath),
     responses(
         (status = 200, description = "attempts", body = Attempts),
         NoSuchDelivery,
@@ -95,9 +93,8 @@ pub(crate) struct Attempts {
 pub(crate) async fn attempts(
     _: Admin,
     State(state): State<App>,
-    id: Result<Path<i64>, PathRejection>,
+    PathId { id, .. }: DeliveryPath,
 ) -> Result<Json<Value>, HttpError> {
-    let id = delivery_id(id)?;
     if store::delivery(&state.pool, id).await?.is_none() {
         return Err(no_such_delivery(id));
     }
@@ -119,8 +116,8 @@ pub(crate) struct Requeued {
 /// Requeues a failed or dropped delivery: 200 with its previous state, 404
 /// for an unknown id, 409 for a delivery in another state.
 #[utoipa::path(post,
-    operation_id = "admin_retry", path = "/api/v1/admin/deliveries/{id}/retry", tag = "admin", security(("admin_token" = [])),
-    params(("id" = i64, Path, description = "the delivery's id")),
+    operation_id = "admin_retry", path = "/api/v1/admin/deliveries/{id}/retry", tag = "admin",
+    params(DeliveryPath),
     responses(
         (status = 200, description = "requeued", body = Requeued),
         NoSuchDelivery,
@@ -130,9 +127,8 @@ pub(crate) struct Requeued {
 pub(crate) async fn retry(
     _: Admin,
     State(state): State<App>,
-    id: Result<Path<i64>, PathRejection>,
+    PathId { id, .. }: DeliveryPath,
 ) -> Result<Json<Value>, HttpError> {
-    let id = delivery_id(id)?;
     let previous = store::retry(&state.pool, id, ACTOR).await?;
     state.settings.masked(&Requeued {
         delivery_id: id,
@@ -161,8 +157,8 @@ pub(crate) struct RequeuedFailures {
 ///
 /// Requeues every delivery to the service that failed since `since`.
 #[utoipa::path(post,
-    operation_id = "admin_retry_failed", path = "/api/v1/admin/services/{name}/retry-failed", tag = "admin", security(("admin_token" = [])),
-    params(("name" = String, Path, description = "the service's name")),
+    operation_id = "admin_retry_failed", path = "/api/v1/admin/services/{name}/retry-failed", tag = "admin",
+    params(AdminOnService),
     request_body = RetryFailed,
     responses(
         (status = 200, description = "requeued", body = RequeuedFailures),
@@ -180,11 +176,6 @@ pub(crate) async fn retry_failed(
         since: body.since,
         requeued,
     })
-}
-
-fn delivery_id(id: Result<Path<i64>, PathRejection>) -> Result<i64, HttpError> {
-    id.map(|Path(id)| id)
-        .map_err(|_| HttpError::NotFound("no such delivery: ids are integers".into()))
 }
 
 fn no_such_delivery(id: i64) -> HttpError {

@@ -10,8 +10,7 @@
 //! that the planner uses the per-service index of the history
 //! (`settled (service_id, id)`) and never counts or offsets.
 
-use axum::extract::rejection::PathRejection;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
 use chrono::{DateTime, Utc};
@@ -26,17 +25,10 @@ pub use crate::db::consumer::Attempt;
 use crate::delivery::State as DeliveryState;
 use crate::error::{Error, Result};
 use crate::http::error::{Error as ErrorBody, NoValidToken, NotTheCallers};
-use crate::http::extract::Query;
+use crate::http::extract::{DeliveryPath, PathId, Query};
 use crate::http::App;
 use crate::http::{page, HttpError};
 use crate::operator::store;
-
-/// Entries on a page when `limit` is not given.
-const DEFAULT_PAGE: i64 = 100;
-/// Most entries on one page: one page is one index range scan of at most
-/// this many rows (and as many `last_action` look-ups); asking for more is
-/// a 400 (tests/consumer_deliveries.rs).
-pub const MAX_PAGE: i64 = 1000;
 
 /// One of the caller's deliveries: a row of `delivery_log` as
 /// [`db::delivery_entry`] reads it.
@@ -135,7 +127,6 @@ pub struct Redelivered {
 /// `next_after` as `after` for the next (older) page.
 #[utoipa::path(get,
     operation_id = "deliveries_list", path = "/api/v1/deliveries", tag = "consumer",
-    security(("service_token" = [])),
     params(ListQuery),
     responses(
         (status = 200, description = "a page", body = DeliveryPage),
@@ -147,17 +138,21 @@ pub async fn list(
     Consumer(service): Consumer,
     Query(q): Query<ListQuery>,
 ) -> Result<Json<Value>, HttpError> {
-    let limit = page::size(q.limit, DEFAULT_PAGE, MAX_PAGE).map_err(HttpError::BadRequest)?;
     if let Some(object) = &q.object {
         crate::watches::check_object(object).map_err(HttpError::from)?;
     }
-    let lag = state.reads.lag().await?;
-    let rows = entries(state.reads.pool(), service.id, &q, page::ahead(limit)).await?;
-    let (rows, next_after) = page::cut(rows, limit, |d| d.id);
+    let pool = state.reads.pool();
+    let (deliveries, next_after) = page::read(
+        q.limit,
+        async |ahead| entries(pool, service.id, &q, ahead).await,
+        |d| d.id,
+    )
+    .await?;
+    let read = state.reads.lag().await?;
     state.settings.masked(&DeliveryPage {
-        deliveries: rows,
+        deliveries,
         next_after,
-        read: lag,
+        read,
     })
 }
 
@@ -167,8 +162,7 @@ pub async fn list(
 /// at its first) and its attempts, folded runs shown as such.
 #[utoipa::path(get,
     operation_id = "deliveries_show", path = "/api/v1/deliveries/{id}", tag = "consumer",
-    security(("service_token" = [])),
-    params(("id" = i64, Path, description = "the delivery's id")),
+    params(DeliveryPath),
     responses(
         (status = 200, description = "the delivery", body = DeliveryShown),
         NotTheCallers,
@@ -177,9 +171,8 @@ pub async fn list(
 pub async fn show(
     State(state): State<App>,
     Consumer(service): Consumer,
-    id: Result<Path<i64>, PathRejection>,
+    PathId { id, .. }: DeliveryPath,
 ) -> Result<Json<Value>, HttpError> {
-    let id = delivery_id(id)?;
     let entry = entry(&state.pool, service.id, id)
         .await?
         .ok_or_else(|| no_such_delivery(id))?;
@@ -198,8 +191,7 @@ pub async fn show(
 /// (`watchpump.redeliver()`) or past the service's bucket ([`limits`]).
 #[utoipa::path(post,
     operation_id = "deliveries_redeliver", path = "/api/v1/deliveries/{id}/redeliver", tag = "consumer",
-    security(("service_token" = [])),
-    params(("id" = i64, Path, description = "the delivery's id")),
+    params(DeliveryPath),
     responses(
         (status = 202, description = "queued", body = Redelivered),
         NotTheCallers,
@@ -210,9 +202,8 @@ pub async fn show(
 pub async fn redeliver(
     State(state): State<App>,
     Consumer(service): Consumer,
-    id: Result<Path<i64>, PathRejection>,
+    PathId { id, .. }: DeliveryPath,
 ) -> Result<(StatusCode, Json<Redelivered>), HttpError> {
-    let id = delivery_id(id)?;
     limits::take(&state.pool, &service, Write::Redeliver).await?;
     let actor = format!("consumer {}", service.name);
     let previous = db::redeliver(&state.pool, service.id, id, &actor)
@@ -286,11 +277,6 @@ async fn sent_body(pool: &PgPool, id: i64, producer: &str) -> Result<Value> {
             .map_err(|e| Error::Invalid(format!("a delivery body is not JSON: {e}"))),
         None => Ok(Value::Null),
     }
-}
-
-fn delivery_id(id: Result<Path<i64>, PathRejection>) -> Result<i64, HttpError> {
-    id.map(|Path(id)| id)
-        .map_err(|_| HttpError::NotFound("no such delivery: ids are integers".into()))
 }
 
 fn no_such_delivery(id: i64) -> HttpError {

@@ -27,7 +27,7 @@ pub(crate) struct ServiceList {
 
 /// Registered services
 #[utoipa::path(get,
-    operation_id = "admin_services_list", path = "/api/v1/admin/services", tag = "admin", security(("admin_token" = [])),
+    operation_id = "admin_services_list", path = "/api/v1/admin/services", tag = "admin",
     responses(
         (status = 200, description = "services", body = ServiceList),
         NoValidToken,
@@ -60,7 +60,7 @@ pub(crate) struct Registered {
 /// 201 with the service, its token and its signing secret: the only time
 /// either is shown.
 #[utoipa::path(post,
-    operation_id = "admin_services_add", path = "/api/v1/admin/services", tag = "admin", security(("admin_token" = [])),
+    operation_id = "admin_services_add", path = "/api/v1/admin/services", tag = "admin",
     request_body = NewService,
     responses(
         (status = 201, description = "registered", body = Registered),
@@ -131,8 +131,8 @@ pub(crate) struct SecretRotated {
 ///
 /// 409 during the overlap of the last rotation, unless forced.
 #[utoipa::path(post,
-    operation_id = "admin_services_rotate_secret", path = "/api/v1/admin/services/{name}/rotate-secret", tag = "admin", security(("admin_token" = [])),
-    params(("name" = String, Path, description = "the service's name")),
+    operation_id = "admin_services_rotate_secret", path = "/api/v1/admin/services/{name}/rotate-secret", tag = "admin",
+    params(AdminOnService),
     request_body(content = Rotation, description = "optional: no body means the default overlap"),
     responses(
         (status = 200, description = "rotated", body = SecretRotated),
@@ -172,8 +172,8 @@ pub(crate) struct TokenRotated {
 ///
 /// 409 during the grace of the last rotation, unless forced.
 #[utoipa::path(post,
-    operation_id = "admin_services_rotate_token", path = "/api/v1/admin/services/{name}/rotate-token", tag = "admin", security(("admin_token" = [])),
-    params(("name" = String, Path, description = "the service's name")),
+    operation_id = "admin_services_rotate_token", path = "/api/v1/admin/services/{name}/rotate-token", tag = "admin",
+    params(AdminOnService),
     request_body(content = Rotation, description = "optional: no body means the default overlap"),
     responses(
         (status = 200, description = "rotated", body = TokenRotated),
@@ -211,8 +211,8 @@ pub(crate) struct Moved {
 
 /// Point a service at a new base URL
 #[utoipa::path(put,
-    operation_id = "admin_services_set_url", path = "/api/v1/admin/services/{name}/url", tag = "admin", security(("admin_token" = [])),
-    params(("name" = String, Path, description = "the service's name")),
+    operation_id = "admin_services_set_url", path = "/api/v1/admin/services/{name}/url", tag = "admin",
+    params(AdminOnService),
     request_body = NewUrl,
     responses(
         (status = 200, description = "moved", body = Moved),
@@ -254,8 +254,8 @@ pub(crate) struct RateSet {
 /// (issue 20; `watchpump services set-rate`): `{"rate": 50}`, or
 /// `{"rate": null}` for none. 422 for a rate below 1 or not a number.
 #[utoipa::path(put,
-    operation_id = "admin_services_set_rate", path = "/api/v1/admin/services/{name}/rate", tag = "admin", security(("admin_token" = [])),
-    params(("name" = String, Path, description = "the service's name")),
+    operation_id = "admin_services_set_rate", path = "/api/v1/admin/services/{name}/rate", tag = "admin",
+    params(AdminOnService),
     request_body = NewRate,
     responses(
         (status = 200, description = "set", body = RateSet),
@@ -288,8 +288,8 @@ pub(crate) struct Removed {
 ///
 /// Removes the service, its watches and their undelivered deliveries.
 #[utoipa::path(delete,
-    operation_id = "admin_services_remove", path = "/api/v1/admin/services/{name}", tag = "admin", security(("admin_token" = [])),
-    params(("name" = String, Path, description = "the service's name")),
+    operation_id = "admin_services_remove", path = "/api/v1/admin/services/{name}", tag = "admin",
+    params(AdminOnService),
     responses(
         (status = 200, description = "removed", body = Removed),
         NoSuchService,

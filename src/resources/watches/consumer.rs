@@ -1,7 +1,7 @@
 //! `/api/v1/watches`: a consumer service creates, lists, reads and removes
 //! its own watches. Another service's watch is 404, as if it did not exist.
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
 use serde::{Deserialize, Serialize};
@@ -10,14 +10,12 @@ use serde_json::Value;
 use crate::api::limits::{self, Write};
 use crate::caller::Consumer;
 use crate::http::error::{Error, NoValidToken, NotTheCallers};
-use crate::http::extract::{Body, Query};
+use crate::http::extract::{Body, PathId, Query, WatchPath};
 use crate::http::App;
 use crate::http::{page, HttpError};
 use crate::services::Service;
 use crate::watches::{self, resync, NewWatch, Watch};
 
-const DEFAULT_PAGE: i64 = 100;
-const MAX_PAGE: i64 = 1000;
 
 /// Create a watch (the identical live one again: 200)
 ///
@@ -29,7 +27,6 @@ const MAX_PAGE: i64 = 1000;
 /// exists, and asking again is safe).
 #[utoipa::path(post,
     operation_id = "watches_create", path = "/api/v1/watches", tag = "consumer",
-    security(("service_token" = [])),
     request_body = NewWatch,
     responses(
         (status = 201, description = "created", body = Watch),
@@ -83,8 +80,7 @@ pub async fn create(
 /// resync of the service runs, or when its replay budget is spent.
 #[utoipa::path(post,
     operation_id = "watches_resync", path = "/api/v1/watches/{id}/resync", tag = "consumer",
-    security(("service_token" = [])),
-    params(("id" = i64, Path, description = "the watch's id")),
+    params(WatchPath),
     responses(
         (status = 202, description = "started", body = resync::ConsumerStarted),
         (status = 404, description = "another service's, a removed one, or none", body = Error),
@@ -94,9 +90,8 @@ pub async fn create(
 pub async fn resync(
     State(state): State<App>,
     Consumer(service): Consumer,
-    id: Result<Path<i64>, axum::extract::rejection::PathRejection>,
+    PathId { id, .. }: WatchPath,
 ) -> Result<(StatusCode, Json<Value>), HttpError> {
-    let id = watch_id(id)?;
     let started = start_resync(&state, &service, id).await?;
     Ok((
         StatusCode::ACCEPTED,
@@ -180,7 +175,6 @@ pub struct DeliveryId {
 /// `after` for the next page.
 #[utoipa::path(get,
     operation_id = "watches_list", path = "/api/v1/watches", tag = "consumer",
-    security(("service_token" = [])),
     params(ListQuery),
     responses(
         (status = 200, description = "a page", body = WatchPage),
@@ -192,30 +186,25 @@ pub async fn list(
     Consumer(service): Consumer,
     Query(q): Query<ListQuery>,
 ) -> Result<Json<WatchPage>, HttpError> {
-    let limit = page::size(q.limit, DEFAULT_PAGE, MAX_PAGE).map_err(HttpError::BadRequest)?;
-    let lag = state.reads.lag().await?;
     let pool = state.reads.pool();
-    let rows = watches::list(
-        pool,
-        service.id,
-        q.include_removed,
-        q.after,
-        page::ahead(limit),
+    let (watches, next_after) = page::read(
+        q.limit,
+        async |ahead| watches::list(pool, service.id, q.include_removed, q.after, ahead).await,
+        |w| w.id,
     )
     .await?;
-    let (rows, next_after) = page::cut(rows, limit, |w| w.id);
+    let read = state.reads.lag().await?;
     Ok(Json(WatchPage {
-        watches: rows,
+        watches,
         next_after,
-        read: lag,
+        read,
     }))
 }
 
 /// One of the caller's watches
 #[utoipa::path(get,
     operation_id = "watches_show", path = "/api/v1/watches/{id}", tag = "consumer",
-    security(("service_token" = [])),
-    params(("id" = i64, Path, description = "the watch's id")),
+    params(WatchPath),
     responses(
         (status = 200, description = "the watch", body = Watch),
         NotTheCallers,
@@ -224,9 +213,8 @@ pub async fn list(
 pub async fn show(
     State(state): State<App>,
     Consumer(service): Consumer,
-    id: Result<Path<i64>, axum::extract::rejection::PathRejection>,
+    PathId { id, .. }: WatchPath,
 ) -> Result<Json<Watch>, HttpError> {
-    let id = watch_id(id)?;
     watches::get(&state.pool, service.id, id)
         .await?
         .map(Json)
@@ -236,8 +224,7 @@ pub async fn show(
 /// Remove a watch; its deliveries not sent are dropped
 #[utoipa::path(delete,
     operation_id = "watches_remove", path = "/api/v1/watches/{id}", tag = "consumer",
-    security(("service_token" = [])),
-    params(("id" = i64, Path, description = "the watch's id")),
+    params(WatchPath),
     responses(
         (status = 204, description = "removed"),
         NotTheCallers,
@@ -246,9 +233,8 @@ pub async fn show(
 pub async fn remove(
     State(state): State<App>,
     Consumer(service): Consumer,
-    id: Result<Path<i64>, axum::extract::rejection::PathRejection>,
+    PathId { id, .. }: WatchPath,
 ) -> Result<StatusCode, HttpError> {
-    let id = watch_id(id)?;
     if watches::remove(&state.pool, service.id, id, "removed by the consumer").await? {
         Ok(StatusCode::NO_CONTENT)
     } else {
@@ -264,8 +250,7 @@ pub async fn remove(
 /// watch resumed less than a minute ago.
 #[utoipa::path(post,
     operation_id = "watches_pause", path = "/api/v1/watches/{id}/pause", tag = "consumer",
-    security(("service_token" = [])),
-    params(("id" = i64, Path, description = "the watch's id")),
+    params(WatchPath),
     responses(
         (status = 200, description = "paused", body = Paused),
         NotTheCallers,
@@ -275,7 +260,7 @@ pub async fn remove(
 pub async fn pause(
     State(state): State<App>,
     Consumer(service): Consumer,
-    id: Result<Path<i64>, axum::extract::rejection::PathRejection>,
+    PathId { id, .. }: WatchPath,
 ) -> Result<Json<Paused>, HttpError> {
     set_paused(state, service, id, true).await
 }
@@ -286,8 +271,7 @@ pub async fn pause(
 /// window. 200 `{"watch_id", "paused": false, "changed"}`.
 #[utoipa::path(post,
     operation_id = "watches_resume", path = "/api/v1/watches/{id}/resume", tag = "consumer",
-    security(("service_token" = [])),
-    params(("id" = i64, Path, description = "the watch's id")),
+    params(WatchPath),
     responses(
         (status = 200, description = "resumed", body = Paused),
         NotTheCallers,
@@ -297,7 +281,7 @@ pub async fn pause(
 pub async fn resume(
     State(state): State<App>,
     Consumer(service): Consumer,
-    id: Result<Path<i64>, axum::extract::rejection::PathRejection>,
+    PathId { id, .. }: WatchPath,
 ) -> Result<Json<Paused>, HttpError> {
     set_paused(state, service, id, false).await
 }
@@ -305,10 +289,9 @@ pub async fn resume(
 async fn set_paused(
     state: App,
     service: Service,
-    id: Result<Path<i64>, axum::extract::rejection::PathRejection>,
+    id: i64,
     paused: bool,
 ) -> Result<Json<Paused>, HttpError> {
-    let id = watch_id(id)?;
     let what = if paused { Write::Pause } else { Write::Resume };
     limits::take(&state.pool, &service, what).await?;
     let changed = watches::pause::set_watch_by_consumer(&state.pool, service.id, id, paused)
@@ -340,8 +323,7 @@ pub const PING_EVERY_SECS: i64 = 10;
 /// the watch's previous ping.
 #[utoipa::path(post,
     operation_id = "watches_ping", path = "/api/v1/watches/{id}/ping", tag = "consumer",
-    security(("service_token" = [])),
-    params(("id" = i64, Path, description = "the watch's id")),
+    params(WatchPath),
     responses(
         (status = 202, description = "queued", body = DeliveryId),
         NotTheCallers,
@@ -351,22 +333,14 @@ pub const PING_EVERY_SECS: i64 = 10;
 pub async fn ping(
     State(state): State<App>,
     Consumer(service): Consumer,
-    id: Result<Path<i64>, axum::extract::rejection::PathRejection>,
+    PathId { id, .. }: WatchPath,
 ) -> Result<(StatusCode, Json<DeliveryId>), HttpError> {
-    let id = watch_id(id)?;
     limits::take(&state.pool, &service, Write::Ping).await?;
     let delivery_id =
         crate::db::consumer::ping(&state.pool, service.id, id, PING_EVERY_SECS as f64)
             .await
             .map_err(|e| limits::too_many_or_raised(e, &service.name, "ping"))?;
     Ok((StatusCode::ACCEPTED, Json(DeliveryId { delivery_id })))
-}
-
-fn watch_id(
-    id: Result<Path<i64>, axum::extract::rejection::PathRejection>,
-) -> Result<i64, HttpError> {
-    id.map(|Path(id)| id)
-        .map_err(|_| HttpError::NotFound("no such watch: ids are integers".into()))
 }
 
 fn no_such_watch(id: i64) -> HttpError {
