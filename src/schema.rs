@@ -12,7 +12,9 @@
 //! the new files' `create or replace` definitions replace the functions
 //! and views they define, wherever they were defined before. A function
 //! that goes, or changes its arguments, leaves the old one behind: a
-//! migration drops it (`0015_settle_held.sql` did for `settle()`).
+//! migration drops it (`0015_settle_held.sql` did for `settle()`), and as
+//! a run applies everything pending in one transaction ([`migrate`]), no
+//! caller ever meets it dropped and not yet made again.
 //!
 //! watchpump keeps its own bookkeeping (`watchpump.schema_migrations`) rather
 //! than sqlx's `_sqlx_migrations`, which the producer's own migrations
@@ -33,14 +35,28 @@ use crate::sql_files::{self, SqlFile};
 const FILES: &[SqlFile] = include!(concat!(env!("OUT_DIR"), "/watchpump_sql_files.rs"));
 
 /// Brings the `watchpump` schema up to date. Safe to run from several
-/// processes at once: they take turns on an advisory lock.
+/// processes at once: they take turns on an advisory lock. The pending
+/// files and the grants of `sql/roles.sql` are applied in one transaction
+/// ([`sql_files::begin`]): a pump never meets a function half
+/// replaced, nor one it may not call yet.
 pub async fn migrate(pool: &PgPool) -> Result<Vec<String>> {
-    let applied = sql_files::apply(pool, "watchpump", FILES).await?;
+    let mut tx = sql_files::begin(pool, "watchpump").await?;
+    // roles.sql's lock, before any table a file locks: a pump's prune()
+    // takes it before the tables it works on.
+    db::lock_history_if_made(&mut tx).await?;
+    let applied = sql_files::apply_pending(&mut tx, "watchpump", FILES).await?;
+    let owner = db::owns_watchpump_schema(&mut tx).await?;
+    if owner {
+        db::apply_roles(&mut tx).await?;
+    }
+    tx.commit().await?;
+    if owner {
+        warn_of_missing_roles(pool).await?;
+    }
     add_partitions_ahead(pool).await?;
     // Data that needs Rust: signing secrets for services registered before
     // signing existed (0003_service_lifecycle.sql), sealed with the key
     // (0006_encrypted_secrets.sql).
-    apply_roles(pool).await?;
     let sealed = crate::services::seal_signing_secrets(pool).await?;
     if !sealed.given.is_empty() {
         tracing::info!(services = ?sealed.given, "gave services their signing secret; `watchpump services rotate-secret NAME` shows a new one to hand to each team");
@@ -61,7 +77,7 @@ pub async fn migrate(pool: &PgPool) -> Result<Vec<String>> {
 async fn add_partitions_ahead(pool: &PgPool) -> Result<()> {
     let mut tx = pool.begin().await?;
     if db::owns_watchpump_schema(&mut tx).await? {
-        db::lock_watchpump_migrations_xact(&mut tx).await?;
+        db::lock_migrations_xact(&mut tx, "watchpump").await?;
         crate::db::history::add_partitions_ahead(&mut tx).await?;
     }
     tx.commit().await?;
@@ -76,21 +92,13 @@ pub const ROLES: [&str; 4] = [
     "watchpump_pump",
 ];
 
-/// Applies `sql/roles.sql` on every run, not once: the functions it makes
-/// SECURITY DEFINER may have just been replaced, and a run that lacked
-/// CREATEROLE left the roles to a later one. Only the schema's owner (or a
-/// superuser) can grant on its objects; a `serve` running as a role granted
-/// `watchpump_pump` skips this. The advisory lock is `sql_files::apply`'s:
-/// two migrates granting at once would fail with "tuple concurrently
-/// updated".
-async fn apply_roles(pool: &PgPool) -> Result<()> {
-    let mut tx = pool.begin().await?;
-    if !db::owns_watchpump_schema(&mut tx).await? {
-        return Ok(());
-    }
-    db::lock_watchpump_migrations_xact(&mut tx).await?;
-    db::apply_roles(&mut tx).await?;
-    tx.commit().await?;
+/// Says which roles of `sql/roles.sql` it could not grant to. The file is
+/// applied on every run, not once (in [`migrate`]'s transaction): the
+/// functions it makes SECURITY DEFINER may have just been replaced, and a
+/// run that lacked CREATEROLE left the roles to a later one. Only the
+/// schema's owner (or a superuser) can grant on its objects; a `serve`
+/// running as a role granted `watchpump_pump` skips it.
+async fn warn_of_missing_roles(pool: &PgPool) -> Result<()> {
     let missing = missing_roles(pool).await?;
     if !missing.is_empty() {
         tracing::warn!(

@@ -6,7 +6,7 @@
 //! here.
 
 use sha2::{Digest, Sha256};
-use sqlx::{Connection, PgConnection, PgPool};
+use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 
 use crate::db::schema as db;
 
@@ -19,52 +19,66 @@ pub struct SqlFile {
     pub reapply_on_change: bool,
 }
 
-/// Brings `schema` up to date with `files`, in order; returns the names of
-/// the files it applied. Safe to run from several processes at once (they
-/// take turns on an advisory lock) and on every start.
+/// Brings `schema` up to date with `files`, in order, in one transaction
+/// ([`begin`], [`apply_pending`]); returns the names of the files it
+/// applied. Safe to run from several processes at once (they take turns on
+/// an advisory lock) and on every start.
 pub async fn apply(
     pool: &PgPool,
     schema: &'static str,
     files: &[SqlFile],
 ) -> sqlx::Result<Vec<String>> {
-    let mut conn = pool.acquire().await?;
-    db::lock_migrations(&mut conn, schema).await?;
-    let applied = apply_all(&mut conn, schema, files).await;
-    db::unlock_migrations(&mut conn, schema).await?;
-    applied
+    let mut tx = begin(pool, schema).await?;
+    let applied = apply_pending(&mut tx, schema, files).await?;
+    tx.commit().await?;
+    Ok(applied)
 }
 
-async fn apply_all(
+/// A run's transaction: `schema`'s migration lock held until it ends, its
+/// notices quiet, its bookkeeping made if missing.
+///
+/// Every pending file of a run is applied in this one transaction, so that
+/// nothing sees a run half done: a function that a migration drops and a
+/// later file creates again (with other arguments) stays callable all
+/// through, where a transaction a file left it missing until the later
+/// file ran, and for good had the run stopped in between; a run that fails
+/// anywhere leaves the schema as it found it, and the next applies it all.
+/// The price is that the run's locks are held until its end, as Flyway's
+/// `group` does. What must be seen with the files goes in the same
+/// transaction (the producer's grants, which a function made again needs
+/// again: `crate::schema::migrate`).
+pub async fn begin(pool: &PgPool, schema: &str) -> sqlx::Result<Transaction<'static, Postgres>> {
+    let mut tx = pool.begin().await?;
+    db::lock_migrations_xact(&mut tx, schema).await?;
+    // Quietly: `if not exists` raises notices on every start.
+    db::quiet_until_commit(&mut tx).await?;
+    // Only when missing: `create schema if not exists` needs CREATE on the
+    // database even when the schema is there, which a role that runs the
+    // pump (watchpump_pump) does not have.
+    if !db::has_bookkeeping(&mut tx, schema).await? {
+        db::create_bookkeeping(&mut tx, schema).await?;
+    }
+    Ok(tx)
+}
+
+/// Applies the files of `files` not applied before (or, for a re-appliable
+/// file, whose text changed), in order, in the run's transaction
+/// ([`begin`]); returns their names.
+pub async fn apply_pending(
     conn: &mut PgConnection,
     schema: &str,
     files: &[SqlFile],
 ) -> sqlx::Result<Vec<String>> {
-    // Quietly: `if not exists` raises notices on every start.
-    db::set_quiet(conn, true).await?;
-    // Only when missing: `create schema if not exists` needs CREATE on the
-    // database even when the schema is there, which a role that runs the
-    // pump (watchpump_pump) does not have.
-    if !db::has_bookkeeping(conn, schema).await? {
-        db::create_bookkeeping(conn, schema).await?;
-    }
     let mut applied = Vec::new();
-    let mut outcome = Ok(());
     for file in files {
-        match apply_one(conn, schema, file).await {
-            Ok(true) => applied.push(file.name.to_string()),
-            Ok(false) => {}
-            Err(e) => {
-                outcome = Err(e);
-                break;
-            }
+        if apply_one(conn, schema, file).await? {
+            applied.push(file.name.to_string());
         }
     }
-    // Reset even after a failure: the connection goes back to the pool.
-    db::set_quiet(conn, false).await?;
-    outcome.map(|()| applied)
+    Ok(applied)
 }
 
-/// Applies one file in its own transaction, unless it was applied before
+/// Applies one file in the run's transaction, unless it was applied before
 /// (with the same text, for a re-appliable file).
 async fn apply_one(conn: &mut PgConnection, schema: &str, file: &SqlFile) -> sqlx::Result<bool> {
     let checksum = Sha256::digest(file.sql.as_bytes()).to_vec();
@@ -74,9 +88,7 @@ async fn apply_one(conn: &mut PgConnection, schema: &str, file: &SqlFile) -> sql
         Some(ref old) if *old == checksum => return Ok(false),
         _ => {}
     }
-    let mut tx = conn.begin().await?;
-    db::run_file(&mut tx, file.sql).await?;
-    db::record_applied(&mut tx, schema, file.name, &checksum).await?;
-    tx.commit().await?;
+    db::run_file(conn, file.sql).await?;
+    db::record_applied(conn, schema, file.name, &checksum).await?;
     Ok(true)
 }

@@ -28,13 +28,24 @@ pub async fn owns_watchpump_schema(conn: &mut PgConnection) -> sqlx::Result<bool
     .await
 }
 
-/// Waits for the migration lock until the transaction ends (the lock
-/// [`lock_migrations`] takes for the `watchpump` schema).
+/// Waits, until the transaction ends, for the lock that every maker and
+/// dropper of days of history takes (`prune()`, `add_partition()`) and
+/// `sql/roles.sql` takes too; nothing to wait for in a database that has
+/// no `watchpump.lock_class()` yet.
 #[cfg(feature = "producer")]
-pub async fn lock_watchpump_migrations_xact(conn: &mut PgConnection) -> sqlx::Result<()> {
-    sqlx::query!("select from pg_advisory_xact_lock(hashtext('watchpump.migrate'))")
+pub async fn lock_history_if_made(conn: &mut PgConnection) -> sqlx::Result<()> {
+    let made = sqlx::query_scalar!(
+        r#"select to_regprocedure('watchpump.lock_class()') is not null as "made!""#
+    )
+    .fetch_one(&mut *conn)
+    .await?;
+    if made {
+        sqlx::query!(
+            "select from pg_advisory_xact_lock(watchpump.lock_class(), hashtext('watchpump.prune'))"
+        )
         .execute(conn)
         .await?;
+    }
     Ok(())
 }
 
@@ -67,11 +78,12 @@ pub async fn missing_roles(pool: &sqlx::PgPool, roles: &[String]) -> sqlx::Resul
 // What `crate::sql_files` sends to apply SQL files to a schema named at run
 // time: the producer's `watchpump` or the kit's `watchpump_inbox`.
 
-/// Waits for `schema`'s migration lock, a session lock: files are applied
-/// each in its own transaction.
-pub async fn lock_migrations(conn: &mut PgConnection, schema: &str) -> sqlx::Result<()> {
+/// Waits for `schema`'s migration lock until the transaction ends: one
+/// migrate at a time applies its files (the key is the one older versions
+/// took as a session lock, so that they take turns with this one too).
+pub async fn lock_migrations_xact(conn: &mut PgConnection, schema: &str) -> sqlx::Result<()> {
     sqlx::query!(
-        "select from pg_advisory_lock(hashtext($1::text || '.migrate'))",
+        "select from pg_advisory_xact_lock(hashtext($1::text || '.migrate'))",
         schema
     )
     .execute(conn)
@@ -79,28 +91,12 @@ pub async fn lock_migrations(conn: &mut PgConnection, schema: &str) -> sqlx::Res
     Ok(())
 }
 
-pub async fn unlock_migrations(conn: &mut PgConnection, schema: &str) -> sqlx::Result<()> {
-    sqlx::query!(
-        "select from pg_advisory_unlock(hashtext($1::text || '.migrate'))",
-        schema
-    )
-    .execute(conn)
-    .await?;
-    Ok(())
-}
-
-/// Quiet (`quiet = true`) or back to the server's default: `if not exists`
-/// raises notices on every start.
-pub async fn set_quiet(conn: &mut PgConnection, quiet: bool) -> sqlx::Result<()> {
-    if quiet {
-        sqlx::query!("set client_min_messages = warning")
-            .execute(conn)
-            .await?;
-    } else {
-        sqlx::query!("reset client_min_messages")
-            .execute(conn)
-            .await?;
-    }
+/// Quiet until the transaction ends: `if not exists` raises notices on
+/// every start.
+pub async fn quiet_until_commit(conn: &mut PgConnection) -> sqlx::Result<()> {
+    sqlx::query!("set local client_min_messages = warning")
+        .execute(conn)
+        .await?;
     Ok(())
 }
 
