@@ -43,7 +43,7 @@ pub(crate) struct BacklogAnswer {
 
 /// Per service: what waits, what is on its way, what failed
 #[utoipa::path(get,
-    operation_id = "admin_backlog", path = "/api/v1/admin/backlog", tag = "admin",
+    operation_id = "admin_backlog", path = "/api/v1/admin/backlog", tag = "admin", security(("admin_token" = [])),
     responses(
         (status = 200, description = "backlog", body = BacklogAnswer),
         NoValidToken,
@@ -76,7 +76,7 @@ pub(crate) struct Warnings {
 
 /// Warnings to notify
 #[utoipa::path(get,
-    operation_id = "admin_warnings", path = "/api/v1/admin/warnings", tag = "admin",
+    operation_id = "admin_warnings", path = "/api/v1/admin/warnings", tag = "admin", security(("admin_token" = [])),
     params(WarningQuery),
     responses(
         (status = 200, description = "warnings", body = Warnings),

@@ -48,6 +48,7 @@ pub struct Page {
 /// `next_after` as `after` for the next page.
 #[utoipa::path(get,
     operation_id = "kinds_list", path = "/api/v1/kinds", tag = "consumer",
+    security(("service_token" = [])),
     params(ListQuery),
     responses(
         (status = 200, description = "a page", body = Page),

@@ -33,6 +33,7 @@ pub struct RateBody {
 /// `{"rate", "max_rate", "consumer_rate"}`; null is no limit.
 #[utoipa::path(get,
     operation_id = "rate_show", path = "/api/v1/rate", tag = "consumer",
+    security(("service_token" = [])),
     responses(
         (status = 200, description = "rates", body = Rates),
         NoValidToken,
@@ -50,6 +51,7 @@ pub async fn show(
 /// a non-number, or more than the operator allows; nothing changes then.
 #[utoipa::path(put,
     operation_id = "rate_set", path = "/api/v1/rate", tag = "consumer",
+    security(("service_token" = [])),
     request_body = RateBody,
     responses(
         (status = 200, description = "rates", body = Rates),
@@ -72,6 +74,7 @@ pub async fn set(
 /// Drops the consumer's own rate: only the operator's holds.
 #[utoipa::path(delete,
     operation_id = "rate_clear", path = "/api/v1/rate", tag = "consumer",
+    security(("service_token" = [])),
     responses(
         (status = 200, description = "rates", body = Rates),
         NoValidToken,

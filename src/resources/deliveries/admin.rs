@@ -30,7 +30,7 @@ pub(crate) struct AdminDeliveryPage {
 /// `{"deliveries": [...], "next_after": <id or null>}`; pass `next_after`
 /// as `after` for the next (older) page (`crate::http::page`).
 #[utoipa::path(get,
-    operation_id = "admin_deliveries", path = "/api/v1/admin/deliveries", tag = "admin",
+    operation_id = "admin_deliveries", path = "/api/v1/admin/deliveries", tag = "admin", security(("admin_token" = [])),
     params(DeliveryFilter),
     responses(
         (status = 200, description = "a page", body = AdminDeliveryPage),
@@ -57,7 +57,7 @@ pub(crate) async fn deliveries(
 
 /// A delivery, its attempts and its history
 #[utoipa::path(get,
-    operation_id = "admin_delivery", path = "/api/v1/admin/deliveries/{id}", tag = "admin",
+    operation_id = "admin_delivery", path = "/api/v1/admin/deliveries/{id}", tag = "admin", security(("admin_token" = [])),
     params(DeliveryPath),
     responses(
         (status = 200, description = "the delivery", body = store::Shown),
@@ -83,7 +83,7 @@ pub(crate) struct Attempts {
 
 /// A delivery's attempts
 #[utoipa::path(get,
-    operation_id = "admin_attempts", path = "/api/v1/admin/deliveries/{id}/attempts", tag = "admin",
+    operation_id = "admin_attempts", path = "/api/v1/admin/deliveries/{id}/attempts", tag = "admin", security(("admin_token" = [])),
     params(DeliveryPath),
     responses(
         (status = 200, description = "attempts", body = Attempts),
@@ -116,7 +116,7 @@ pub(crate) struct Requeued {
 /// Requeues a failed or dropped delivery: 200 with its previous state, 404
 /// for an unknown id, 409 for a delivery in another state.
 #[utoipa::path(post,
-    operation_id = "admin_retry", path = "/api/v1/admin/deliveries/{id}/retry", tag = "admin",
+    operation_id = "admin_retry", path = "/api/v1/admin/deliveries/{id}/retry", tag = "admin", security(("admin_token" = [])),
     params(DeliveryPath),
     responses(
         (status = 200, description = "requeued", body = Requeued),
@@ -157,7 +157,7 @@ pub(crate) struct RequeuedFailures {
 ///
 /// Requeues every delivery to the service that failed since `since`.
 #[utoipa::path(post,
-    operation_id = "admin_retry_failed", path = "/api/v1/admin/services/{name}/retry-failed", tag = "admin",
+    operation_id = "admin_retry_failed", path = "/api/v1/admin/services/{name}/retry-failed", tag = "admin", security(("admin_token" = [])),
     params(AdminOnService),
     request_body = RetryFailed,
     responses(

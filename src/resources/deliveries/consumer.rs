@@ -127,6 +127,7 @@ pub struct Redelivered {
 /// `next_after` as `after` for the next (older) page.
 #[utoipa::path(get,
     operation_id = "deliveries_list", path = "/api/v1/deliveries", tag = "consumer",
+    security(("service_token" = [])),
     params(ListQuery),
     responses(
         (status = 200, description = "a page", body = DeliveryPage),
@@ -162,6 +163,7 @@ pub async fn list(
 /// at its first) and its attempts, folded runs shown as such.
 #[utoipa::path(get,
     operation_id = "deliveries_show", path = "/api/v1/deliveries/{id}", tag = "consumer",
+    security(("service_token" = [])),
     params(DeliveryPath),
     responses(
         (status = 200, description = "the delivery", body = DeliveryShown),
@@ -191,6 +193,7 @@ pub async fn show(
 /// (`watchpump.redeliver()`) or past the service's bucket ([`limits`]).
 #[utoipa::path(post,
     operation_id = "deliveries_redeliver", path = "/api/v1/deliveries/{id}/redeliver", tag = "consumer",
+    security(("service_token" = [])),
     params(DeliveryPath),
     responses(
         (status = 202, description = "queued", body = Redelivered),

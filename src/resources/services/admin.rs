@@ -27,7 +27,7 @@ pub(crate) struct ServiceList {
 
 /// Registered services
 #[utoipa::path(get,
-    operation_id = "admin_services_list", path = "/api/v1/admin/services", tag = "admin",
+    operation_id = "admin_services_list", path = "/api/v1/admin/services", tag = "admin", security(("admin_token" = [])),
     responses(
         (status = 200, description = "services", body = ServiceList),
         NoValidToken,
@@ -60,7 +60,7 @@ pub(crate) struct Registered {
 /// 201 with the service, its token and its signing secret: the only time
 /// either is shown.
 #[utoipa::path(post,
-    operation_id = "admin_services_add", path = "/api/v1/admin/services", tag = "admin",
+    operation_id = "admin_services_add", path = "/api/v1/admin/services", tag = "admin", security(("admin_token" = [])),
     request_body = NewService,
     responses(
         (status = 201, description = "registered", body = Registered),
@@ -131,7 +131,7 @@ pub(crate) struct SecretRotated {
 ///
 /// 409 during the overlap of the last rotation, unless forced.
 #[utoipa::path(post,
-    operation_id = "admin_services_rotate_secret", path = "/api/v1/admin/services/{name}/rotate-secret", tag = "admin",
+    operation_id = "admin_services_rotate_secret", path = "/api/v1/admin/services/{name}/rotate-secret", tag = "admin", security(("admin_token" = [])),
     params(AdminOnService),
     request_body(content = Rotation, description = "optional: no body means the default overlap"),
     responses(
@@ -172,7 +172,7 @@ pub(crate) struct TokenRotated {
 ///
 /// 409 during the grace of the last rotation, unless forced.
 #[utoipa::path(post,
-    operation_id = "admin_services_rotate_token", path = "/api/v1/admin/services/{name}/rotate-token", tag = "admin",
+    operation_id = "admin_services_rotate_token", path = "/api/v1/admin/services/{name}/rotate-token", tag = "admin", security(("admin_token" = [])),
     params(AdminOnService),
     request_body(content = Rotation, description = "optional: no body means the default overlap"),
     responses(
@@ -211,7 +211,7 @@ pub(crate) struct Moved {
 
 /// Point a service at a new base URL
 #[utoipa::path(put,
-    operation_id = "admin_services_set_url", path = "/api/v1/admin/services/{name}/url", tag = "admin",
+    operation_id = "admin_services_set_url", path = "/api/v1/admin/services/{name}/url", tag = "admin", security(("admin_token" = [])),
     params(AdminOnService),
     request_body = NewUrl,
     responses(
@@ -254,7 +254,7 @@ pub(crate) struct RateSet {
 /// (issue 20; `watchpump services set-rate`): `{"rate": 50}`, or
 /// `{"rate": null}` for none. 422 for a rate below 1 or not a number.
 #[utoipa::path(put,
-    operation_id = "admin_services_set_rate", path = "/api/v1/admin/services/{name}/rate", tag = "admin",
+    operation_id = "admin_services_set_rate", path = "/api/v1/admin/services/{name}/rate", tag = "admin", security(("admin_token" = [])),
     params(AdminOnService),
     request_body = NewRate,
     responses(
@@ -288,7 +288,7 @@ pub(crate) struct Removed {
 ///
 /// Removes the service, its watches and their undelivered deliveries.
 #[utoipa::path(delete,
-    operation_id = "admin_services_remove", path = "/api/v1/admin/services/{name}", tag = "admin",
+    operation_id = "admin_services_remove", path = "/api/v1/admin/services/{name}", tag = "admin", security(("admin_token" = [])),
     params(AdminOnService),
     responses(
         (status = 200, description = "removed", body = Removed),

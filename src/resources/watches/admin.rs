@@ -28,7 +28,7 @@ pub(crate) struct AdminWatchPage {
 /// `{"watches": [...], "next_after": <id or null>}`, newest first; pass
 /// `next_after` as `after` for the next (older) page.
 #[utoipa::path(get,
-    operation_id = "admin_watches", path = "/api/v1/admin/watches", tag = "admin",
+    operation_id = "admin_watches", path = "/api/v1/admin/watches", tag = "admin", security(("admin_token" = [])),
     params(WatchFilter),
     responses(
         (status = 200, description = "a page", body = AdminWatchPage),

@@ -27,6 +27,7 @@ use crate::watches::{self, resync, NewWatch, Watch};
 /// exists, and asking again is safe).
 #[utoipa::path(post,
     operation_id = "watches_create", path = "/api/v1/watches", tag = "consumer",
+    security(("service_token" = [])),
     request_body = NewWatch,
     responses(
         (status = 201, description = "created", body = Watch),
@@ -80,6 +81,7 @@ pub async fn create(
 /// resync of the service runs, or when its replay budget is spent.
 #[utoipa::path(post,
     operation_id = "watches_resync", path = "/api/v1/watches/{id}/resync", tag = "consumer",
+    security(("service_token" = [])),
     params(WatchPath),
     responses(
         (status = 202, description = "started", body = resync::ConsumerStarted),
@@ -175,6 +177,7 @@ pub struct DeliveryId {
 /// `after` for the next page.
 #[utoipa::path(get,
     operation_id = "watches_list", path = "/api/v1/watches", tag = "consumer",
+    security(("service_token" = [])),
     params(ListQuery),
     responses(
         (status = 200, description = "a page", body = WatchPage),
@@ -204,6 +207,7 @@ pub async fn list(
 /// One of the caller's watches
 #[utoipa::path(get,
     operation_id = "watches_show", path = "/api/v1/watches/{id}", tag = "consumer",
+    security(("service_token" = [])),
     params(WatchPath),
     responses(
         (status = 200, description = "the watch", body = Watch),
@@ -224,6 +228,7 @@ pub async fn show(
 /// Remove a watch; its deliveries not sent are dropped
 #[utoipa::path(delete,
     operation_id = "watches_remove", path = "/api/v1/watches/{id}", tag = "consumer",
+    security(("service_token" = [])),
     params(WatchPath),
     responses(
         (status = 204, description = "removed"),
@@ -250,6 +255,7 @@ pub async fn remove(
 /// watch resumed less than a minute ago.
 #[utoipa::path(post,
     operation_id = "watches_pause", path = "/api/v1/watches/{id}/pause", tag = "consumer",
+    security(("service_token" = [])),
     params(WatchPath),
     responses(
         (status = 200, description = "paused", body = Paused),
@@ -271,6 +277,7 @@ pub async fn pause(
 /// window. 200 `{"watch_id", "paused": false, "changed"}`.
 #[utoipa::path(post,
     operation_id = "watches_resume", path = "/api/v1/watches/{id}/resume", tag = "consumer",
+    security(("service_token" = [])),
     params(WatchPath),
     responses(
         (status = 200, description = "resumed", body = Paused),
@@ -323,6 +330,7 @@ pub const PING_EVERY_SECS: i64 = 10;
 /// the watch's previous ping.
 #[utoipa::path(post,
     operation_id = "watches_ping", path = "/api/v1/watches/{id}/ping", tag = "consumer",
+    security(("service_token" = [])),
     params(WatchPath),
     responses(
         (status = 202, description = "queued", body = DeliveryId),
