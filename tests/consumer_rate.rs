@@ -261,3 +261,73 @@ async fn the_panel_sets_a_services_rate_and_shows_it_with_its_pauses() {
             .unwrap();
     assert_eq!(max, None, "an empty rate lifts the limit");
 }
+
+/// One `watchpump.take_tokens()` as a pump calls it before a claim, listing
+/// no service (each limited one then wants 10): (service, granted, whether
+/// a refill time was given) by name.
+async fn take(db: &TestDb) -> Vec<(String, i32, bool)> {
+    sqlx::query_as(
+        "select s.name, t.granted, t.refill_seconds <> 'infinity'
+         from watchpump.take_tokens('{}', '{}', 10) t
+         join watchpump.services s on s.id = t.service_id
+         order by s.name",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap()
+}
+
+/// The bucket's row version (`xmin`), or None without a bucket.
+async fn bucket(db: &TestDb, service_id: i64) -> Option<String> {
+    sqlx::query_scalar("select xmin::text from watchpump.rate_buckets where service_id = $1")
+        .bind(service_id)
+        .fetch_optional(&db.pool)
+        .await
+        .unwrap()
+}
+
+/// A consumer may limit its own service, and every claim of every pump
+/// takes tokens for each limited service: one with nothing queued is
+/// granted nothing and its bucket is not written (idle ones cost every
+/// claim a row write and its WAL each), and one with deliveries queued is
+/// still held to its tokens, however recently its queue filled.
+#[tokio::test]
+async fn a_limited_service_with_nothing_queued_is_granted_nothing_and_not_written() {
+    let db = TestDb::new().await;
+    let (idle, _) = db.add_service("idle", "http://127.0.0.1:9").await;
+    let (busy, _) = db.add_service("busy", "http://127.0.0.1:9").await;
+    for service in [&idle, &busy] {
+        db.add_watch(service.id, "repo", &format!("{}/", service.name), all())
+            .await;
+        sqlx::query("select watchpump.set_max_rate($1, 50)")
+            .bind(&service.name)
+            .execute(&db.pool)
+            .await
+            .unwrap();
+    }
+    for i in 0..5 {
+        db.emit(&format!("busy/{i}"), "push", json!({})).await;
+    }
+
+    // busy: its burst (50 / 20 = 2.5, two whole tokens); idle: nothing,
+    // no time to claim again at, and no bucket made.
+    let first = take(&db).await;
+    assert_eq!(first, [("busy".into(), 2, true), ("idle".into(), 0, false)]);
+    assert_eq!(bucket(&db, idle.id).await, None);
+
+    // A change for idle: the next take holds it to its bucket's burst.
+    db.emit("idle/a", "push", json!({})).await;
+    let second = take(&db).await;
+    assert_eq!(second[1], ("idle".into(), 2, true));
+    let written = bucket(&db, idle.id).await.expect("a bucket once queued");
+
+    // Its queue emptied (as delivered), its bucket is left as it was.
+    sqlx::query("delete from watchpump.queue where service_id = $1")
+        .bind(idle.id)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let third = take(&db).await;
+    assert_eq!(third[1], ("idle".into(), 0, false));
+    assert_eq!(bucket(&db, idle.id).await, Some(written));
+}

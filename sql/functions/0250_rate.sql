@@ -34,8 +34,17 @@ $$;
 -- the next claim would take (its burst, or the slots wanted if fewer; at
 -- least one token): a pump that used every token granted claims again
 -- then (src/pump/rate.rs). Services without a rate are not listed (their
--- slots stand). One row lock per limited service, held for this statement
--- only.
+-- slots stand). One row lock per limited service with deliveries queued,
+-- held for this statement only.
+--
+-- A limited service with nothing queued is granted nothing and its bucket
+-- is left alone (it fills by the clock all the same): its row says 0 and
+-- a refill of infinity, "nothing to claim again for". A consumer may
+-- limit its own service (PUT /api/v1/rate), and every claim of every pump
+-- wrote each limited service's bucket: 500 idle limited services cost a
+-- take 3.9 ms and 44 kB of WAL. Granting 0 rather than leaving the row
+-- out keeps a delivery queued between this call and the claim from being
+-- claimed without a token.
 --
 -- Until issue 35 it returned the first two columns only. A function's
 -- result cannot be replaced in place: the old one is dropped here, in the
@@ -67,32 +76,39 @@ begin
     select s.id, watchpump.rate_burst(watchpump.effective_rate(s.max_rate, s.consumer_rate)), v_now
     from watchpump.services s
     where s.removed_at is null and (s.max_rate is not null or s.consumer_rate is not null)
+      and exists (select from watchpump.queue q where q.service_id = s.id)
     on conflict do nothing;
 
     -- Each SET expression reads the same (newest, once locked) row: a
     -- concurrent pump's take is seen, and time since refilled_at is
     -- counted once (refilled_at never goes back).
     return query
-    with limited as (
+    with limited as materialized (
         select s.id, watchpump.effective_rate(s.max_rate, s.consumer_rate) as rate,
-               greatest(coalesce(u.wanted, p_default), 0) as wanted
+               greatest(coalesce(u.wanted, p_default), 0) as wanted,
+               exists (select from watchpump.queue q where q.service_id = s.id) as queued
         from watchpump.services s
         left join unnest(p_service_ids, p_wanted) as u (id, wanted) on u.id = s.id
         where s.removed_at is null and (s.max_rate is not null or s.consumer_rate is not null)
+    ),
+    taken as (
+        update watchpump.rate_buckets b
+        set granted = least(l.wanted, floor(least(watchpump.rate_burst(l.rate),
+                              b.tokens + l.rate * greatest(0, extract(epoch from v_now - b.refilled_at)))))::integer,
+            tokens = least(watchpump.rate_burst(l.rate),
+                           b.tokens + l.rate * greatest(0, extract(epoch from v_now - b.refilled_at)))
+                     - least(l.wanted, floor(least(watchpump.rate_burst(l.rate),
+                              b.tokens + l.rate * greatest(0, extract(epoch from v_now - b.refilled_at))))),
+            refilled_at = greatest(b.refilled_at, v_now)
+        from limited l
+        where b.service_id = l.id and l.queued
+        returning b.service_id, b.granted,
+                  greatest(0, greatest(1, least(watchpump.rate_burst(l.rate), l.wanted)) - b.tokens)
+                      / l.rate as refill_seconds
     )
-    update watchpump.rate_buckets b
-    set granted = least(l.wanted, floor(least(watchpump.rate_burst(l.rate),
-                          b.tokens + l.rate * greatest(0, extract(epoch from v_now - b.refilled_at)))))::integer,
-        tokens = least(watchpump.rate_burst(l.rate),
-                       b.tokens + l.rate * greatest(0, extract(epoch from v_now - b.refilled_at)))
-                 - least(l.wanted, floor(least(watchpump.rate_burst(l.rate),
-                          b.tokens + l.rate * greatest(0, extract(epoch from v_now - b.refilled_at))))),
-        refilled_at = greatest(b.refilled_at, v_now)
-    from limited l
-    where b.service_id = l.id
-    returning b.service_id, b.granted,
-              greatest(0, greatest(1, least(watchpump.rate_burst(l.rate), l.wanted)) - b.tokens)
-                  / l.rate;
+    select t.service_id, t.granted, t.refill_seconds from taken t
+    union all
+    select l.id, 0, double precision 'infinity' from limited l where not l.queued;
 end
 $$;
 

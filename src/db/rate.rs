@@ -60,7 +60,9 @@ pub async fn set_max_rate(pool: &PgPool, service: &str, rate: Option<i32>) -> sq
 pub struct Granted {
     pub service_id: i64,
     pub granted: i32,
-    /// How long until the bucket holds what the next claim would take.
+    /// How long until the bucket holds what the next claim would take;
+    /// infinity for a service with nothing queued (granted 0, its bucket
+    /// not written).
     pub refill_seconds: f64,
 }
 

@@ -36,8 +36,10 @@ struct Grant {
     /// The slots the pump had free for it: what it asked for.
     wanted: i32,
     granted: i32,
-    /// How long until its bucket holds the next claim's tokens.
-    refill: Duration,
+    /// How long until its bucket holds the next claim's tokens; `None` for
+    /// a service with nothing queued (granted nothing, and nothing to
+    /// claim again for).
+    refill: Option<Duration>,
 }
 
 /// How long a pump that found no rate-limited service claims without asking
@@ -101,8 +103,10 @@ pub async fn take(pool: &PgPool, limited: &Limited, slots: &mut Slots) -> Result
             service_id: g.service_id,
             wanted,
             granted: g.granted,
-            refill: Duration::from_secs_f64(g.refill_seconds.clamp(0.0, RECHECK.as_secs_f64()))
-                .max(REFILL_FLOOR),
+            refill: g.refill_seconds.is_finite().then(|| {
+                Duration::from_secs_f64(g.refill_seconds.clamp(0.0, RECHECK.as_secs_f64()))
+                    .max(REFILL_FLOOR)
+            }),
         });
     }
     Ok(Taken {
@@ -130,8 +134,8 @@ pub async fn give_back(
         if used < g.granted {
             ids.push(g.service_id);
             unused.push(g.granted - used);
-        } else if g.wanted > 0 {
-            let at = taken.asked.map(|asked| asked + g.refill);
+        } else if let (true, Some(refill)) = (g.wanted > 0, g.refill) {
+            let at = taken.asked.map(|asked| asked + refill);
             next_claim = next_claim.into_iter().chain(at).min();
         }
     }
