@@ -41,11 +41,13 @@ const FILES: &[SqlFile] = include!(concat!(env!("OUT_DIR"), "/watchpump_sql_file
 /// replaced, nor one it may not call yet.
 pub async fn migrate(pool: &PgPool) -> Result<Vec<String>> {
     let mut tx = sql_files::begin(pool, "watchpump").await?;
-    // roles.sql's lock, before any table a file locks: a pump's prune()
-    // takes it before the tables it works on.
-    db::lock_history_if_made(&mut tx).await?;
-    let applied = sql_files::apply_pending(&mut tx, "watchpump", FILES).await?;
     let owner = db::owns_watchpump_schema(&mut tx).await?;
+    if owner {
+        // roles.sql's lock, before any table a file locks: a pump's
+        // prune() takes it before the tables it works on.
+        db::lock_history_if_made(&mut tx).await?;
+    }
+    let applied = sql_files::apply_pending(&mut tx, "watchpump", FILES).await?;
     if owner {
         db::apply_roles(&mut tx).await?;
     }
