@@ -84,9 +84,13 @@ pub async fn take(pool: &PgPool, limited: &Limited, slots: &mut Slots) -> Result
     }
     let granted = db::take_tokens(pool, &slots.service_ids, &slots.free, slots.default_free).await?;
     *limited.none_until.lock().unwrap() = granted.is_empty().then(|| now + RECHECK);
+    // Every limited service has a row, idle or not: found by id, not by a
+    // walk of the slots for each.
+    let listed: HashMap<i64, usize> =
+        slots.service_ids.iter().enumerate().map(|(i, &id)| (id, i)).collect();
     let mut grants = Vec::with_capacity(granted.len());
     for g in granted {
-        let wanted = match slots.service_ids.iter().position(|id| *id == g.service_id) {
+        let wanted = match listed.get(&g.service_id).copied() {
             Some(i) => {
                 let wanted = slots.free[i];
                 slots.free[i] = wanted.min(g.granted);
