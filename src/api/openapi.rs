@@ -214,11 +214,3 @@ mod tests {
         assert_eq!(seen.len(), 32);
     }
 }
-
-#[cfg(test)]
-#[test]
-fn zz_dump_spec() {
-    if let Ok(path) = std::env::var("DUMP_SPEC") {
-        std::fs::write(path, SPEC.as_str()).unwrap();
-    }
-}
