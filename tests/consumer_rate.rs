@@ -289,8 +289,8 @@ async fn bucket(db: &TestDb, service_id: i64) -> Option<String> {
 /// A consumer may limit its own service, and every claim of every pump
 /// takes tokens for each limited service: one with nothing queued is
 /// granted nothing and its bucket is not written (idle ones cost every
-/// claim a row write and its WAL each), and one with deliveries queued is
-/// still held to its tokens, however recently its queue filled.
+/// claim a row write and its WAL each), and one whose queue fills is held
+/// to its bucket's burst from the next take.
 #[tokio::test]
 async fn a_limited_service_with_nothing_queued_is_granted_nothing_and_not_written() {
     let db = TestDb::new().await;

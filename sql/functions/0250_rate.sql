@@ -50,10 +50,10 @@ $$;
 -- result cannot be replaced in place: the old one is dropped here, in the
 -- transaction that makes the new one, so that no pump, of either version,
 -- ever finds it missing (a migration that dropped it committed alone, and
--- claims failed until this file ran). A new function may be called by any
--- role with the schema's usage until roles.sql narrows it again in the
--- same migrate. A pump of the version before reads the two columns it
--- knows by name.
+-- claims failed until this file ran). `migrate` now applies every pending
+-- file and roles.sql in one transaction, so the new function is seen only
+-- with its grants. A pump of the version before reads the two columns it
+-- knows by name, and clamps an infinite refill to its one-second recheck.
 do $$
 declare
     v_old regprocedure := to_regprocedure('watchpump.take_tokens(bigint[], integer[], integer)');
@@ -108,7 +108,11 @@ begin
     )
     select t.service_id, t.granted, t.refill_seconds from taken t
     union all
-    select l.id, 0, double precision 'infinity' from limited l where not l.queued;
+    -- Every limited service the update did not take for: those with
+    -- nothing queued, and any whose first delivery or rate came between
+    -- the insert above and this statement (it has no bucket yet).
+    select l.id, 0, double precision 'infinity' from limited l
+    where not exists (select from taken t where t.service_id = l.id);
 end
 $$;
 

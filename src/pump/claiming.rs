@@ -274,6 +274,9 @@ pub(super) async fn claim(shared: &Shared, ahead: bool) -> Result<(Vec<Claimed>,
     super::rate::give_back(&shared.pool, &shared.rates, &taken, &found).await?;
     let mut health = shared.health.lock().unwrap();
     health.claim_found(&slots, &found);
+    for id in taken.nothing_queued() {
+        health.nothing_due(id);
+    }
     // A probe that found nothing to send waits its pause like any other.
     for (i, id) in slots.service_ids.iter().enumerate() {
         if slots.probe[i] && !found.contains_key(id) {

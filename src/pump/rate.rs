@@ -69,6 +69,17 @@ impl Limited {
     }
 }
 
+impl Taken {
+    /// The rate-limited services that had nothing queued when the tokens
+    /// were taken: granted nothing, and with nothing more due.
+    pub fn nothing_queued(&self) -> impl Iterator<Item = i64> + '_ {
+        self.grants
+            .iter()
+            .filter(|g| g.refill.is_none())
+            .map(|g| g.service_id)
+    }
+}
+
 /// Takes tokens for the services in `slots` (and those it does not list,
 /// at `default_free`) and lowers each rate-limited service's free slots to
 /// what it was granted, adding the ones `slots` did not list.

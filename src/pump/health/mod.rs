@@ -180,15 +180,23 @@ impl Health {
                 ..Service::default()
             });
         }
+        let offered: HashMap<i64, i32> = slots.service_ids.iter().copied().zip(slots.free.iter().copied()).collect();
         for (id, s) in self.services.iter_mut() {
-            let offered = slots
-                .service_ids
-                .iter()
-                .position(|x| x == id)
-                .map_or(slots.default_free, |i| slots.free[i]);
+            let offered = offered.get(id).copied().unwrap_or(slots.default_free);
             if offered > 0 {
                 s.more_due = claimed.get(id).copied().unwrap_or(0) >= offered as u32;
             }
+        }
+    }
+
+    /// `service_id` had nothing queued when its rate's tokens were taken
+    /// (`crate::pump::rate::Taken::nothing_queued`): offered nothing, the
+    /// claim learnt nothing of it, and it has no more due. Without this, a
+    /// backlog whose last claim used every token left it "more due" until
+    /// its next delivery, and every finished send claimed again for it.
+    pub fn nothing_due(&mut self, service_id: i64) {
+        if let Some(s) = self.services.get_mut(&service_id) {
+            s.more_due = false;
         }
     }
 

@@ -113,6 +113,28 @@ fn a_claim_takes_one_window_ahead_and_what_waits_starts_as_requests_finish() {
     assert!(!h.wants_claim(now), "the backlog is drained: wait for news");
 }
 
+/// A rate-limited service's last claim used every token: "more due". Its
+/// queue then empties, and the next claim offers it nothing (its rate
+/// found nothing queued, `pump::rate::Taken::nothing_queued`): it must not
+/// stay "more due", or every finished send would claim again for it.
+#[test]
+fn a_service_with_nothing_queued_has_no_more_due_though_offered_nothing() {
+    let now = Instant::now();
+    let mut h = Health::new(4, 4, 3, policy());
+    let mut offered = h.slots(now);
+    offered.service_ids.push(1);
+    offered.free.push(2);
+    offered.probe.push(false);
+    h.claim_found(&offered, &HashMap::from([(1, 2)]));
+    assert!(h.wants_claim(now), "every token used: more may be due");
+    let mut idle = h.slots(now);
+    idle.free[0] = 0;
+    h.claim_found(&idle, &HashMap::new());
+    assert!(h.wants_claim(now), "offered nothing, the claim learnt nothing");
+    h.nothing_due(1);
+    assert!(!h.wants_claim(now), "nothing queued: wait for news");
+}
+
 #[test]
 fn a_failing_service_gives_back_what_waits_beyond_its_window_and_all_when_down() {
     let now = Instant::now();
