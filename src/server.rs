@@ -61,8 +61,9 @@ async fn prepare_database(pool: &PgPool) -> Result<Vec<services::Service>> {
 
 /// Another transaction was in the way: a lock held past the role's or the
 /// database's `lock_timeout` (55P03; a DBA's safeguard for migrations, which
-/// the migration's advisory lock honours too), a deadlock (40P01, with a
-/// pump's maintenance making a day's partitions), a serialization failure
+/// the migration's advisory lock honours too), a deadlock (40P01: a pending
+/// migration's lock on a table against a reader, a pump or the panel, of a
+/// view the same run replaces), a serialization failure
 /// (40001). The same statements succeed once it is done.
 fn is_contention(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(d)

@@ -40,8 +40,8 @@ pub async fn apply(
 /// Every pending file of a run is applied in this one transaction, so that
 /// nothing sees a run half done: a function that a migration drops and a
 /// later file creates again (with other arguments) stays callable all
-/// through (a transaction a file left it missing until the later file
-/// ran, and for good had the run stopped in between); a run that fails
+/// through (with a transaction per file it was missing until the later
+/// file ran, and for good had the run stopped in between); a run that fails
 /// anywhere leaves the schema as it found it, and the next applies it all.
 /// The price is that the run's locks are held until its end, as Flyway's
 /// `group` does. What must be seen with the files goes in the same

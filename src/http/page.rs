@@ -36,18 +36,23 @@ pub const CONSUMER_DEFAULT: i64 = 100;
 /// (tests/consumer_deliveries.rs).
 pub const CONSUMER_MAX: i64 = 1000;
 
-/// A page of one of the consumer API's listings: the size `limit` asks for
-/// (a 400 outside 1 to [`CONSUMER_MAX`]), `read` of one row more than that
-/// ([`ahead`]), [`cut`] with the `cursor` of its last row when more follow.
+/// The page size a consumer API listing's `limit` asks for: 1 to
+/// [`CONSUMER_MAX`], [`CONSUMER_DEFAULT`] when it asks for none, a 400
+/// otherwise.
+pub fn consumer_size(limit: Option<i64>) -> Result<i64, HttpError> {
+    size(limit, CONSUMER_DEFAULT, CONSUMER_MAX).map_err(HttpError::BadRequest)
+}
+
+/// A page of `size` rows: `read` of one row more ([`ahead`]), [`cut`] with
+/// the `cursor` of its last row when more follow.
 pub async fn read<T, C, E>(
-    limit: Option<i64>,
+    size: i64,
     read: impl AsyncFnOnce(i64) -> Result<Vec<T>, E>,
     cursor: impl FnOnce(&T) -> C,
 ) -> Result<(Vec<T>, Option<C>), HttpError>
 where
     HttpError: From<E>,
 {
-    let size = size(limit, CONSUMER_DEFAULT, CONSUMER_MAX).map_err(HttpError::BadRequest)?;
     let rows = read(ahead(size)).await?;
     Ok(cut(rows, size, cursor))
 }

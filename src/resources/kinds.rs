@@ -60,8 +60,9 @@ pub async fn list(
     Consumer(_): Consumer,
     Query(q): Query<ListQuery>,
 ) -> Result<Json<Page>, HttpError> {
+    let size = page::consumer_size(q.limit)?;
     let (kinds, next_after) = page::read(
-        q.limit,
+        size,
         async |ahead| kinds::list(&state.pool, &q.after, ahead).await,
         |k| k.name.clone(),
     )

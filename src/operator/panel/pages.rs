@@ -244,8 +244,10 @@ pub async fn watches(
         limit: Some(store::DEFAULT_PAGE),
         ..filter
     };
-    let (rows, next_after) = store::watches_page(state.reads.pool(), &filter).await?;
+    // Checked before the standby is asked; its lag read before the page.
+    filter.validate()?;
     let lag = state.reads.lag().await?;
+    let (rows, next_after) = store::watches_page(state.reads.pool(), &filter).await?;
     let value = |v: &Option<String>| esc(v.as_deref().unwrap_or(""));
     let show = filter.show.as_deref().unwrap_or("any");
     let option = |v: &str, label: &str| {

@@ -45,9 +45,11 @@ pub(crate) async fn deliveries(
 ) -> Result<Json<Value>, HttpError> {
     // The watch is the consumer API's filter: the query cannot name one.
     let filter = filter.normalized();
-    let (deliveries, next_after) = store::deliveries_page(state.reads.pool(), &filter).await?;
-    // After the page, which refuses a bad filter without asking the standby.
+    // A bad filter is refused without asking the standby; the lag is read
+    // before the page: what changed after it is not on the page.
+    filter.validate()?;
     let lag = state.reads.lag().await?;
+    let (deliveries, next_after) = store::deliveries_page(state.reads.pool(), &filter).await?;
     state.settings.masked(&AdminDeliveryPage {
         cursors: page::AdminCursors::of(&deliveries, filter.size(), next_after, |d| d.delivery_id),
         deliveries,

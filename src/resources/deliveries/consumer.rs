@@ -139,21 +139,23 @@ pub async fn list(
     Consumer(service): Consumer,
     Query(q): Query<ListQuery>,
 ) -> Result<Json<Value>, HttpError> {
+    let size = page::consumer_size(q.limit)?;
     if let Some(object) = &q.object {
         crate::watches::check_object(object).map_err(HttpError::from)?;
     }
+    // Before the page: what changed after the lag was read is not on it.
+    let lag = state.reads.lag().await?;
     let pool = state.reads.pool();
     let (deliveries, next_after) = page::read(
-        q.limit,
+        size,
         async |ahead| entries(pool, service.id, &q, ahead).await,
         |d| d.id,
     )
     .await?;
-    let read = state.reads.lag().await?;
     state.settings.masked(&DeliveryPage {
         deliveries,
         next_after,
-        read,
+        read: lag,
     })
 }
 

@@ -40,9 +40,11 @@ pub(crate) async fn watches(
     State(state): State<App>,
     Query(filter): Query<WatchFilter>,
 ) -> Result<Json<Value>, HttpError> {
-    let (watches, next_after) = store::watches_page(state.reads.pool(), &filter).await?;
-    // After the page, which refuses a bad filter without asking the standby.
+    // A bad filter is refused without asking the standby; the lag is read
+    // before the page: what changed after it is not on the page.
+    filter.validate()?;
     let lag = state.reads.lag().await?;
+    let (watches, next_after) = store::watches_page(state.reads.pool(), &filter).await?;
     state.settings.masked(&AdminWatchPage {
         cursors: page::AdminCursors::of(&watches, filter.size(), next_after, |w| w.watch_id),
         watches,

@@ -189,18 +189,20 @@ pub async fn list(
     Consumer(service): Consumer,
     Query(q): Query<ListQuery>,
 ) -> Result<Json<WatchPage>, HttpError> {
+    let size = page::consumer_size(q.limit)?;
+    // Before the page: what changed after the lag was read is not on it.
+    let lag = state.reads.lag().await?;
     let pool = state.reads.pool();
     let (watches, next_after) = page::read(
-        q.limit,
+        size,
         async |ahead| watches::list(pool, service.id, q.include_removed, q.after, ahead).await,
         |w| w.id,
     )
     .await?;
-    let read = state.reads.lag().await?;
     Ok(Json(WatchPage {
         watches,
         next_after,
-        read,
+        read: lag,
     }))
 }
 

@@ -129,8 +129,10 @@ pub async fn list(
 ) -> Result<Response, AsHtml> {
     let Query(q) = query.map_err(|e| HttpError::Invalid(e.body_text()))?;
     let filter = q.filter()?;
-    let (rows, next_after) = store::deliveries_page(state.reads.pool(), &filter).await?;
+    // Checked before the standby is asked; its lag read before the page.
+    filter.validate()?;
     let lag = state.reads.lag().await?;
+    let (rows, next_after) = store::deliveries_page(state.reads.pool(), &filter).await?;
     let chosen = filter.state.as_deref().unwrap_or("");
     let mut options = String::from(r#"<option value="">any</option>"#);
     for s in DeliveryState::ALL.map(DeliveryState::as_str) {
