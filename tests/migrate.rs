@@ -15,36 +15,36 @@ use watchpump::sql_files::{self, SqlFile};
 /// The schema these tests apply their own files to.
 const SCHEMA: &str = "migrate_test";
 
-const FIRST: SqlFile = SqlFile {
-    name: "0001_first",
-    sql: "create function migrate_test.f() returns int language sql as 'select 1';",
-    reapply_on_change: false,
-};
+/// A migration: applied once.
+const fn migration(name: &'static str, sql: &'static str) -> SqlFile {
+    SqlFile {
+        name,
+        sql,
+        reapply_on_change: false,
+    }
+}
 
-const DROP: SqlFile = SqlFile {
-    name: "0002_drop",
-    sql: "drop function migrate_test.f(); create table migrate_test.made (id int);",
-    reapply_on_change: false,
-};
+const FIRST: SqlFile = migration(
+    "0001_first",
+    "create function migrate_test.f() returns int language sql as 'select 1';",
+);
+
+const DROP: SqlFile = migration(
+    "0002_drop",
+    "drop function migrate_test.f(); create table migrate_test.made (id int);",
+);
 
 /// Stands for the migrations and rooms between a drop and the file that
 /// creates the function again.
-const SLOW: SqlFile = SqlFile {
-    name: "0003_slow",
-    sql: "select pg_sleep(1.5);",
-    reapply_on_change: false,
-};
+const SLOW: SqlFile = migration("0003_slow", "select pg_sleep(1.5);");
 
+const BROKEN: SqlFile = migration("0004_broken", "select * from migrate_test.no_such_table;");
+
+/// A room of functions: applied again when its text changes.
 const AGAIN: SqlFile = SqlFile {
     name: "0100_again",
     sql: "create or replace function migrate_test.f() returns int language sql as 'select 2';",
     reapply_on_change: true,
-};
-
-const BROKEN: SqlFile = SqlFile {
-    name: "0004_broken",
-    sql: "select * from migrate_test.no_such_table;",
-    reapply_on_change: false,
 };
 
 async fn f(pool: &sqlx::PgPool) -> Result<i32, sqlx::Error> {
