@@ -27,27 +27,48 @@ use crate::http::App;
 use crate::pump::Pump;
 use crate::{edge, metrics, operator, schema, services};
 
-/// Migrates the schema and reads the registered services. The database
-/// answered a moment ago ([`connect`]); if it goes away now (a restart, a
-/// failover), or another transaction is in the way ([`is_contention`]),
-/// start-up tries again, up to [`START_UP_PATIENCE`], instead of exiting
-/// and leaving the restart to a supervisor.
+/// Migrates the schema and reads the registered services, [`patiently`]:
+/// the database answered a moment ago ([`connect`]), and start-up waits
+/// out a restart, a failover or another transaction's lock instead of
+/// exiting and leaving the restart to a supervisor.
 async fn prepare_database(pool: &PgPool) -> Result<Vec<services::Service>> {
+    patiently("start-up", || async {
+        let applied = schema::migrate(pool).await?;
+        if !applied.is_empty() {
+            tracing::info!(?applied, "schema updated");
+        }
+        services::list(pool).await
+    })
+    .await
+}
+
+/// [`schema::migrate`], tried again while the database went away or
+/// another transaction was in the way, for up to [`START_UP_PATIENCE`]:
+/// what `watchpump migrate` and the CLI's commands that migrate run. A run
+/// holds its locks to its end
+/// (`sql_files::begin`), so a deadlock with a reader of a view it replaces
+/// is not an error to give up on: PostgreSQL breaks it, and the run is
+/// tried again whole.
+pub async fn migrate_patiently(pool: &PgPool) -> Result<Vec<String>> {
+    patiently("migrate", || schema::migrate(pool)).await
+}
+
+/// `attempt` again every half second while the database went away (a
+/// restart, a failover: [`is_gone`]) or another transaction was in the way
+/// ([`is_contention`]), saying so each time, for up to
+/// [`START_UP_PATIENCE`]; any other error at once.
+async fn patiently<T, F>(what: &str, mut attempt: impl FnMut() -> F) -> Result<T>
+where
+    F: Future<Output = Result<T>>,
+{
     let started = tokio::time::Instant::now();
     loop {
-        let attempt = async {
-            let applied = schema::migrate(pool).await?;
-            if !applied.is_empty() {
-                tracing::info!(?applied, "schema updated");
-            }
-            services::list(pool).await
-        };
-        match attempt.await {
+        match attempt().await {
             Err(Error::Database(e)) if started.elapsed() < START_UP_PATIENCE => {
                 let why = if is_gone(&e) {
-                    "the database went away during start-up; trying again"
+                    format!("the database went away during {what}; trying again")
                 } else if is_contention(&e) {
-                    "start-up met another transaction's lock; trying again"
+                    format!("{what} met another transaction's lock; trying again")
                 } else {
                     return Err(Error::Database(e));
                 };

@@ -1,8 +1,8 @@
 //! `serve` started while its database is down (a restart, a failover, a
 //! host booting in the wrong order) waits for it and starts when it is
 //! back; so does one whose start-up meets another transaction's lock past
-//! its `lock_timeout`; a database that waiting cannot cure is reported at
-//! once.
+//! its `lock_timeout`, and so does `watchpump migrate`; a database that
+//! waiting cannot cure is reported at once.
 //!
 //! A project-local cluster of its own (`target/pg-late`), because this
 //! test stops and starts it.
@@ -219,5 +219,56 @@ async fn serve_whose_start_up_meets_a_lock_past_lock_timeout_tries_again_and_run
         logs.contains("start-up met another transaction's lock; trying again")
             && logs.contains("lock timeout"),
         "each try is logged with its cause:\n{logs}"
+    );
+}
+
+/// `watchpump migrate` meets the same: a run holds its locks to its end,
+/// so it may meet another transaction's lock past `lock_timeout` (or a
+/// deadlock with a reader of a view it replaces, which PostgreSQL breaks).
+/// It tries the whole run again, saying why, and succeeds once the lock is
+/// gone, where it failed at the first 55P03.
+#[tokio::test]
+async fn watchpump_migrate_meeting_a_lock_past_lock_timeout_tries_again_and_succeeds() {
+    let db = TestDb::new().await;
+    sqlx::query(&format!(
+        "alter database {} set lock_timeout = '100ms'",
+        db.name
+    ))
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let mut holder = db.pool.acquire().await.unwrap();
+    sqlx::query("select pg_advisory_lock(hashtext('watchpump.migrate'))")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+
+    let mut child = watchpump_cli(Some(&db.url))
+        .arg("migrate")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "watchpump migrate gave up at the lock"
+    );
+    sqlx::query("select pg_advisory_unlock(hashtext('watchpump.migrate'))")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    drop(holder);
+
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "migrate failed:\n{stderr}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("schema is up to date"),
+        "{out:?}"
+    );
+    assert!(
+        stderr.contains("migrate met another transaction's lock; trying again"),
+        "each try is said with its cause:\n{stderr}"
     );
 }

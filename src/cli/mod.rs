@@ -170,7 +170,7 @@ async fn run(cli: Cli) -> Result<()> {
             // sqlx's kept statements need a session of their own, as
             // `serve`'s do (crate::pooler).
             crate::pooler::check_sessions(&pool.connect_options(), "DATABASE_URL").await?;
-            let applied = schema::migrate(&pool).await?;
+            let applied = server::migrate_patiently(&pool).await?;
             if applied.is_empty() {
                 println!("schema is up to date");
             } else {
@@ -188,7 +188,7 @@ async fn run(cli: Cli) -> Result<()> {
             // a database with nothing to seal.
             let keys = at_rest::SecretKeys::from_env()?;
             let pool = crate::db::connection::connect(&url, 2).await?;
-            schema::migrate(&pool).await?;
+            server::migrate_patiently(&pool).await?;
             let secrets = at_rest::count_sealed_with(&pool, keys.current_id()).await?;
             if json {
                 println!(
@@ -208,13 +208,13 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Services(command) => {
             let pool = crate::db::connection::connect(&url, 2).await?;
             schema::require(&pool).await?;
-            schema::migrate(&pool).await?;
+            server::migrate_patiently(&pool).await?;
             services::run_services(&pool, command).await?;
         }
         Command::Kinds(command) => {
             let pool = crate::db::connection::connect(&url, 2).await?;
             schema::require(&pool).await?;
-            schema::migrate(&pool).await?;
+            server::migrate_patiently(&pool).await?;
             kinds::run_kinds(&pool, command).await?;
         }
         Command::Watches(command) => {
