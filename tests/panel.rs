@@ -831,17 +831,6 @@ async fn the_panels_lists_link_an_older_page_only_when_more_follow() {
     let server = AppServer::start(&db.pool, &operator_config()).await;
     let (svc, _) = db.add_service("deploy", "http://127.0.0.1:9").await;
     db.add_watch(svc.id, "app", "acme/", all()).await;
-    let cookie = server.log_in().await;
-    let page = |path: String| {
-        let req = panel_client()
-            .get(server.url(&path))
-            .header("cookie", cookie.clone());
-        async move {
-            let res = req.send().await.unwrap();
-            assert_eq!(res.status(), 200, "{path}");
-            res.text().await.unwrap()
-        }
-    };
     let older = |html: &str, list: &str| {
         html.split(&format!("href=\"/panel/{list}?"))
             .nth(1)
@@ -854,24 +843,25 @@ async fn the_panels_lists_link_an_older_page_only_when_more_follow() {
     for i in 0..50 {
         db.emit(&format!("acme/b{i}"), "push", json!({})).await;
     }
-    let full = page("/panel/deliveries?service=deploy".into()).await;
+    let full = server.panel_get("/panel/deliveries?service=deploy").await;
     assert_eq!(
         older(&full, "deliveries"),
         None,
         "a full last page links nowhere"
     );
     db.emit("acme/b50", "push", json!({})).await;
-    let first = page("/panel/deliveries?service=deploy".into()).await;
+    let first = server.panel_get("/panel/deliveries?service=deploy").await;
     let link = older(&first, "deliveries").expect("one more follows");
     assert!(link.contains("after="), "{link}");
-    let next = page(format!("/panel/deliveries?{link}")).await;
+    let next = server.panel_get(&format!("/panel/deliveries?{link}")).await;
     assert_eq!(rows(&next, "deliveries"), 1, "{next}");
     assert_eq!(older(&next, "deliveries"), None);
-    let old_link = page(format!(
-        "/panel/deliveries?{}",
-        link.replace("after=", "before=")
-    ))
-    .await;
+    let old_link = server
+        .panel_get(&format!(
+            "/panel/deliveries?{}",
+            link.replace("after=", "before=")
+        ))
+        .await;
     assert_eq!(
         rows(&old_link, "deliveries"),
         1,
@@ -883,13 +873,13 @@ async fn the_panels_lists_link_an_older_page_only_when_more_follow() {
         db.add_watch(svc.id, "app", &format!("acme/w{i}"), all())
             .await;
     }
-    let full = page("/panel/watches?service=deploy".into()).await;
+    let full = server.panel_get("/panel/watches?service=deploy").await;
     assert_eq!(older(&full, "watches"), None, "100 watches are one page");
     db.add_watch(svc.id, "app", "acme/w100", all()).await;
-    let first = page("/panel/watches?service=deploy".into()).await;
+    let first = server.panel_get("/panel/watches?service=deploy").await;
     let link = older(&first, "watches").expect("one more follows");
     assert!(link.contains("after="), "{link}");
-    let next = page(format!("/panel/watches?{link}")).await;
+    let next = server.panel_get(&format!("/panel/watches?{link}")).await;
     assert_eq!(older(&next, "watches"), None);
     assert!(
         next.contains("acme/"),

@@ -164,20 +164,15 @@ async fn serve_with_a_database_that_does_not_exist_exits_at_once_saying_so() {
     );
 }
 
-/// A DBA's `lock_timeout` (here the database's own, 100 ms) and a
-/// transaction holding what `migrate` waits for (its advisory lock, as
-/// another pump's or a deploy's migrate holds it) for 3 s: start-up's
-/// first try fails with 55P03, and `serve` tries again rather than exiting,
-/// then runs once the lock is released.
-#[tokio::test]
-async fn serve_whose_start_up_meets_a_lock_past_lock_timeout_tries_again_and_runs() {
-    let db = TestDb::new().await;
-    let database: String = sqlx::query_scalar("select current_database()::text")
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
+/// The database's own `lock_timeout` set to 100 ms (as a DBA's safeguard
+/// would), and a session holding what `migrate` waits for: its advisory
+/// lock, as another pump's or a deploy's migrate holds it.
+async fn hold_the_migration_lock_past_lock_timeout(
+    db: &TestDb,
+) -> sqlx::pool::PoolConnection<sqlx::Postgres> {
     sqlx::query(&format!(
-        "alter database {database} set lock_timeout = '100ms'"
+        "alter database {} set lock_timeout = '100ms'",
+        db.name
     ))
     .execute(&db.pool)
     .await
@@ -187,6 +182,25 @@ async fn serve_whose_start_up_meets_a_lock_past_lock_timeout_tries_again_and_run
         .execute(&mut *holder)
         .await
         .unwrap();
+    holder
+}
+
+async fn release(mut holder: sqlx::pool::PoolConnection<sqlx::Postgres>) {
+    sqlx::query("select pg_advisory_unlock(hashtext('watchpump.migrate'))")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+}
+
+/// A DBA's `lock_timeout` (here the database's own, 100 ms) and a
+/// transaction holding what `migrate` waits for (its advisory lock, as
+/// another pump's or a deploy's migrate holds it) for 3 s: start-up's
+/// first try fails with 55P03, and `serve` tries again rather than exiting,
+/// then runs once the lock is released.
+#[tokio::test]
+async fn serve_whose_start_up_meets_a_lock_past_lock_timeout_tries_again_and_runs() {
+    let db = TestDb::new().await;
+    let holder = hold_the_migration_lock_past_lock_timeout(&db).await;
 
     let mut child = KillOnDrop(
         serve(&db.url)
@@ -199,11 +213,7 @@ async fn serve_whose_start_up_meets_a_lock_past_lock_timeout_tries_again_and_run
         child.0.try_wait().unwrap().is_none(),
         "serve exited when its migrate met a lock past lock_timeout"
     );
-    sqlx::query("select pg_advisory_unlock(hashtext('watchpump.migrate'))")
-        .execute(&mut *holder)
-        .await
-        .unwrap();
-    drop(holder);
+    release(holder).await;
 
     // Its pump runs: idle, it registers as asleep.
     wait_while_serving(
@@ -230,18 +240,7 @@ async fn serve_whose_start_up_meets_a_lock_past_lock_timeout_tries_again_and_run
 #[tokio::test]
 async fn watchpump_migrate_meeting_a_lock_past_lock_timeout_tries_again_and_succeeds() {
     let db = TestDb::new().await;
-    sqlx::query(&format!(
-        "alter database {} set lock_timeout = '100ms'",
-        db.name
-    ))
-    .execute(&db.pool)
-    .await
-    .unwrap();
-    let mut holder = db.pool.acquire().await.unwrap();
-    sqlx::query("select pg_advisory_lock(hashtext('watchpump.migrate'))")
-        .execute(&mut *holder)
-        .await
-        .unwrap();
+    let holder = hold_the_migration_lock_past_lock_timeout(&db).await;
 
     let mut child = watchpump_cli(Some(&db.url))
         .arg("migrate")
@@ -254,11 +253,7 @@ async fn watchpump_migrate_meeting_a_lock_past_lock_timeout_tries_again_and_succ
         child.try_wait().unwrap().is_none(),
         "watchpump migrate gave up at the lock"
     );
-    sqlx::query("select pg_advisory_unlock(hashtext('watchpump.migrate'))")
-        .execute(&mut *holder)
-        .await
-        .unwrap();
-    drop(holder);
+    release(holder).await;
 
     let out = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
