@@ -331,3 +331,49 @@ async fn a_limited_service_with_nothing_queued_is_granted_nothing_and_not_writte
     assert_eq!(third[1], ("idle".into(), 0, false));
     assert_eq!(bucket(&db, idle.id).await, Some(written));
 }
+
+/// What claim() cannot take does not cost a take a write either: a limited
+/// service whose deliveries are all held by a paused watch, and a paused
+/// limited service with deliveries queued, are granted nothing and no
+/// bucket is made for them, as for one with nothing queued.
+#[tokio::test]
+async fn a_limited_service_whose_deliveries_claim_cannot_take_is_not_written() {
+    let db = TestDb::new().await;
+    let (held, _) = db.add_service("held", "http://127.0.0.1:9").await;
+    let (stopped, _) = db.add_service("stopped", "http://127.0.0.1:9").await;
+    let mut watches = Vec::new();
+    for service in [&held, &stopped] {
+        let watch = db
+            .add_watch(service.id, "repo", &format!("{}/", service.name), all())
+            .await;
+        watches.push(watch);
+        sqlx::query("select watchpump.set_max_rate($1, 50)")
+            .bind(&service.name)
+            .execute(&db.pool)
+            .await
+            .unwrap();
+    }
+    watchpump::watches::pause::set_watch(&db.pool, held.id, watches[0].id, true)
+        .await
+        .unwrap();
+    db.emit("held/a", "push", json!({})).await;
+    db.emit("stopped/a", "push", json!({})).await;
+    watchpump::watches::pause::hold_paused(&db.pool)
+        .await
+        .unwrap();
+    watchpump::watches::pause::set_service(&db.pool, stopped.id, true)
+        .await
+        .unwrap();
+    let queued: i64 = sqlx::query_scalar("select count(*) from watchpump.queue")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(queued, 2, "both deliveries wait in the queue");
+
+    assert_eq!(
+        take(&db).await,
+        [("held".into(), 0, false), ("stopped".into(), 0, false)]
+    );
+    assert_eq!(bucket(&db, held.id).await, None);
+    assert_eq!(bucket(&db, stopped.id).await, None);
+}

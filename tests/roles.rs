@@ -1004,35 +1004,33 @@ async fn migration_0021_names_the_partition_rows_watchpump_did_not_write() {
 }
 
 /// A database from before issue 35 has `take_tokens()` with two result
-/// columns. Its SQL file replaces it in one transaction that the pump can
-/// call at once: a pump never finds it missing, however long the rest of
-/// `migrate` takes (a migration that dropped it committed alone).
+/// columns. A migration drops it and the rate's file makes the new one,
+/// in the one transaction of a `migrate` run (`tests/migrate.rs` holds
+/// that a run is seen whole): after it, the new one is there and the pump
+/// may call it.
 #[tokio::test]
-async fn the_rate_file_replaces_the_old_take_tokens_with_the_pumps_right_in_one_transaction() {
+async fn a_database_with_the_old_take_tokens_migrates_to_the_new_with_the_pumps_right() {
     let db = TestDb::new().await;
     sqlx::raw_sql(
         "drop function watchpump.take_tokens(bigint[], integer[], integer);
          create function watchpump.take_tokens(p_service_ids bigint[], p_wanted integer[], p_default integer)
          returns table (service_id bigint, granted integer) language sql as $$ select 1::bigint, 1 $$;
-         grant execute on function watchpump.take_tokens(bigint[], integer[], integer) to watchpump_pump;",
+         grant execute on function watchpump.take_tokens(bigint[], integer[], integer) to watchpump_pump;
+         delete from watchpump.schema_migrations
+         where name in ('0027_take_tokens_refill', '0250_rate');",
     )
     .execute(&db.pool)
     .await
     .unwrap();
-    let mut tx = db.pool.begin().await.unwrap();
-    sqlx::raw_sql(include_str!("../sql/functions/0250_rate.sql"))
-        .execute(&mut *tx)
-        .await
-        .unwrap();
+    let applied = watchpump::schema::migrate(&db.pool).await.unwrap();
+    assert_eq!(applied, ["0027_take_tokens_refill", "0250_rate"]);
     let (columns, pump_may): (String, bool) = sqlx::query_as(
         "select pg_get_function_result(p), has_function_privilege('watchpump_pump', p, 'execute')
          from to_regprocedure('watchpump.take_tokens(bigint[], integer[], integer)') p",
     )
-    .fetch_one(&mut *tx)
+    .fetch_one(&db.pool)
     .await
     .unwrap();
-    tx.commit().await.unwrap();
     assert!(columns.contains("refill_seconds"), "{columns}");
-    assert!(pump_may, "the pump may call it before roles.sql runs again");
-    watchpump::schema::migrate(&db.pool).await.unwrap();
+    assert!(pump_may, "the pump may call the new one");
 }

@@ -45,6 +45,14 @@ language sql immutable strict parallel safe as $$
     select 2003856752
 $$;
 
+-- The time a held delivery is "due" (a paused watch's or service's,
+-- 0550_pause.sql): far enough to never come, and a real timestamp (not
+-- 'infinity', which clients' date types cannot hold).
+create or replace function watchpump.held_until() returns timestamptz
+language sql immutable as $$
+    select timestamptz '9999-12-31 00:00:00+00'
+$$;
+
 -- The key that names one (watch, object) stream in lock_class(): the
 -- order rule's lock (0500_delivery.sql), taken without waiting by claim()
 -- and hold_paused_of() (stream_lock()), and waited for by a resync's batch

@@ -37,33 +37,22 @@ $$;
 -- slots stand). One row lock per limited service with deliveries queued,
 -- held for this statement only.
 --
--- A limited service with nothing queued is granted nothing and its bucket
--- is left alone (it fills by the clock all the same): its row says 0 and
--- a refill of infinity, "nothing to claim again for". A consumer may
--- limit its own service (PUT /api/v1/rate), and every claim of every pump
--- wrote each limited service's bucket: 500 idle limited services cost a
--- take 3.9 ms and 44 kB of WAL. Granting 0 rather than leaving the row
+-- A limited service with nothing a claim could take (nothing queued, or
+-- only held deliveries, or the service paused: claim() skips those) is
+-- granted nothing and its bucket is left alone (it fills by the clock all
+-- the same): its row says 0 and a refill of infinity, "nothing to claim
+-- again for". A consumer may limit its own service (PUT /api/v1/rate),
+-- and every claim of every pump wrote each limited service's bucket: 500
+-- idle limited services cost a take 3.9 ms and 44 kB of WAL. Granting 0 rather than leaving the row
 -- out keeps a delivery queued between this call and the claim from being
 -- claimed without a token.
 --
--- Until issue 35 it returned the first two columns only. A function's
--- result cannot be replaced in place: the old one is dropped here, in the
--- transaction that makes the new one, so that no pump, of either version,
--- ever finds it missing (a migration that dropped it committed alone, and
--- claims failed until this file ran). `migrate` now applies every pending
--- file and roles.sql in one transaction, so the new function is seen only
--- with its grants. A pump of the version before reads the two columns it
--- knows by name, and clamps an infinite refill to its one-second recheck.
-do $$
-declare
-    v_old regprocedure := to_regprocedure('watchpump.take_tokens(bigint[], integer[], integer)');
-begin
-    if v_old is not null and pg_get_function_result(v_old) not like '%refill_seconds%' then
-        drop function watchpump.take_tokens(bigint[], integer[], integer);
-    end if;
-end
-$$;
-
+-- Until issue 35 it returned the first two columns only: a result cannot
+-- be replaced in place, and 0027_take_tokens_refill.sql drops the old
+-- one in the run that makes this one (one transaction: a pump never finds
+-- it missing, nor without its grant). A pump of the version before this
+-- one reads the two columns it knows by name; one of stop 40's clamps an
+-- infinite refill to its one-second recheck.
 create or replace function watchpump.take_tokens(p_service_ids bigint[], p_wanted integer[], p_default integer)
 returns table (service_id bigint, granted integer, refill_seconds double precision)
 language plpgsql
@@ -72,11 +61,16 @@ as $$
 declare
     v_now timestamptz := clock_timestamp();
 begin
+    -- A bucket, full, for a limited service that has none yet and has
+    -- something to claim (the queue probed here only until it has one).
     insert into watchpump.rate_buckets as b (service_id, tokens, refilled_at)
     select s.id, watchpump.rate_burst(watchpump.effective_rate(s.max_rate, s.consumer_rate)), v_now
     from watchpump.services s
-    where s.removed_at is null and (s.max_rate is not null or s.consumer_rate is not null)
-      and exists (select from watchpump.queue q where q.service_id = s.id)
+    where s.removed_at is null and s.paused_at is null
+      and (s.max_rate is not null or s.consumer_rate is not null)
+      and not exists (select from watchpump.rate_buckets o where o.service_id = s.id)
+      and exists (select from watchpump.queue q
+                  where q.service_id = s.id and q.next_attempt_at < watchpump.held_until())
     on conflict do nothing;
 
     -- Each SET expression reads the same (newest, once locked) row: a
@@ -86,7 +80,12 @@ begin
     with limited as materialized (
         select s.id, watchpump.effective_rate(s.max_rate, s.consumer_rate) as rate,
                greatest(coalesce(u.wanted, p_default), 0) as wanted,
-               exists (select from watchpump.queue q where q.service_id = s.id) as queued
+               -- What claim() could take: a delivery not held, of a
+               -- service not paused (one probe of queue_due).
+               s.paused_at is null
+                 and exists (select from watchpump.queue q
+                             where q.service_id = s.id
+                               and q.next_attempt_at < watchpump.held_until()) as queued
         from watchpump.services s
         left join unnest(p_service_ids, p_wanted) as u (id, wanted) on u.id = s.id
         where s.removed_at is null and (s.max_rate is not null or s.consumer_rate is not null)

@@ -36,12 +36,8 @@
 --     changes they need forever. An operator's pause of a whole service
 --     has no maximum: it is the operator's decision.
 
--- The time a held delivery is "due": far enough to never come, and a real
--- timestamp (not 'infinity', which clients' date types cannot hold).
-create or replace function watchpump.held_until() returns timestamptz
-language sql immutable as $$
-    select timestamptz '9999-12-31 00:00:00+00'
-$$;
+-- held_until(), the time a held delivery is "due": the vocabulary
+-- (0000_vocabulary.sql), as the rate's take (0250_rate.sql) reads it too.
 
 -- Whether deliveries of the watch are held by a pause (of the watch, or of
 -- its service).
