@@ -887,3 +887,48 @@ async fn the_panels_lists_link_an_older_page_only_when_more_follow() {
     );
     assert!(!next.contains("acme/w100"), "the newest is not");
 }
+
+/// An id in a panel path that is not an integer is the panel's own 404
+/// page, as a missing id is, for a delivery's page and for the actions on
+/// a watch (which answered axum's plain-text 400 until the panel read ids
+/// with the APIs' `PathId`); nothing changes.
+#[tokio::test]
+async fn a_panel_path_whose_id_is_not_an_integer_is_a_404_page() {
+    let db = TestDb::new().await;
+    let server = AppServer::start(&db.pool, &operator_config()).await;
+    let (svc, _) = db.add_service("deploy", "http://127.0.0.1:9").await;
+    let watch = db.add_watch(svc.id, "r", "acme/", all()).await;
+    let cookie = server.log_in().await;
+    let html_404 = |res: reqwest::Response| async move {
+        assert_eq!(res.status(), 404);
+        let kind = res.headers()["content-type"].to_str().unwrap().to_string();
+        assert!(kind.starts_with("text/html"), "{kind}");
+        let body = res.text().await.unwrap();
+        assert!(body.contains("ids are integers"), "{body}");
+    };
+
+    let res = panel_client()
+        .get(server.url("/panel/deliveries/abc"))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap();
+    html_404(res).await;
+    for action in ["pause", "resume", "resync"] {
+        let res = panel_client()
+            .post(server.url(&format!("/panel/watches/abc/{action}")))
+            .header("cookie", &cookie)
+            .header("origin", server.origin())
+            .send()
+            .await
+            .unwrap();
+        html_404(res).await;
+    }
+    let paused: bool =
+        sqlx::query_scalar("select paused_at is not null from watchpump.watches where id = $1")
+            .bind(watch.id)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert!(!paused);
+}

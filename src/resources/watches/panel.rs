@@ -5,10 +5,11 @@
 //! the panel's own origin ([`crate::resources::forms::Change`]) that answers
 //! with the service's page and a notice.
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::response::Response;
 
 use crate::http::html::esc;
+use crate::http::extract::WatchPath;
 use crate::http::App;
 use crate::http::{AsHtml, HttpError};
 use crate::resources::forms::{back_to, Change, ServiceChange};
@@ -90,17 +91,17 @@ async fn set_watch(state: &App, watch_id: i64, paused: bool) -> Result<Response,
 pub async fn pause_watch(
     _: Change,
     State(state): State<App>,
-    Path(watch_id): Path<i64>,
+    watch_id: Result<WatchPath, HttpError>,
 ) -> Result<Response, AsHtml> {
-    set_watch(&state, watch_id, true).await
+    set_watch(&state, watch_id?.id, true).await
 }
 
 pub async fn resume_watch(
     _: Change,
     State(state): State<App>,
-    Path(watch_id): Path<i64>,
+    watch_id: Result<WatchPath, HttpError>,
 ) -> Result<Response, AsHtml> {
-    set_watch(&state, watch_id, false).await
+    set_watch(&state, watch_id?.id, false).await
 }
 
 /// Starts a resync as the consumer API does (one per service at a time,
@@ -110,8 +111,9 @@ pub async fn resume_watch(
 pub async fn resync_watch(
     _: Change,
     State(state): State<App>,
-    Path(watch_id): Path<i64>,
+    watch_id: Result<WatchPath, HttpError>,
 ) -> Result<Response, AsHtml> {
+    let watch_id = watch_id?.id;
     let (service_id, name) = owner(&state, watch_id).await?;
     let max = state.settings.resync_max_objects;
     let started = match resync::start(&state.pool, service_id, watch_id, max).await {

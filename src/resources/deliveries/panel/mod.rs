@@ -3,8 +3,8 @@
 //! attempt, is `show.rs`: it renders one record, where this file reads
 //! forms and pages through many.
 
-use axum::extract::rejection::{PathRejection, QueryRejection};
-use axum::extract::{Path, Query, State};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Redirect, Response};
 use chrono::{DateTime, NaiveDateTime, Utc};
@@ -13,7 +13,7 @@ use serde::Deserialize;
 use crate::caller::{Session, PANEL_ACTOR as ACTOR};
 use crate::delivery::State as DeliveryState;
 use crate::http::app::{App, Settings};
-use crate::http::extract::Form;
+use crate::http::extract::{DeliveryPath, Form};
 use crate::http::html::{self, esc};
 use crate::http::{AsHtml, HttpError};
 use crate::operator::store::{self, Delivery, DeliveryFilter};
@@ -176,9 +176,9 @@ pub async fn list(
 pub async fn retry(
     _: Change,
     State(state): State<App>,
-    id: Result<Path<i64>, PathRejection>,
+    id: Result<DeliveryPath, HttpError>,
 ) -> Result<Response, AsHtml> {
-    let id = delivery_id(id)?;
+    let id = id?.id;
     store::retry(&state.pool, id, ACTOR).await?;
     Ok(Redirect::to(&format!("/panel/deliveries/{id}?done=retried")).into_response())
 }
@@ -196,11 +196,6 @@ pub async fn retry_failed(
         .ok_or_else(|| HttpError::Invalid("since is required".into()))?;
     let n = store::retry_failed(&state.pool, &name, since, ACTOR).await?;
     Ok(back_to(&name, "requeued", Some(n)))
-}
-
-fn delivery_id(id: Result<Path<i64>, PathRejection>) -> Result<i64, HttpError> {
-    id.map(|Path(id)| id)
-        .map_err(|_| HttpError::NotFound("There is no such delivery: ids are integers.".into()))
 }
 
 fn no_such_delivery(id: i64) -> HttpError {

@@ -2,19 +2,20 @@
 //! as sent (cut at 64 KiB and masked), every attempt and its history,
 //! with the retry button when it failed or was dropped.
 
-use axum::extract::rejection::{PathRejection, QueryRejection};
-use axum::extract::{Path, Query, State};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::response::Response;
 use serde::Deserialize;
 
-use super::{delivery_id, no_such_delivery};
+use super::no_such_delivery;
 use crate::caller::Session;
 use crate::delivery::request;
 use crate::delivery::State as DeliveryState;
 use crate::http::app::{App, Settings};
 use crate::http::html::{self, esc};
-use crate::http::AsHtml;
+use crate::http::extract::DeliveryPath;
+use crate::http::{AsHtml, HttpError};
 use crate::operator::store::{self, Delivery};
 use crate::redact::MASK;
 use crate::telemetry::context::TraceParent;
@@ -27,10 +28,10 @@ pub struct ShowQuery {
 pub async fn show(
     _: Session,
     State(state): State<App>,
-    id: Result<Path<i64>, PathRejection>,
+    id: Result<DeliveryPath, HttpError>,
     done: Result<Query<ShowQuery>, QueryRejection>,
 ) -> Result<Response, AsHtml> {
-    let id = delivery_id(id)?;
+    let id = id?.id;
     // What the admin API answers for it, as a page.
     let Some(store::Shown {
         delivery: d,
